@@ -1,0 +1,54 @@
+# The doors of the project: make demo, make test, make lint, make bench.
+# `make` installs everything into .venv; with no GPU, torch is pinned to the local CPU wheel (constraints-cpu.txt).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+CONSTRAINTS := $(if $(HAS_GPU),,-c constraints-cpu.txt)
+TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
+STAMP := $(VENV)/.installed
+export PYTHONHASHSEED := 0
+
+.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini clean
+
+all: test
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(CONSTRAINTS) "$(TORCH_PIN)"
+	$(BIN)/pip install -q $(CONSTRAINTS) -e '.[workers,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy protocol manifests orchestrator ledger
+
+test: lint
+	$(BIN)/pytest -q -p no:cacheprovider --timeout=600
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow" --timeout=300
+
+demo: $(STAMP)
+	bash scripts/demo.sh
+
+bench: bench-freeze bench-ledger bench-digest bench-r3mini
+
+bench-freeze: $(STAMP)
+	$(BIN)/python bench/bench_freeze.py
+
+bench-ledger: $(STAMP)
+	$(BIN)/python bench/bench_ledger.py
+
+bench-digest: $(STAMP)
+	$(BIN)/python bench/bench_digest.py
+
+bench-r3mini: $(STAMP)
+	$(BIN)/python bench/bench_r3mini.py
+
+clean:
+	rm -rf $(VENV) .orch .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,47 @@
+"""The small set of error types of orch and the exit code of each (DESIGN.md section 4).
+
+Every command maps these to exit codes in one place; a message says what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a package or the audit failed
+EXIT_USAGE = 2
+EXIT_REFUSED = 3  # protocol, manifest or hygiene refused, before any GPU time
+EXIT_LOCK_TIMEOUT = 75
+EXIT_INTERRUPTED = 130
+
+
+class OrchError(Exception):
+    """Base of every error that ends a command with a documented exit code and one clear line."""
+
+    exit_code: int = EXIT_FAILED
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(OrchError):
+    exit_code = EXIT_USAGE
+
+
+class RefusedError(OrchError):
+    """Protocol, manifest or hygiene refused (before any GPU time is spent)."""
+
+    exit_code = EXIT_REFUSED
+
+
+class FailedError(OrchError):
+    """A package, the ledger or the audit failed."""
+
+    exit_code = EXIT_FAILED
+
+
+class LockTimeoutError(OrchError):
+    exit_code = EXIT_LOCK_TIMEOUT
+
+
+class InterruptedRunError(OrchError):
+    exit_code = EXIT_INTERRUPTED

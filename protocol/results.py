@@ -1,0 +1,125 @@
+"""Versioned result documents that sealed workers hand back to the orchestrator, and the probe's step lines.
+
+Workers write them (with torch); the orchestrator and the audit read them (without torch), strictly.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ForbiddenOp(_Strict):
+    """A tensor op in a numerical step whose inputs or output have a forbidden dtype (fp16, fp8, int8)."""
+
+    op: str
+    dtype: str
+    step: int
+
+
+class RngFingerprint(_Strict):
+    """SHA256 (hex) of the generator states at a step boundary (before the step's work)."""
+
+    cpu: str
+    cuda: str | None = None
+
+
+class StepRecord(_Strict):
+    """One line of a rank's `steps.rank{R}.jsonl`: what the probe saw in one optimizer step."""
+
+    schema_: str = Field("orch.step/1", alias="schema")
+    rank: int
+    world_size: int
+    step: int
+    duration_s: float  # wall time of the step, probe work excluded (synchronized clock / CUDA events)
+    probe_s: float  # time the probe itself spent at this step's boundary (digests, RNG, memory)
+    lr: list[float]  # learning rate of each param group used by this step
+    rng: RngFingerprint
+    peak_allocated: int | None = None  # bytes, device; None on CPU
+    peak_reserved: int | None = None
+    digests: dict[str, str] | None = None  # name -> 128-bit hex, after optimizer.step(), digest steps only
+    combined: str | None = None  # digest over sorted (name, digest) pairs
+    forbidden: list[ForbiddenOp] = []
+
+
+class ObservedRecipe(_Strict):
+    """The recipe as the trainer actually used it, read from the live optimizer at step 0."""
+
+    optimizer: str
+    lr: float  # base lr (param_group['initial_lr'] when a scheduler is attached, else 'lr')
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    max_grad_norm: float | None = None  # from torch.nn.utils.clip_grad_norm_, when the trainer calls it
+    warmup_steps: int | None = None  # first step whose lr reaches the base lr
+    frozen: list[str] = []  # names of parameters with requires_grad=False (e.g. the ViT)
+    trainable_params: int = 0
+    frozen_params: int = 0
+
+
+class RankSummary(_Strict):
+    rank: int
+    steps_file: str  # relative to the package directory
+    steps_sha256: str
+    steps: int
+    final_combined: str  # combined digest of parameters and optimizer state after the last step
+    final_digests: dict[str, str]
+    peak_allocated: int | None = None  # max over steps
+    peak_reserved: int | None = None
+    checkpoint_file: str  # relative to the scratch directory
+    checkpoint_sha256: str
+
+
+class TrainResult(_Strict):
+    schema_: str = Field("orch.train/1", alias="schema")
+    arm: str
+    world_size: int
+    steps: int
+    digest_steps: list[int]
+    device: str  # "cpu" or "cuda"
+    observed_recipe: ObservedRecipe
+    ranks: list[RankSummary]
+    stopped_cleanly: bool
+
+
+class ReloadRank(_Strict):
+    rank: int
+    checkpoint_sha256: str
+    combined: str
+    digests: dict[str, str]
+
+
+class ReloadResult(_Strict):
+    schema_: str = Field("orch.reload/1", alias="schema")
+    arm: str
+    world_size: int
+    ranks: list[ReloadRank]
+
+
+class Diagnostic(_Strict):
+    name: str
+    command: list[str]
+    ok: bool
+    exit_code: int
+    output_sha256: str
+    expected_sha256: str | None = None
+    detail: str = ""
+
+
+class ChecksResult(_Strict):
+    schema_: str = Field("orch.checks/1", alias="schema")
+    versions: dict[str, str]  # python, torch, triton, cuda, driver, gpu_model, gpu_count
+    diagnostics: list[Diagnostic]
+    precision_ok: bool
+    precision_detail: str = ""
+
+
+class ScoreResult(_Strict):
+    """What leaves the score package: the sealed metrics file's name and SHA256, never its content."""
+
+    schema_: str = Field("orch.score/1", alias="schema")
+    sealed_file: str
+    sealed_sha256: str
