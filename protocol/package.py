@@ -1,0 +1,64 @@
+"""The sealed spec of one package (`package.json`): what a worker runs, with what, and where it writes.
+
+Written by the launcher, validated strictly by the worker; its SHA256 is one of the package's input digests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PACKAGE_SCHEMA = "orch.package/1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CommandSpec(_Strict):
+    name: str
+    argv: list[str]
+    expect_sha256: str | None = None  # digest the command's stdout must have (static graph diagnostic)
+
+
+class ScoreTarget(_Strict):
+    """One checkpoint to score, with the sealed sources of the arm that produced it."""
+
+    arm_label: str
+    sealed_dir: str
+    ckpt_dir: str
+    argv: list[str]
+
+
+class PackageSpec(_Strict):
+    schema_: str = Field(PACKAGE_SCHEMA, alias="schema")
+    run_id: str
+    name: str  # checks | train-A | reload-A | ... | score
+    kind: str  # checks | train | reload | score
+    arm_label: str | None = None  # A | C | B
+    arm: str | None = None  # baseline | candidate
+    package_dir: str  # where result.json, logs and probe lines go
+    sealed_dir: str  # cwd of the package: the arm's read-only copy
+    scratch_dir: str
+    ckpt_dir: str | None = None
+    result_path: str
+    device: str  # cpu | cuda
+    precision: str
+    nproc: int = 1
+    backend: str = "gloo"
+    script: str | None = None
+    args: list[str] = []
+    steps: int = 16
+    warmup: int = 10
+    digest_first: int = 0
+    digest_last: int = 13
+    inputs: dict[str, str] = {}  # name -> sha256 of an input file (init state, checkpoint, ...)
+    prepare: list[CommandSpec] = []  # checks: commands that make the shared inputs (e.g. the initial state)
+    diagnostics: list[CommandSpec] = []  # checks: the protocol's diagnostic commands
+    static_graph: CommandSpec | None = None  # checks
+    score_targets: list[ScoreTarget] = []  # score
+    sealed_metrics_path: str | None = None  # score: where the DEV metrics go (never printed)
+
+    def path(self, field: str) -> Path:
+        return Path(str(getattr(self, field)))

@@ -1,0 +1,255 @@
+"""The protocol.yaml model (pydantic v2, frozen, extra="forbid"), its loader and its rules.
+
+A protocol freezes one experiment; its id is the SHA256 of its canonical JSON. Refusals name file, line and field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from protocol.errors import RefusedError
+from protocol.recipe import ALLOWED_PRECISIONS, UPSTREAM_RECIPE, flag_value_equal
+
+PROTOCOL_SCHEMA = "orch.protocol/1"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Recipe(_Frozen):
+    group_size: int
+    policy_group_size: int
+    rounds: int
+    global_seed: int
+    data_seed: int
+    lr: float
+    warmup_steps: int
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    max_grad_norm: float
+    kl_weight_text: float
+    kl_weight_image: float
+    freeze_vit: bool
+    total_steps: int
+
+
+class Sources(_Frozen):
+    root: str = Field(description="directory of the runtime sources, relative to the protocol's base")
+    include: list[str] = Field(min_length=1, description="glob patterns relative to root, e.g. train/**/*.py")
+
+
+class GitSource(_Frozen):
+    git: str = Field(description="a git revision of the protocol's repository; sources come from `git archive`")
+
+
+class Arm(_Frozen):
+    commitment: str = Field(description="path of the published source manifest (JSON) of this arm")
+    source: Literal["tree"] | GitSource = "tree"
+    switches: dict[str, str] = Field(default_factory=dict, description="environment of the arm's fusion switches")
+    config: dict[str, str] = Field(
+        default_factory=dict, description="external configuration (e.g. reward server), passed as --key value"
+    )
+    under_evaluation: bool = Field(
+        False, description="a new candidate whose working tree may differ from the published commitment"
+    )
+
+
+class Arms(_Frozen):
+    baseline: Arm
+    candidate: Arm
+
+
+class Launcher(_Frozen):
+    nproc: int = Field(ge=1, le=64)
+    backend: Literal["gloo", "nccl"]
+    device: Literal["cpu", "cuda"]
+    script: str
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class Measurement(_Frozen):
+    steps: int = 16
+    warmup: int = 10
+    window: int = 2
+    drift_bound: float = Field(0.02, gt=0, lt=1)
+    digest_first: int = 0
+    digest_last: int = 13
+
+    @property
+    def windows(self) -> list[tuple[int, int]]:
+        """Inclusive step ranges of the timing windows (w1, w2, ...)."""
+        return [(s, s + self.window - 1) for s in range(self.warmup, self.steps, self.window)]
+
+
+class Diagnostic(_Frozen):
+    name: str
+    command: list[str] = Field(min_length=1)
+    expect_sha256: str | None = None
+
+
+class Checks(_Frozen):
+    prepare: list[Diagnostic] = Field(default_factory=list)
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+    static_graph: Diagnostic | None = None
+
+
+class Scorer(_Frozen):
+    command: list[str] = Field(min_length=1)
+
+
+class Timeouts(_Frozen):
+    checks: int = 900
+    train: int = 1800
+    reload: int = 600
+    score: int = 900
+
+
+class Protocol(_Frozen):
+    schema_: Literal["orch.protocol/1"] = Field("orch.protocol/1", alias="schema")
+    name: str
+    base: str = Field("..", description="directory the protocol's paths are relative to, from the protocol file")
+    recipe: Recipe
+    precision: str
+    sources: Sources
+    arms: Arms
+    launcher: Launcher
+    measurement: Measurement = Measurement()
+    checks: Checks = Checks()
+    scorer: Scorer
+    timeouts: Timeouts = Timeouts()
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_allowed(cls, value: str) -> str:
+        if value not in ALLOWED_PRECISIONS:
+            raise ValueError(f"precision {value!r} is not allowed; use one of {', '.join(ALLOWED_PRECISIONS)}")
+        return value
+
+
+class LoadedProtocol(BaseModel):
+    """A validated protocol with the place it came from."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    protocol: Protocol
+    path: Path
+    base: Path
+
+    @property
+    def id(self) -> str:
+        return protocol_id(self.protocol)
+
+    def resolve(self, relative: str) -> Path:
+        return (self.base / relative).resolve()
+
+
+def canonical_json(protocol: Protocol) -> bytes:
+    data = protocol.model_dump(mode="json", by_alias=True)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def protocol_id(protocol: Protocol) -> str:
+    return hashlib.sha256(canonical_json(protocol)).hexdigest()
+
+
+def _node_at(node: yaml.Node | None, loc: tuple[int | str, ...]) -> yaml.Node | None:
+    """The deepest YAML node along a pydantic error location."""
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            found = next((v for k, v in node.value if getattr(k, "value", None) == key), None)
+            if found is None:
+                found = next((k for k, _ in node.value if getattr(k, "value", None) == key), None)
+                return found or node
+            node = found
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            return node
+    return node
+
+
+def _line(node: yaml.Node | None) -> int:
+    return node.start_mark.line + 1 if node is not None else 1
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p in ("tree", "GitSource")))
+
+
+def recipe_differences(recipe: Recipe) -> list[tuple[str, object, object]]:
+    """(key, given, upstream) for every recipe key that differs from the frozen upstream recipe."""
+    given = recipe.model_dump()
+    return [(k, given[k], v) for k, v in UPSTREAM_RECIPE.items() if given[k] != v]
+
+
+def launch_flag_differences(protocol: Protocol) -> list[str]:
+    """Recipe keys whose `--key value` flag is missing from, or differs in, the launcher's arguments."""
+    args = list(protocol.launcher.args)
+    problems = []
+    for key, expected in protocol.recipe.model_dump().items():
+        flag = f"--{key}"
+        if flag not in args or args.index(flag) + 1 >= len(args):
+            problems.append(f"{flag} missing (recipe {key} = {expected})")
+            continue
+        given = args[args.index(flag) + 1]
+        if not flag_value_equal(expected, given):
+            problems.append(f"{flag} {given} (recipe {key} = {expected})")
+    return problems
+
+
+def load_protocol(path: str | Path) -> LoadedProtocol:
+    """Load, validate and check a protocol file; RefusedError (exit 3) names file, line and field."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise RefusedError(f"{path}: cannot read protocol ({err.strerror}); check the path") from None
+    try:
+        root_node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        raise RefusedError(f"{path}:{line}: not valid YAML ({getattr(err, 'problem', err)}); fix the syntax") from None
+    if not isinstance(data, dict):
+        raise RefusedError(f"{path}:1: a protocol is a YAML mapping; see `orch schema`")
+    try:
+        protocol = Protocol.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = tuple(first["loc"])
+        line = _line(_node_at(root_node, loc))
+        more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        msg = first["msg"].removeprefix("Value error, ")
+        raise RefusedError(f"{path}:{line}: {_field(loc)}: {msg}{more}; see `orch schema`") from None
+    diffs = recipe_differences(protocol.recipe)
+    if diffs:
+        line = _line(_node_at(root_node, ("recipe", diffs[0][0])))
+        listed = ", ".join(f"recipe.{k} = {g!r} (upstream {u!r})" for k, g, u in diffs)
+        raise RefusedError(f"{path}:{line}: recipe differs from the frozen upstream recipe: {listed}; restore it")
+    flags = launch_flag_differences(protocol)
+    if flags:
+        line = _line(_node_at(root_node, ("launcher", "args")))
+        raise RefusedError(
+            f"{path}:{line}: launcher.args do not carry the recipe: {'; '.join(flags)}; pass every recipe value"
+        )
+    m = protocol.measurement
+    if not (0 <= m.digest_first <= m.digest_last < m.steps and m.warmup < m.steps and m.window >= 1):
+        line = _line(_node_at(root_node, ("measurement",)))
+        raise RefusedError(f"{path}:{line}: measurement: inconsistent steps/warm-up/windows/digest range")
+    base = (path.parent / protocol.base).resolve()
+    return LoadedProtocol(protocol=protocol, path=path.resolve(), base=base)
+
+
+def json_schema() -> dict[str, Any]:
+    return Protocol.model_json_schema(by_alias=True)

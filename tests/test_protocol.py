@@ -1,0 +1,124 @@
+"""Protocol model: the frozen recipe, precision policy, file/line/field refusals, canonical JSON and its id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from protocol.errors import RefusedError
+from protocol.recipe import UPSTREAM_RECIPE
+from protocol.schema import Protocol, canonical_json, load_protocol, protocol_id
+
+BAGEL = Path(__file__).resolve().parents[1] / "protocol" / "r3_bagel7b_8xh100.yaml"
+runner = CliRunner()
+
+
+def _variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = BAGEL.read_text()
+    assert old in text
+    path = tmp_path / "protocol" / "p.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_bagel_target_validates_and_its_command_carries_every_recipe_value() -> None:
+    loaded = load_protocol(BAGEL)
+    args = loaded.protocol.launcher.args
+    assert loaded.protocol.launcher.nproc == 8 and loaded.protocol.launcher.script == "train/online_rl.py"
+    for key, value in UPSTREAM_RECIPE.items():
+        flag = f"--{key}"
+        assert flag in args, flag
+        given_value = args[args.index(flag) + 1]
+        if isinstance(value, bool):
+            assert given_value == str(value)
+        else:
+            assert float(given_value) == float(value), key
+
+
+def test_changed_lr_is_refused_naming_key_line_and_both_values(tmp_path: Path) -> None:
+    path = _variant(tmp_path, "lr: 5.0e-6", "lr: 1.0e-5")
+    with pytest.raises(RefusedError) as err:
+        load_protocol(path)
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith("lr:"))
+    assert f"p.yaml:{line}:" in err.value.message
+    assert "recipe.lr = 1e-05 (upstream 5e-06)" in err.value.message
+
+
+def test_fp16_precision_is_refused_through_the_cli_with_exit_3(tmp_path: Path) -> None:
+    path = _variant(tmp_path, "precision: bf16", "precision: fp16")
+    result = runner.invoke(app, ["freeze", "--protocol", str(path)])
+    assert result.exit_code == 3
+    assert "precision" in result.output and "fp16" in result.output
+
+
+def test_recipe_flag_that_disagrees_with_the_recipe_is_refused(tmp_path: Path) -> None:
+    path = _variant(tmp_path, '--beta1, "0.9"', '--beta1, "0.8"')
+    with pytest.raises(RefusedError, match=r"--beta1 0.8 \(recipe beta1 = 0.9\)"):
+        load_protocol(path)
+
+
+def test_unknown_field_names_file_line_and_field(tmp_path: Path) -> None:
+    path = _variant(tmp_path, "precision: bf16", "precision: bf16\nturbo: true")
+    with pytest.raises(RefusedError) as err:
+        load_protocol(path)
+    line = path.read_text().splitlines().index("turbo: true") + 1
+    assert f"p.yaml:{line}: turbo:" in err.value.message
+
+
+def test_several_recipe_differences_are_all_named(tmp_path: Path) -> None:
+    path = _variant(tmp_path, "  rounds: 2\n", "  rounds: 3\n")
+    text = path.read_text().replace("  eps: 1.0e-8", "  eps: 1.0e-6")
+    path.write_text(text)
+    with pytest.raises(RefusedError) as err:
+        load_protocol(path)
+    assert "recipe.rounds = 3 (upstream 2)" in err.value.message
+    assert "recipe.eps = 1e-06 (upstream 1e-08)" in err.value.message
+
+
+def test_canonical_json_round_trips() -> None:
+    p = load_protocol(BAGEL).protocol
+    again = Protocol.model_validate_json(canonical_json(p))
+    assert again == p and canonical_json(again) == canonical_json(p)
+
+
+def _leaves(obj: object, prefix: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    if isinstance(obj, dict):
+        return [leaf for k, v in obj.items() for leaf in _leaves(v, (*prefix, k))]
+    if isinstance(obj, list):
+        return [leaf for i, v in enumerate(obj) for leaf in _leaves(v, (*prefix, i))]
+    return [prefix]
+
+
+_BASE = yaml.safe_load(BAGEL.read_text())
+_LITERALS = {("launcher", "backend"), ("launcher", "device")}
+_PATHS = [p for p in _leaves(_BASE)
+          if p[0] not in ("recipe", "precision", "schema") and "source" not in p and p not in _LITERALS]
+
+
+@settings(max_examples=60, deadline=None)
+@given(path=st.sampled_from(_PATHS))
+def test_id_changes_when_any_field_changes(path: tuple[object, ...]) -> None:
+    base = Protocol.model_validate(_BASE)
+    data = yaml.safe_load(BAGEL.read_text())
+    node = data
+    for key in path[:-1]:
+        node = node[key]  # type: ignore[index]
+    old = node[path[-1]]  # type: ignore[index]
+    if isinstance(old, bool):
+        new: object = not old
+    elif isinstance(old, int):
+        new = old + 1
+    elif isinstance(old, float):
+        new = old / 2
+    else:
+        new = f"{old}x"
+    node[path[-1]] = new  # type: ignore[index]
+    changed = Protocol.model_validate(data)
+    assert protocol_id(changed) != protocol_id(base)
