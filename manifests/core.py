@@ -8,8 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from protocol.errors import RefusedError
 
 MANIFEST_SCHEMA = "orch.manifest/1"
 _CHUNK = 1 << 20
+_PARALLEL_MIN_FILES = 2000
 
 
 class Entry(BaseModel):
@@ -49,14 +50,65 @@ def root_digest(entries: Iterable[Entry]) -> str:
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def file_sha256(path: Path) -> tuple[str, int]:
+def file_sha256(path: Path | str) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(_CHUNK):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while chunk := os.read(fd, _CHUNK):
             h.update(chunk)
             size += len(chunk)
+    finally:
+        os.close(fd)
     return h.hexdigest(), size
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """Regex of a relative glob: `**/` any number of folders, `*` and `?` within one name, `[...]` classes."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]+/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 2 :]:
+            j = pattern.index("]", i + 2)
+            body = pattern[i + 1 : j].replace("\\", "\\\\")
+            out.append("[^" + body[1:] + "]" if body.startswith("!") else "[" + body + "]")
+            i = j + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def _walk(root: Path) -> list[tuple[str, bool, bool]]:
+    """(relative POSIX path, is_symlink, is_regular_file) of every non-folder under root.
+
+    Symlinked folders are listed, not entered; the file types come from the directory entries (no stat per file).
+    """
+    found: list[tuple[str, bool, bool]] = []
+    stack = [(str(root), "")]
+    while stack:
+        path, prefix = stack.pop()
+        with os.scandir(path) as it:
+            for entry in it:
+                rel = prefix + entry.name
+                if entry.is_symlink():
+                    found.append((rel, True, False))
+                elif entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, rel + "/"))
+                else:
+                    found.append((rel, False, entry.is_file(follow_symlinks=False)))
+    return found
 
 
 def select_files(root: Path, include: Sequence[str]) -> list[str]:
@@ -67,51 +119,91 @@ def select_files(root: Path, include: Sequence[str]) -> list[str]:
     if not root.is_dir():
         raise RefusedError(f"{root}: not a directory; give the root of the sources")
     real_root = root.resolve()
-    selected: set[str] = set()
     for pattern in include:
-        if pattern.startswith("/") or ".." in Path(pattern).parts:
+        if pattern.startswith("/") or ".." in pattern.split("/"):
             raise RefusedError(f"include {pattern!r} leaves the root; use a glob relative to {root}")
-        matched = False
-        for path in root.glob(pattern):
-            if path.is_symlink():
-                target = path.resolve()
-                if not target.is_relative_to(real_root):
-                    rel = path.relative_to(root).as_posix()
-                    raise RefusedError(f"{rel}: symlink leaves the root ({target}); replace it with a file")
-            if path.is_dir():
+    regexes = [(pattern, glob_regex(pattern)) for pattern in include]
+    matched = dict.fromkeys(include, False)
+    selected: list[str] = []
+    for rel, is_link, is_file in _walk(root):
+        hits = [pattern for pattern, rx in regexes if rx.match(rel)]
+        if not hits:
+            continue
+        if is_link:
+            target = (root / rel).resolve()
+            if not target.is_relative_to(real_root):
+                raise RefusedError(f"{rel}: symlink leaves the root ({target}); replace it with a file")
+            if not target.is_file():
                 continue
-            if not path.is_file():
-                continue
-            resolved = path.resolve()
-            if not resolved.is_relative_to(real_root):
-                raise RefusedError(f"{path}: leaves the root through a symlinked folder; copy it in instead")
-            selected.add(path.relative_to(root).as_posix())
-            matched = True
-        if not matched:
+        elif not is_file:
+            continue  # sockets, FIFOs and devices are not sources
+        for pattern in hits:
+            matched[pattern] = True
+        selected.append(rel)
+    for pattern, hit in matched.items():
+        if not hit:
             raise RefusedError(f"include {pattern!r} matches no file under {root}; fix the glob")
     return sorted(selected)
 
 
-def _hash_one(root: Path, rel: str) -> Entry:
+def _hash_one(root: str, rel: str) -> Entry:
     try:
-        digest, size = file_sha256(root / rel)
+        digest, size = file_sha256(os.path.join(root, rel))
     except PermissionError:
         raise RefusedError(f"{rel}: unreadable (permission denied); fix its permissions") from None
     except OSError as err:
         raise RefusedError(f"{rel}: cannot be read ({err.strerror}); fix or exclude it") from None
-    return Entry(path=rel, sha256=digest, size=size)
+    return Entry.model_construct(path=rel, sha256=digest, size=size)
+
+
+def _hash_in_children(root: str, files: list[str], workers: int) -> list[Entry]:
+    """Hash files[i::workers] in forked children (i >= 1) and files[0::workers] here; results come through pipes."""
+    children = []
+    for i in range(1, workers):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: hash its share, write JSON lines, leave without running any cleanup of the parent
+            os.close(r)
+            code = 0
+            try:
+                lines = []
+                for rel in files[i::workers]:
+                    e = _hash_one(root, rel)
+                    lines.append(json.dumps([e.path, e.sha256, e.size]))
+                payload = ("\n".join(lines)).encode()
+            except RefusedError as err:
+                payload, code = json.dumps({"error": err.message}).encode(), 1
+            with os.fdopen(w, "wb") as out:
+                out.write(payload)
+            os._exit(code)
+        os.close(w)
+        children.append((pid, r))
+    entries = [_hash_one(root, rel) for rel in files[0::workers]]
+    error = None
+    for pid, r in children:
+        with os.fdopen(r, "rb") as f:
+            data = f.read().decode()
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            error = json.loads(data)["error"] if data.startswith("{") else "a hashing process failed"
+            continue
+        for line in data.splitlines():
+            p, d, n = json.loads(line)
+            entries.append(Entry.model_construct(path=p, sha256=d, size=n))
+    if error is not None:
+        raise RefusedError(error)
+    return sorted(entries, key=lambda e: e.path)
 
 
 def hash_tree(root: Path, include: Sequence[str], workers: int | None = None) -> Manifest:
     """Manifest of the files under root selected by include; many files are hashed on every core."""
     files = select_files(root, include)
-    if workers is None:
-        workers = min(8, (os.cpu_count() or 1) * 2)
-    if len(files) < 16 or workers <= 1:
-        entries = [_hash_one(root, rel) for rel in files]
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if len(files) < _PARALLEL_MIN_FILES or workers <= 1:
+        entries = [_hash_one(str(root), rel) for rel in files]
     else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            entries = list(pool.map(lambda rel: _hash_one(root, rel), files, chunksize=16))
+        # forked processes, not threads: small files are bound by per-file Python work that holds the GIL
+        entries = _hash_in_children(str(root), files, workers)
     return Manifest(root=root_digest(entries), include=list(include), entries=entries)
 
 
