@@ -497,9 +497,7 @@ def _try_take(
                     proc_locks = _read_proc_locks() if proc_locks is None else proc_locks
                     holders.extend(lock_holders(path, lock_label(kind, index), proc_locks))
                 elif kind == "gpu" and (
-                    busy := nvml_holders(
-                        probe, index, min_foreign_mib, own := _own_tree() if own is None else own
-                    )
+                    busy := nvml_holders(probe, index, min_foreign_mib, own := _own_tree() if own is None else own)
                 ):
                     os.close(fd)  # lock free, but someone outside gpu-run computes on it
                     holders.extend(busy)

@@ -43,15 +43,17 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def _gpu_run(args: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.gpu_run", *args], env=env, cwd=ROOT, text=True, **kw
-    )
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.gpu_run", *args], env=env, cwd=ROOT, text=True, **kw)
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.gpu_run", *args], env=env, cwd=ROOT, text=True,
-        capture_output=True, timeout=30,
+        [sys.executable, "-m", "orchestrator.gpu_run", *args],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=30,
     )
 
 
@@ -219,6 +221,7 @@ def test_busy_gpu_per_fake_nvml_is_waited_for(env: dict[str, str], tmp_path: Pat
     fake = tmp_path / "gpus.json"
     sleeper = subprocess.Popen(["sleep", "60"])  # a sibling of gpu-run: outside its process tree
     try:
+
         def gpus(*procs: list[dict[str, Any]]) -> None:
             tmp = fake.with_suffix(".tmp")
             tmp.write_text(json.dumps({"devices": [{"processes": p} for p in procs]}))
