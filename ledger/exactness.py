@@ -1,0 +1,296 @@
+"""Numerical exactness of one run: per-step digests, reload digests, RNG, observed recipe, forbidden dtypes.
+
+Pure Python over the probe's step lines and the worker results; every check names its first mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.results import ObservedRecipe, ReloadResult, StepRecord, TrainResult
+
+Steps = Mapping[str, Mapping[int, Sequence[StepRecord]]]  # arm label -> rank -> step lines
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first place where two arms (or a train and its reload) disagree."""
+
+    check: str  # digests | combined | final | reload | rng | lr | missing
+    step: int | None
+    rank: int | None
+    tensor: str | None
+    values: dict[str, str | None]  # arm label (or "reload X") -> value seen
+    detail: str
+
+    def line(self) -> str:
+        where = []
+        if self.step is not None:
+            where.append(f"step {self.step}")
+        if self.rank is not None:
+            where.append(f"rank {self.rank}")
+        if self.tensor is not None:
+            where.append(f"tensor {self.tensor}")
+        return f"{self.check} mismatch at {', '.join(where) or 'run level'}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class ForbiddenSeen:
+    arm: str
+    rank: int
+    step: int
+    op: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Exactness:
+    exact: bool
+    ranks: int
+    digest_first: int
+    digest_last: int
+    steps_compared: int
+    tensors_compared: int
+    first_mismatch: Mismatch | None
+    mismatches: int  # how many (step, rank, tensor) places disagree in the digest steps
+    reload_ok: dict[str, bool]
+    rng_equal: bool
+    rng_first_mismatch: Mismatch | None
+    recipe_ok: bool
+    recipe_differences: list[str]
+    forbidden: list[ForbiddenSeen]
+    problems: list[str] = field(default_factory=list)  # every reason the run is not exact, in words
+
+
+def _by_step(records: Sequence[StepRecord]) -> dict[int, StepRecord]:
+    return {r.step: r for r in records}
+
+
+def first_digest_mismatch(
+    steps: Steps, labels: Sequence[str], digest_steps: Sequence[int], ranks: Sequence[int]
+) -> tuple[Mismatch | None, int, int]:
+    """Compare every digest of every digest step on every rank across arms, in (step, rank, tensor) order.
+
+    Returns the first mismatch, the number of mismatching places and the number of tensors compared.
+    """
+    first: Mismatch | None = None
+    count = 0
+    compared = 0
+    indexed = {label: {rank: _by_step(steps[label].get(rank, ())) for rank in ranks} for label in labels}
+    for step in digest_steps:
+        for rank in ranks:
+            lines = {label: indexed[label][rank].get(step) for label in labels}
+            missing = [label for label, rec in lines.items() if rec is None or rec.digests is None]
+            if missing:
+                count += 1
+                first = first or Mismatch(
+                    "missing", step, rank, None, {}, f"no digests from arm(s) {', '.join(missing)}"
+                )
+                continue
+            digests = {label: rec.digests or {} for label, rec in lines.items() if rec is not None}
+            names = sorted(set().union(*(d.keys() for d in digests.values())))
+            tensor_mismatch = False
+            for name in names:
+                compared += 1
+                values = {label: digests[label].get(name) for label in labels}
+                if len(set(values.values())) != 1:
+                    count += 1
+                    tensor_mismatch = True
+                    first = first or Mismatch(
+                        "digests", step, rank, name, values, _differs(values, f"digest of {name}")
+                    )
+            combined = {label: rec.combined for label, rec in lines.items() if rec is not None}
+            # a combined-only difference (equal tensors) still breaks exactness: count it on its own
+            if len(set(combined.values())) != 1 and not tensor_mismatch:
+                count += 1
+                first = first or Mismatch(
+                    "combined", step, rank, None, dict(combined), _differs(combined, "combined digest")
+                )
+    return first, count, compared
+
+
+def _differs(values: Mapping[str, str | None], what: str) -> str:
+    shown = ", ".join(f"{k}={(v or 'absent')[:16]}" for k, v in values.items())
+    return f"{what} differs ({shown})"
+
+
+def final_and_reload(
+    trains: Mapping[str, TrainResult], reloads: Mapping[str, ReloadResult], labels: Sequence[str]
+) -> tuple[Mismatch | None, dict[str, bool]]:
+    """Final parameter/Adam digests: each train equals its reload, and the arms equal each other."""
+    first: Mismatch | None = None
+    reload_ok: dict[str, bool] = {}
+    for label in labels:
+        ok = True
+        train_ranks = {r.rank: r for r in trains[label].ranks}
+        reload_ranks = {r.rank: r for r in reloads[label].ranks}
+        if set(train_ranks) != set(reload_ranks):
+            ok = False
+            first = first or Mismatch(
+                "reload",
+                None,
+                None,
+                None,
+                {},
+                f"train {label} ranks {sorted(train_ranks)} but reload {label} ranks {sorted(reload_ranks)}",
+            )
+        for rank in sorted(set(train_ranks) & set(reload_ranks)):
+            t, r = train_ranks[rank], reload_ranks[rank]
+            if t.checkpoint_sha256 != r.checkpoint_sha256:
+                ok = False
+                first = first or Mismatch(
+                    "reload",
+                    None,
+                    rank,
+                    None,
+                    {label: t.checkpoint_sha256, f"reload {label}": r.checkpoint_sha256},
+                    f"reload {label} loaded a different checkpoint than train {label} wrote",
+                )
+            for name in sorted(set(t.final_digests) | set(r.digests)):
+                if t.final_digests.get(name) != r.digests.get(name):
+                    ok = False
+                    values = {label: t.final_digests.get(name), f"reload {label}": r.digests.get(name)}
+                    first = first or Mismatch(
+                        "reload", None, rank, name, values, _differs(values, f"final digest of {name}")
+                    )
+            if t.final_combined != r.combined:
+                ok = False
+                values = {label: t.final_combined, f"reload {label}": r.combined}
+                detail = _differs(values, "final combined")
+                first = first or Mismatch("reload", None, rank, None, values, detail)
+        reload_ok[label] = ok
+    # the final state after the last step must also be the same bits in every arm
+    ranks = sorted({r.rank for label in labels for r in trains[label].ranks})
+    for rank in ranks:
+        finals = {label: {r.rank: r for r in trains[label].ranks}.get(rank) for label in labels}
+        names = sorted({n for f in finals.values() if f is not None for n in f.final_digests})
+        for name in names:
+            values = {label: (f.final_digests.get(name) if f else None) for label, f in finals.items()}
+            if len(set(values.values())) != 1:
+                first = first or Mismatch(
+                    "final", None, rank, name, values, _differs(values, f"final digest of {name}")
+                )
+                break
+    return first, reload_ok
+
+
+def first_rng_mismatch(steps: Steps, labels: Sequence[str], n_steps: int, ranks: Sequence[int]) -> Mismatch | None:
+    """CPU and CUDA generator fingerprints must be equal across arms at every step on every rank."""
+    for step in range(n_steps):
+        for rank in ranks:
+            recs = {label: _by_step(steps[label].get(rank, ())).get(step) for label in labels}
+            for gen in ("cpu", "cuda"):
+                values = {label: (getattr(rec.rng, gen) if rec is not None else None) for label, rec in recs.items()}
+                if len(set(values.values())) != 1:
+                    detail = _differs(values, f"{gen} RNG state")
+                    return Mismatch("rng", step, rank, f"rng.{gen}", values, detail)
+            lrs = {label: (repr(rec.lr) if rec is not None else None) for label, rec in recs.items()}
+            if len(set(lrs.values())) != 1:
+                return Mismatch("lr", step, rank, None, lrs, _differs(lrs, "learning rate"))
+    return None
+
+
+def _close(a: float, b: float) -> bool:
+    # the observed value is read back from the live optimizer: the same float, not an approximation
+    return a == b or math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+
+
+def recipe_differences(observed: ObservedRecipe, recipe: Mapping[str, Any], label: str) -> list[str]:
+    """Keys of the frozen recipe that the trainer did not use as frozen (observed at run time)."""
+    diffs: list[str] = []
+
+    def check(key: str, seen: float | int | None, frozen: Any) -> None:
+        if frozen is None:
+            return
+        if seen is None:
+            diffs.append(f"arm {label}: {key} not observed (frozen {frozen})")
+        elif not _close(float(seen), float(frozen)):
+            diffs.append(f"arm {label}: {key} observed {seen}, frozen {frozen}")
+
+    check("lr", observed.lr, recipe.get("lr"))
+    check("beta1", observed.betas[0], recipe.get("beta1"))
+    check("beta2", observed.betas[1], recipe.get("beta2"))
+    check("eps", observed.eps, recipe.get("eps"))
+    check("weight_decay", observed.weight_decay, recipe.get("weight_decay"))
+    check("max_grad_norm", observed.max_grad_norm, recipe.get("max_grad_norm"))
+    check("warmup_steps", observed.warmup_steps, recipe.get("warmup_steps"))
+    if recipe.get("freeze_vit") and not (observed.frozen and observed.frozen_params > 0):
+        diffs.append(f"arm {label}: freeze_vit is frozen true but no parameter was frozen")
+    if "adamw" not in observed.optimizer.lower():
+        diffs.append(f"arm {label}: optimizer {observed.optimizer}, frozen AdamW")
+    return diffs
+
+
+def exactness(
+    steps: Steps,
+    trains: Mapping[str, TrainResult],
+    reloads: Mapping[str, ReloadResult],
+    recipe: Mapping[str, Any],
+    *,
+    n_steps: int,
+    digest_first: int,
+    digest_last: int,
+    labels: Sequence[str] = ("A", "C", "B"),
+) -> Exactness:
+    """Every exactness check of DESIGN.md section 1 over one run's three train and three reload results."""
+    problems: list[str] = []
+    worlds = {label: trains[label].world_size for label in labels}
+    if len(set(worlds.values())) != 1:
+        problems.append(f"world sizes differ across arms: {worlds}")
+    n_ranks = max(worlds.values())
+    ranks = list(range(n_ranks))
+    digest_steps = list(range(digest_first, digest_last + 1))
+    for label in labels:
+        seen = list(trains[label].digest_steps)
+        if seen != digest_steps:
+            shown = f"{seen[0]}-{seen[-1]}" if seen else "none"
+            wanted = f"{digest_first}-{digest_last}"
+            problems.append(f"arm {label}: digest steps {shown} are not the protocol's {wanted}")
+        if not trains[label].stopped_cleanly:
+            problems.append(f"arm {label}: the trainer was not stopped cleanly")
+    first, count, compared = first_digest_mismatch(steps, labels, digest_steps, ranks)
+    final_first, reload_ok = final_and_reload(trains, reloads, labels)
+    rng_first = first_rng_mismatch(steps, labels, n_steps, ranks)
+    if first is not None:
+        problems.append(first.line())
+    if final_first is not None:
+        problems.append(final_first.line())
+    if rng_first is not None:
+        problems.append(rng_first.line())
+    diffs: list[str] = []
+    for label in labels:
+        diffs += recipe_differences(trains[label].observed_recipe, recipe, label)
+    problems += [f"recipe: {d}" for d in diffs]
+    forbidden = [
+        ForbiddenSeen(label, rank, op.step, op.op, op.dtype)
+        for label in labels
+        for rank, recs in sorted(steps[label].items())
+        for rec in recs
+        for op in rec.forbidden
+    ]
+    if forbidden:
+        f0 = forbidden[0]
+        problems.append(
+            f"forbidden dtype: {f0.op} in {f0.dtype} at step {f0.step} (arm {f0.arm}, rank {f0.rank})"
+            + (f" and {len(forbidden) - 1} more" if len(forbidden) > 1 else "")
+        )
+    return Exactness(
+        exact=not problems,
+        ranks=n_ranks,
+        digest_first=digest_first,
+        digest_last=digest_last,
+        steps_compared=len(digest_steps),
+        tensors_compared=compared,
+        first_mismatch=first or final_first,
+        mismatches=count,
+        reload_ok=reload_ok,
+        rng_equal=rng_first is None,
+        rng_first_mismatch=rng_first,
+        recipe_ok=not diffs,
+        recipe_differences=diffs,
+        forbidden=forbidden,
+        problems=problems,
+    )
