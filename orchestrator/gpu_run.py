@@ -142,15 +142,18 @@ class _Signalled(Exception):
 
 
 class _Forwarder:
-    """Forwards signals to CMD's group; the first one starts the grace period before SIGKILL."""
+    """While waiting a signal ends the wait; then it is forwarded to CMD's group and starts the grace period."""
 
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
+        self.waiting = True
         self.proc: subprocess.Popen[bytes] | None = None
         self.pending: list[int] = []
         self.kill_at: float | None = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.waiting:
+            raise _Signalled(signum)
         if self.proc is None:
             self.pending.append(signum)  # arrived before CMD started: forwarded once it exists
         else:
@@ -237,11 +240,9 @@ def run(args: argparse.Namespace, cmd: list[str]) -> int:
     if args.record is not None and not args.record.parent.is_dir():
         raise UsageError(f"--record {args.record}: directory {args.record.parent} does not exist")
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        raise _Signalled(signum)
-
+    fwd = _Forwarder(args.grace)
     for sig in FORWARDED:
-        signal.signal(sig, on_signal)  # while waiting, a signal just ends the wait
+        signal.signal(sig, fwd)
     status = _StatusLine()
     try:
         grant = acquire(
@@ -255,6 +256,7 @@ def run(args: argparse.Namespace, cmd: list[str]) -> int:
             min_foreign_mib=args.min_foreign_mib,
             command=shlex.join(cmd),
         )
+        fwd.waiting = False  # from here on, signals are forwarded to CMD (queued until it starts)
     except LockTimeoutError as err:
         status.close()
         for line in err.message.splitlines():
@@ -273,9 +275,6 @@ def run(args: argparse.Namespace, cmd: list[str]) -> int:
         return 128 + signum
     finally:
         status.close()
-    fwd = _Forwarder(args.grace)
-    for sig in FORWARDED:
-        signal.signal(sig, fwd)
     with grant:
         if status.shown:
             print(f"gpu-run: got {','.join(grant.labels)} after {grant.wait_s:.1f} s", file=sys.stderr)

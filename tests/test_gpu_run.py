@@ -265,3 +265,18 @@ def test_exit_statuses(env: dict[str, str], args: list[str], code: int) -> None:
     assert done.returncode == code, done.stderr
     if code == 2:
         assert "gpu-run: " in done.stderr
+
+
+@needs_flock
+def test_sigterm_while_waiting_ends_the_wait_only(
+    env: dict[str, str], flock_holder: Callable[[str], subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    holder = flock_holder("slot0.lock")
+    marker = tmp_path / "ran"
+    proc = _gpu_run(["--slots", "1", "--", "touch", str(marker)], env, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    _waiting_line(proc.stderr)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and "nothing ran" in err
+    assert not marker.exists() and holder.poll() is None
