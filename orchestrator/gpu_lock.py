@@ -5,6 +5,7 @@ Also the process-group helpers (spawn, signal, wait, terminate) that keep a chil
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -623,7 +624,8 @@ _WATCHDOG_CODE = (
     "    try: os.killpg(int(sys.argv[1]),signal.SIGKILL)\n"
     "    except OSError: pass\n"
 )
-_WATCHDOGS: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+# leader pid -> (leader, write end of its watchdog's pipe, watchdog)
+_WATCHDOGS: dict[int, tuple[subprocess.Popen[bytes], int, subprocess.Popen[bytes]]] = {}
 
 
 def _libc() -> ctypes.CDLL:
@@ -656,8 +658,11 @@ def spawn_in_group(
 
     The child gets PR_SET_PDEATHSIG=SIGKILL; with `watchdog`, a tiny helper also SIGKILLs the whole group
     when this process dies (PDEATHSIG reaches only the direct child). Spawn from a long-lived thread:
-    PDEATHSIG fires when the spawning *thread* exits. End it with wait_group() or terminate_group().
+    PDEATHSIG fires when the spawning *thread* exits. End it with wait_group() or terminate_group(): they
+    stand the watchdog down before the leader's pid can be reused (a leader reaped another way, e.g. by
+    proc.wait(), is stood down at the next spawn and at exit).
     """
+    _sweep()
     libc = _libc()
     proc = subprocess.Popen(
         list(cmd),
@@ -685,20 +690,29 @@ def spawn_in_group(
             raise
         finally:
             os.close(read_fd)
-        _WATCHDOGS[proc.pid] = (write_fd, guard)
+        _WATCHDOGS[proc.pid] = (proc, write_fd, guard)
     return proc
 
 
 def _disarm(proc: subprocess.Popen[bytes]) -> None:
-    entry = _WATCHDOGS.pop(proc.pid, None)
-    if entry is None:
+    entry = _WATCHDOGS.get(proc.pid)
+    if entry is None or entry[0] is not proc:
         return
-    write_fd, guard = entry
+    del _WATCHDOGS[proc.pid]
+    _, write_fd, guard = entry
     with contextlib.suppress(OSError):
         os.write(write_fd, b"x")
     os.close(write_fd)
     with contextlib.suppress(subprocess.TimeoutExpired):
         guard.wait(timeout=5)
+
+
+@atexit.register
+def _sweep() -> None:
+    """Stand down the watchdogs of leaders already reaped (their group id may be reused by a stranger)."""
+    for proc, _, _ in list(_WATCHDOGS.values()):
+        if proc.returncode is not None:
+            _disarm(proc)
 
 
 def signal_group(proc: subprocess.Popen[bytes], sig: int) -> bool:

@@ -221,3 +221,12 @@ def test_wait_group_removes_leftovers(tmp_path: Path) -> None:
     assert gl.wait_group(proc) == 4
     assert _gone(int(pidfile.read_text()))
     assert gl.signal_group(proc, 15) is False  # reaped: its pid may be reused, so never signalled again
+
+
+def test_watchdog_stands_down_for_a_leader_reaped_elsewhere() -> None:
+    proc = gl.spawn_in_group(["true"])
+    proc.wait()  # reaped without wait_group: the watchdog must not outlive this knowledge
+    guard = gl._WATCHDOGS[proc.pid][2]
+    assert gl.wait_group(gl.spawn_in_group(["true"])) == 0  # the next spawn sweeps
+    assert proc.pid not in gl._WATCHDOGS
+    assert guard.wait(timeout=5) == 0  # it read the stand-down byte and exited without signalling
