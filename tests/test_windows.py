@@ -1,0 +1,129 @@
+"""Window statistics of DESIGN.md section 5: worked examples and invariants (hypothesis)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.windows import (
+    coefficient_of_variation,
+    speedup,
+    step_times,
+    window_drift,
+    window_ratio,
+    window_steps,
+)
+from protocol.errors import FailedError
+from protocol.results import RngFingerprint, StepRecord
+
+STEPS, WARMUP, WINDOW = 16, 10, 2
+times_st = st.lists(st.floats(min_value=1e-3, max_value=10.0, allow_nan=False), min_size=STEPS, max_size=STEPS)
+
+
+def _speedup(a: list[float], c: list[float], b: list[float], bound: float = 0.02):  # type: ignore[no-untyped-def]
+    return speedup({"A": a, "C": c, "B": b}, steps=STEPS, warmup=WARMUP, window=WINDOW, drift_bound=bound)
+
+
+def test_windows_of_the_owner_definition() -> None:
+    assert window_steps(16, 10, 2) == [(10, 11), (12, 13), (14, 15)]
+    with pytest.raises(FailedError):
+        window_steps(15, 10, 2)  # a partial window is refused, never silently dropped
+
+
+def test_worked_example() -> None:
+    a = [1.0] * 16
+    b = [1.0] * 16
+    c = [0.5] * 16
+    c[14] = 0.8  # w3 is the slowest window of the candidate: it sets the headline
+    sp = _speedup(a, c, b)
+    ratios = [w.ratio for w in sp.windows]
+    assert ratios[:2] == [2.0, 2.0]
+    assert math.isclose(ratios[2], 2.0 / 1.3)
+    assert sp.headline == min(ratios) and sp.headline_window == "w3"
+    assert sp.max_drift == 0.0 and not sp.noisy
+    assert sp.windows[0].a == 2.0 and sp.windows[0].c_steps == (0.5, 0.5)
+
+
+def test_drift_above_bound_is_noisy() -> None:
+    a = [1.0] * 16
+    b = [1.0] * 16
+    b[12] = 1.1  # w2: A=2.0, B=2.1 -> drift 0.1/2.05
+    sp = _speedup(a, [1.0] * 16, b)
+    assert sp.noisy and math.isclose(sp.windows[1].drift, 0.1 / 2.05)
+    assert "noisy" in sp.words
+    assert not _speedup(a, [1.0] * 16, b, bound=0.05).noisy
+
+
+def test_within_noise_words() -> None:
+    a = [1.0] * 16
+    b = [1.0] * 16
+    b[10] = 1.02  # w1 drift ~0.0099
+    c = [1.0] * 16
+    c[10] = 0.995  # ratio ~1.0075 > 1 but |ratio-1| < drift? 0.0075 vs 0.0099 -> within noise
+    w1 = _speedup(a, c, b).windows[0]
+    assert w1.within_noise and "within noise" in w1.words
+    c2 = [0.5] * 16
+    w1b = _speedup(a, c2, b).windows[0]
+    assert not w1b.within_noise and "faster" in w1b.words
+
+
+def test_cv() -> None:
+    assert coefficient_of_variation([2.0]) == 0.0
+    assert coefficient_of_variation([1.0, 1.0]) == 0.0
+    assert math.isclose(coefficient_of_variation([1.0, 3.0]), math.sqrt(2.0) / 2.0)
+
+
+def _line(rank: int, step: int, d: float) -> StepRecord:
+    return StepRecord(rank=rank, world_size=2, step=step, duration_s=d, probe_s=0.0, lr=[1e-6],
+                      rng=RngFingerprint(cpu="0" * 64))
+
+
+def test_step_time_is_max_over_ranks() -> None:
+    ranks = {0: [_line(0, s, 1.0) for s in range(3)], 1: [_line(1, s, 1.0 + s) for s in range(3)]}
+    assert step_times(ranks, 3) == [1.0, 2.0, 3.0]
+    ranks[1] = ranks[1][:2]
+    with pytest.raises(FailedError, match="rank 1: 0 step lines for step 2"):
+        step_times(ranks, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=times_st, c=times_st, b=times_st)
+def test_swapping_baselines_changes_nothing(a: list[float], c: list[float], b: list[float]) -> None:
+    x, y = _speedup(a, c, b), _speedup(b, c, a)
+    assert [w.ratio for w in x.windows] == [w.ratio for w in y.windows]
+    assert [w.drift for w in x.windows] == [w.drift for w in y.windows]
+    assert x.headline == y.headline and x.noisy == y.noisy
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=times_st, c=times_st, b=times_st, k=st.floats(min_value=1e-2, max_value=1e2))
+def test_scaling_all_times_keeps_ratios(a: list[float], c: list[float], b: list[float], k: float) -> None:
+    x = _speedup(a, c, b)
+    y = _speedup([t * k for t in a], [t * k for t in c], [t * k for t in b])
+    for wx, wy in zip(x.windows, y.windows, strict=True):
+        assert math.isclose(wx.ratio, wy.ratio, rel_tol=1e-9)
+        assert math.isclose(wx.drift, wy.drift, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=times_st)
+def test_identical_arms(a: list[float]) -> None:
+    sp = _speedup(a, list(a), list(a))
+    assert all(w.drift == 0.0 for w in sp.windows)
+    assert all(math.isclose(w.ratio, 1.0, rel_tol=1e-15) for w in sp.windows)
+    assert not sp.noisy and all(w.within_noise for w in sp.windows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=times_st, c=times_st, b=times_st)
+def test_headline_is_min_and_definitions(a: list[float], c: list[float], b: list[float]) -> None:
+    sp = _speedup(a, c, b)
+    assert sp.headline == min(w.ratio for w in sp.windows)
+    for w in sp.windows:
+        assert math.isclose(w.ratio, window_ratio(w.a, w.c, w.b))
+        assert math.isclose(w.drift, window_drift(w.a, w.b))
+        assert w.drift >= 0.0 and w.ratio > 0.0
+    assert sp.noisy == any(w.drift > 0.02 for w in sp.windows)
