@@ -1,0 +1,79 @@
+"""Host fingerprint of a run: GPU model and count, driver, CUDA, torch, triton, python; the host only hashed.
+
+Read without importing torch (package metadata and nvidia-smi), so the CPU side stays light.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import platform
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+FINGERPRINT_KEYS = ("gpu_model", "gpu_count", "driver", "cuda", "torch", "triton", "python")
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def _nvidia_smi() -> tuple[str, int, str, str]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "none", 0, "none", "none"
+    try:
+        q = subprocess.run(
+            [smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+        head = subprocess.run([smi], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown", 0, "unknown", "unknown"
+    rows = [r.split(",") for r in q.stdout.strip().splitlines() if r.strip()]
+    if q.returncode != 0 or not rows:
+        return "none", 0, "none", "none"
+    models = sorted({r[0].strip() for r in rows})
+    m = re.search(r"CUDA Version:\s*([0-9.]+)", head.stdout)
+    return " + ".join(models), len(rows), rows[0][1].strip(), m.group(1) if m else "unknown"
+
+
+def host_fingerprint(host_hash: str) -> dict[str, Any]:
+    model, count, driver, cuda = _nvidia_smi()
+    return {
+        "gpu_model": model,
+        "gpu_count": count,
+        "driver": driver,
+        "cuda": cuda,
+        "torch": _version("torch"),
+        "triton": _version("triton"),
+        "python": platform.python_version(),
+        "host_hash": host_hash,
+    }
+
+
+def last_run_fingerprint(runs_dir: Path) -> tuple[str, dict[str, Any]] | None:
+    """(run_id, host fingerprint) of the most recently started earlier run, if any."""
+    best: tuple[str, str, dict[str, Any]] | None = None
+    if not runs_dir.is_dir():
+        return None
+    for run_json in runs_dir.glob("*/run.json"):
+        try:
+            doc = json.loads(run_json.read_text())
+        except (OSError, ValueError):
+            continue
+        started, host = doc.get("started", ""), doc.get("host")
+        if isinstance(host, dict) and (best is None or started > best[0]):
+            best = (started, doc.get("run_id", run_json.parent.name), host)
+    return None if best is None else (best[1], best[2])
+
+
+def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    keys = (*FINGERPRINT_KEYS, "host_hash")
+    return [f"{k}: {old.get(k)} -> {new.get(k)}" for k in keys if old.get(k) != new.get(k)]

@@ -1,0 +1,175 @@
+"""Running one sealed package: `python -m workers.<kind> --spec package.json` in its own process group.
+
+Allow-listed environment, cwd in the sealed copy, a timeout, logs to files, one strictly validated result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.gpu_lock import exit_status, spawn_in_group, terminate_group, wait_group
+from protocol.package import PackageSpec
+from protocol.results import ChecksResult, ReloadResult, ScoreResult, TrainResult
+
+ORCH_ROOT = Path(__file__).resolve().parents[1]  # holds workers/, protocol/: on PYTHONPATH of every package
+RESULT_MODELS: dict[str, type[BaseModel]] = {
+    "checks": ChecksResult,
+    "train": TrainResult,
+    "reload": ReloadResult,
+    "score": ScoreResult,
+}
+# What a package may inherit from orch's environment; everything else is left behind.
+ENV_ALLOW = (
+    "PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HOME", "USER", "LOGNAME", "LD_LIBRARY_PATH", "CUDA_HOME",
+    "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "GLOO_SOCKET_IFNAME", "TRITON_CACHE_DIR",
+)
+# Never let a package turn NVLink multicast on (a shared host's GPUs can go out of service).
+ENV_FIXED = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONHASHSEED": "0",
+    "PYTHONUNBUFFERED": "1",
+}
+GRANT_KEYS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPU_RUN_KIND", "GPU_RUN_DEVICES", "GPU_RUN_SLOTS_GRANTED")
+GRACE_S = 10.0
+
+
+@dataclass
+class PackageOutcome:
+    name: str
+    status: str  # ok | failed | timeout | interrupted
+    exit_code: int | None
+    wall_s: float
+    started: str
+    ended: str
+    result: BaseModel | None = None
+    result_sha256: str | None = None
+    note: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def package_env(
+    base: Mapping[str, str], grant_env: Mapping[str, str], launcher_env: Mapping[str, str],
+    switches: Mapping[str, str], run_id: str,
+) -> dict[str, str]:
+    env = {k: base[k] for k in ENV_ALLOW if k in base}
+    for key in GRANT_KEYS:
+        if key in grant_env:
+            env[key] = grant_env[key]
+    env.update(launcher_env)
+    env.update(switches)
+    env.update(ENV_FIXED)
+    env["PYTHONPATH"] = str(ORCH_ROOT)
+    env["ORCH_RUN_ID"] = run_id
+    return env
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_spec(spec: PackageSpec) -> Path:
+    pkg_dir = Path(spec.package_dir)
+    pkg_dir.mkdir(parents=True, exist_ok=True)
+    path = pkg_dir / "package.json"
+    path.write_text(json.dumps(spec.model_dump(mode="json", by_alias=True), indent=1, sort_keys=True) + "\n")
+    path.chmod(0o444)
+    return path
+
+
+def load_result(kind: str, path: Path) -> tuple[BaseModel | None, str | None, str | None]:
+    """(result, sha256, problem): a missing or malformed result is a failure with a one-line reason."""
+    if not path.is_file():
+        return None, None, f"no result document at {path.name}"
+    raw = path.read_bytes()
+    try:
+        result = RESULT_MODELS[kind].model_validate_json(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        return None, None, f"malformed {path.name}: {loc}: {first['msg']}"
+    return result, hashlib.sha256(raw).hexdigest(), None
+
+
+def run_package(
+    spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None = None,
+) -> PackageOutcome:
+    """Run the package to its end (or timeout / Ctrl-C) and validate its result document."""
+    spec_path = write_spec(spec)
+    pkg_dir = Path(spec.package_dir)
+    cmd = [sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
+    started, t0 = utc_now(), time.monotonic()
+    with open(pkg_dir / "stdout.log", "wb") as out, open(pkg_dir / "stderr.log", "wb") as err:
+        proc = spawn_in_group(cmd, env=env, cwd=spec.sealed_dir, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        try:
+            while True:
+                try:
+                    rc = wait_group(proc, timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    elapsed = time.monotonic() - t0
+                    if on_tick is not None:
+                        on_tick(elapsed)
+                    if elapsed > timeout_s:
+                        rc = terminate_group(proc, GRACE_S)
+                        return PackageOutcome(spec.name, "timeout", exit_status(rc), time.monotonic() - t0,
+                                              started, utc_now(), note=f"exceeded its timeout of {timeout_s:.0f} s")
+        except BaseException:  # Ctrl-C, SIGTERM or an error here: the package must not outlive orch's decision
+            rc = terminate_group(proc, GRACE_S)
+            return PackageOutcome(spec.name, "interrupted", exit_status(rc), time.monotonic() - t0, started, utc_now(),
+                                  note="interrupted")
+    wall = time.monotonic() - t0
+    code = exit_status(rc)
+    result, digest, problem = load_result(spec.kind, Path(spec.result_path))
+    if code != 0:
+        tail = _last_line(pkg_dir / "stderr.log")
+        return PackageOutcome(spec.name, "failed", code, wall, started, utc_now(), result_sha256=digest,
+                              note=f"exit {code}" + (f": {tail}" if tail else ""))
+    if problem is not None:
+        return PackageOutcome(spec.name, "failed", code, wall, started, utc_now(), note=problem)
+    return PackageOutcome(spec.name, "ok", code, wall, started, utc_now(), result=result, result_sha256=digest)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def probe_progress(pkg_dir: Path) -> int:
+    """Steps completed so far by rank 0 of a train package (lines of its probe file)."""
+    path = pkg_dir / "steps.rank0.jsonl"
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def env_summary(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment as recorded in evidence: values of machine-specific paths are not kept."""
+    hidden = {"PATH", "HOME", "LD_LIBRARY_PATH", "CUDA_HOME", "TMPDIR", "PYTHONPATH", "USER", "LOGNAME"}
+    return {k: ("<set>" if k in hidden else v) for k, v in sorted(env.items())}
+
+

@@ -1,0 +1,72 @@
+"""Sealing an arm: a read-only copy of its verified sources that packages run from, hashed again after each.
+
+Edits of the working tree during a run cannot reach a sealed copy; a write into one fails the run, path named.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from manifests.core import Manifest, diff_manifests, hash_tree
+from protocol.errors import FailedError, RefusedError
+
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
+
+
+@dataclass(frozen=True)
+class SealedArm:
+    arm: str
+    path: Path
+    manifest: Manifest  # every file of the sealed copy
+    sources_root: str  # root digest of the included sources (equals the commitment's when verified)
+
+
+def _make_read_only(root: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            mode = os.lstat(p).st_mode
+            if not stat.S_ISLNK(mode):
+                os.chmod(p, stat.S_IMODE(mode) & ~0o222)
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
+            os.chmod(p, stat.S_IMODE(os.lstat(p).st_mode) & ~0o222)
+    os.chmod(root, stat.S_IMODE(os.stat(root).st_mode) & ~0o222)
+
+
+def seal_arm(arm: str, source_dir: Path, include: list[str], expected_root: str, dest: Path) -> SealedArm:
+    """Copy source_dir to dest, check the included sources against expected_root, make it read-only."""
+    shutil.copytree(source_dir, dest, ignore=_IGNORE, symlinks=True)
+    included = hash_tree(dest, include)
+    if included.root != expected_root:
+        raise RefusedError(
+            f"sealed copy of {arm} does not hash to its verified root ({included.root[:12]} != {expected_root[:12]}); "
+            "the sources changed while sealing: launch again"
+        )
+    manifest = hash_tree(dest, ["**"])
+    _make_read_only(dest)
+    return SealedArm(arm=arm, path=dest, manifest=manifest, sources_root=included.root)
+
+
+def check_seal(sealed: SealedArm) -> None:
+    """Hash the sealed copy again; FailedError naming the changed paths if anything differs."""
+    try:
+        now = hash_tree(sealed.path, ["**"])
+    except RefusedError as err:
+        raise FailedError(f"sealed copy of {sealed.arm} cannot be re-hashed: {err.message}") from None
+    diff = diff_manifests(sealed.manifest, now)
+    if not diff.equal:
+        raise FailedError(f"sealed copy of {sealed.arm} was modified during the run: {diff.summary()}")
+
+
+def unseal_for_removal(root: Path) -> None:
+    """Give write permission back so that a sealed tree can be deleted (scratch only; evidence stays)."""
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in dirnames:
+            p = os.path.join(dirpath, name)
+            os.chmod(p, stat.S_IMODE(os.lstat(p).st_mode) | 0o700)
+    os.chmod(root, stat.S_IMODE(os.stat(root).st_mode) | 0o700)
