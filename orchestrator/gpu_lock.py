@@ -598,7 +598,7 @@ def acquire(
             lines = "\n".join(h.describe() for h in got.holders)
             raise GpuLockTimeout(
                 f"could not get {want} within {timeout:g} s in {lock_dir} (nobody was stopped; "
-                f"retry later or raise --timeout); busy:\n{lines}",
+                f"retry later or raise the timeout); busy:\n{lines}",
                 got.holders,
             )
         if status is not None and line != last_status:
