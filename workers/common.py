@@ -1,0 +1,60 @@
+"""What every worker entry point shares: reading the package spec strictly, writing its result, failing clearly.
+
+A worker exits 0 with result.json written, or non-zero with one line on stderr saying why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pydantic import BaseModel, ValidationError
+
+from protocol.package import PackageSpec
+
+
+class WorkerFailed(Exception):
+    """A package failed: the message is the one line the worker prints before exiting 1."""
+
+
+def load_spec(path: str | Path, kind: str) -> PackageSpec:
+    try:
+        spec = PackageSpec.model_validate_json(Path(path).read_bytes())
+    except (OSError, ValidationError) as exc:
+        raise WorkerFailed(f"package spec {path} is not a valid orch.package/1 document: {exc}") from exc
+    if spec.kind != kind:
+        raise WorkerFailed(f"package spec {path} is of kind {spec.kind!r}, this worker runs {kind!r}")
+    return spec
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_json(path: str | Path, doc: BaseModel | dict[str, Any], mode: int | None = None) -> None:
+    """Atomic write: a reader never sees half a document."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(doc, BaseModel):
+        text = doc.model_dump_json(by_alias=True, indent=1)
+    else:
+        text = json.dumps(doc, indent=1, sort_keys=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text + "\n")
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def fail(message: str) -> NoReturn:
+    sys.stderr.write(f"{message}\n")
+    sys.stderr.flush()
+    raise SystemExit(1)

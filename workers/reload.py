@@ -1,0 +1,85 @@
+"""The reload package: a fresh process loads the train package's checkpoint and recomputes its final digests.
+
+Usage: python -m workers.reload --spec package.json -> result.json (orch.reload/1); same digest, same device kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from protocol.package import PackageSpec
+from protocol.results import ReloadRank, ReloadResult
+from workers.common import WorkerFailed, fail, load_spec, sha256_file, write_json
+from workers.digest import combined_digest, digest_many
+
+
+def checkpoint_tensors(doc: dict[str, Any], device: str) -> dict[str, Any]:
+    """The digest names of an orch.ckpt/1 document, each tensor on the device kind it was digested on."""
+    import torch
+
+    if doc.get("schema") != "orch.ckpt/1":
+        raise WorkerFailed(f"checkpoint schema is {doc.get('schema')!r}, expected 'orch.ckpt/1'")
+    named: dict[str, Any] = {f"param/{k}": v for k, v in doc["params"].items()}
+    for fqn, state in doc["optim"].items():
+        named.update({f"optim/{fqn}/{key}": v for key, v in state.items()})
+    out = {}
+    for name, t in named.items():
+        kind = doc["devices"].get(name, "cpu")
+        if kind == "cuda":
+            if device != "cuda" or not torch.cuda.is_available():
+                raise WorkerFailed(f"{name} was digested on CUDA; this reload has no CUDA device")
+            t = t.to("cuda")
+        out[name] = t
+    return out
+
+
+def reload_rank(path: Path, device: str) -> tuple[ReloadRank, int]:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    doc = torch.load(path, map_location="cpu", weights_only=True)
+    digests = digest_many(checkpoint_tensors(doc, device))
+    rank = ReloadRank(
+        rank=int(doc["rank"]), checkpoint_sha256=sha256_file(path), combined=combined_digest(digests),
+        digests=digests,
+    )  # fmt: skip
+    return rank, int(doc["world_size"])
+
+
+def run(spec: PackageSpec) -> ReloadResult:
+    if spec.ckpt_dir is None:
+        raise WorkerFailed("reload spec has no ckpt_dir")
+    files = sorted(Path(spec.ckpt_dir).glob("rank*.pt"), key=lambda p: int(p.stem.removeprefix("rank")))
+    if len(files) != spec.nproc:
+        raise WorkerFailed(f"{len(files)} checkpoint files in {spec.ckpt_dir}, expected {spec.nproc}")
+    ranks = []
+    for path in files:
+        rank, world = reload_rank(path, spec.device)
+        if world != spec.nproc:
+            raise WorkerFailed(f"{path.name} was written by a world of {world}, expected {spec.nproc}")
+        ranks.append(rank)
+    if [r.rank for r in ranks] != list(range(spec.nproc)):
+        raise WorkerFailed("checkpoint files do not hold ranks 0..N-1")
+    return ReloadResult(arm=str(spec.arm_label), world_size=spec.nproc, ranks=ranks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workers.reload")
+    ap.add_argument("--spec", required=True)
+    opts = ap.parse_args(argv)
+    try:
+        spec = load_spec(opts.spec, "reload")
+        result = run(spec)
+    except WorkerFailed as exc:
+        fail(f"reload: {exc}")
+    write_json(spec.result_path, result)
+    print(f"reload {spec.arm_label}: {len(result.ranks)} checkpoints digested, result {spec.result_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

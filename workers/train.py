@@ -1,0 +1,160 @@
+"""The train package: the arm's unmodified trainer under torchrun, the probe injected into every rank.
+
+Usage: python -m workers.train --spec package.json  (cwd = the arm's sealed copy) -> result.json (orch.train/1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from protocol.package import PackageSpec
+from protocol.results import ObservedRecipe, RankSummary, StepRecord, TrainResult
+from workers.common import WorkerFailed, fail, load_spec, sha256_file, write_json
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: torchrun gets SIGTERM if this worker dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def torchrun_command(spec: PackageSpec) -> list[str]:
+    """torchrun on one node; --standalone lets the c10d rendezvous bind a free local port itself."""
+    if not spec.script:
+        raise WorkerFailed("train spec has no script")
+    if spec.ckpt_dir is None:
+        raise WorkerFailed("train spec has no ckpt_dir")
+    target = ["-m", spec.script.split(None, 1)[1]] if spec.script.startswith("-m ") else [spec.script]
+    watch = f"0-{spec.warmup - 1}" if spec.warmup > 0 else "none"
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.nproc}",
+        "-m", "workers.probe",
+        "--out", spec.package_dir,
+        "--steps", str(spec.steps),
+        "--digest-steps", f"{spec.digest_first}-{spec.digest_last}",
+        "--watch-steps", watch,
+        "--ckpt-dir", spec.ckpt_dir,
+        "--", *target, *spec.args,
+    ]  # fmt: skip
+
+
+def _traceback_tail(log: Path, limit: int = 40) -> str:
+    """Only the last traceback of the trainer's log: its other lines may hold sealed evaluation values."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    picked = lines[starts[-1] :][-limit:] if starts else [ln for ln in lines if ln.startswith("probe:")][-5:]
+    return "\n".join(picked)
+
+
+def _read_rank(spec: PackageSpec, rank: int) -> tuple[dict[str, object], list[StepRecord]]:
+    pkg = Path(spec.package_dir)
+    summary_path = pkg / f"probe.rank{rank}.json"
+    if not summary_path.exists():
+        raise WorkerFailed(f"rank {rank} wrote no probe summary ({summary_path.name})")
+    summary = json.loads(summary_path.read_text())
+    if not summary.get("complete"):
+        raise WorkerFailed(f"rank {rank} stopped after {summary.get('steps')} of {spec.steps} steps")
+    lines = (pkg / f"steps.rank{rank}.jsonl").read_text().splitlines()
+    records = [StepRecord.model_validate_json(line) for line in lines]
+    if [r.step for r in records] != list(range(spec.steps)) or any(r.rank != rank for r in records):
+        raise WorkerFailed(f"rank {rank}: step lines are not steps 0..{spec.steps - 1} of this rank")
+    return summary, records
+
+
+def collect(spec: PackageSpec, stopped_cleanly: bool) -> TrainResult:
+    """Reads every rank's probe output and checks it before it becomes the package's result."""
+    ranks: list[RankSummary] = []
+    recipes = []
+    for rank in range(spec.nproc):
+        summary, records = _read_rank(spec, rank)
+        recipes.append(summary["observed_recipe"])
+        ckpt = Path(str(spec.ckpt_dir)) / str(summary["checkpoint_file"])
+        if not ckpt.exists() or sha256_file(ckpt) != summary["checkpoint_sha256"]:
+            raise WorkerFailed(f"rank {rank}: checkpoint {ckpt.name} is missing or differs from its digest")
+        steps_path = Path(spec.package_dir) / str(summary["steps_file"])
+        ranks.append(
+            RankSummary(
+                rank=rank,
+                steps_file=steps_path.name,
+                steps_sha256=sha256_file(steps_path),
+                steps=len(records),
+                final_combined=str(summary["final_combined"]),
+                final_digests=dict(summary["final_digests"]),  # type: ignore[call-overload]
+                peak_allocated=summary.get("peak_allocated"),  # type: ignore[arg-type]
+                peak_reserved=summary.get("peak_reserved"),  # type: ignore[arg-type]
+                checkpoint_file=os.path.relpath(ckpt, spec.scratch_dir),
+                checkpoint_sha256=str(summary["checkpoint_sha256"]),
+            )
+        )
+    if any(r != recipes[0] for r in recipes):
+        raise WorkerFailed("ranks observed different recipes (optimizer settings or frozen parameters)")
+    if recipes[0] is None:
+        raise WorkerFailed("the probe observed no optimizer step")
+    return TrainResult(
+        arm=str(spec.arm_label),
+        world_size=spec.nproc,
+        steps=spec.steps,
+        digest_steps=list(range(spec.digest_first, spec.digest_last + 1)),
+        device=spec.device,
+        observed_recipe=ObservedRecipe.model_validate(recipes[0]),
+        ranks=ranks,
+        stopped_cleanly=stopped_cleanly,
+    )
+
+
+def run(spec: PackageSpec) -> TrainResult:
+    log = Path(spec.scratch_dir) / f"{spec.name}.trainer.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    Path(spec.package_dir).mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:  # the trainer's own output stays in scratch: it may log sealed evaluations
+        proc = subprocess.Popen(
+            torchrun_command(spec), cwd=spec.sealed_dir, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        try:
+            rc = proc.wait()
+        except BaseException:
+            proc.terminate()
+            proc.wait(timeout=30)
+            raise
+    leftovers = psutil.Process().children(recursive=True)
+    for p in leftovers:
+        p.kill()
+    if rc != 0:
+        raise WorkerFailed(f"torchrun exited with {rc}; the trainer's last traceback:\n{_traceback_tail(log)}")
+    result = collect(spec, stopped_cleanly=not leftovers)
+    if leftovers:
+        raise WorkerFailed(f"{len(leftovers)} process(es) outlived the trainer's stop; they were killed")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workers.train")
+    ap.add_argument("--spec", required=True)
+    opts = ap.parse_args(argv)
+    try:
+        spec = load_spec(opts.spec, "train")
+        result = run(spec)
+    except WorkerFailed as exc:
+        fail(f"train: {exc}")
+    write_json(spec.result_path, result)
+    print(f"train {spec.arm_label}: {spec.nproc} ranks x {spec.steps} steps, result {spec.result_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
