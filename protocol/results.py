@@ -112,6 +112,7 @@ class Diagnostic(_Strict):
 class ChecksResult(_Strict):
     schema_: str = Field("orch.checks/1", alias="schema")
     versions: dict[str, str]  # python, torch, triton, cuda, driver, gpu_model, gpu_count
+    prepare: list[Diagnostic] = []  # the protocol's prepare commands (ok = exit 0), run before the diagnostics
     diagnostics: list[Diagnostic]
     precision_ok: bool
     precision_detail: str = ""

@@ -23,7 +23,8 @@ from typing import Any
 
 from workers.digest import combined_digest, digest_many, local_tensor
 
-STOP_GRACE_S = 20.0  # the trainer's own cleanup after the stop may take this long before the rank exits anyway
+# the trainer's own cleanup after the stop may take this long before the rank exits anyway
+STOP_GRACE_S = float(os.environ.get("ORCH_PROBE_STOP_GRACE_S", "20"))
 _FORBIDDEN_MM = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "dot", "conv")
 _INT8_OPS = ("_int_mm", "_weight_int8pack_mm", "_weight_int4pack_mm", "_scaled_mm", "_scaled_grouped_mm")
 

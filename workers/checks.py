@@ -1,0 +1,107 @@
+"""The checks package: environment versions, the protocol's prepare and diagnostic commands, the static graph
+diagnostic against its recorded digest, and the precision policy. Usage: python -m workers.checks --spec package.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import platform
+import shutil
+import subprocess
+import sys
+
+from protocol.package import CommandSpec, PackageSpec
+from protocol.results import ChecksResult, Diagnostic
+from workers.common import WorkerFailed, fail, load_spec, write_json
+
+ALLOWED_PRECISION = ("fp32", "bf16")
+
+
+def versions() -> dict[str, str]:
+    """python, torch, triton, CUDA, driver, GPU model and count, as the sealed worker sees them."""
+    out = {"python": platform.python_version()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["cuda"] = str(torch.version.cuda or "none")
+        out["gpu_count"] = str(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        out["gpu_model"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    except ImportError:
+        out["torch"] = "absent"
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        out["triton"] = "absent"
+    out["driver"] = "none"
+    if shutil.which("nvidia-smi"):
+        q = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        if q.returncode == 0 and q.stdout.strip():
+            out["driver"] = q.stdout.strip().splitlines()[0]
+    return out
+
+
+def run_command(spec: PackageSpec, cmd: CommandSpec) -> Diagnostic:
+    """Runs one command in the sealed copy; ok = exit 0 and, when a digest is recorded, stdout matches it."""
+    proc = subprocess.run(cmd.argv, cwd=spec.sealed_dir, capture_output=True, stdin=subprocess.DEVNULL, check=False)
+    digest = hashlib.sha256(proc.stdout).hexdigest()
+    ok = proc.returncode == 0 and (cmd.expect_sha256 is None or digest == cmd.expect_sha256)
+    detail = ""
+    if proc.returncode != 0:
+        detail = f"exit {proc.returncode}: " + proc.stderr.decode(errors="replace").strip()[-500:]
+    elif not ok:
+        detail = f"stdout sha256 {digest} differs from the recorded {cmd.expect_sha256}"
+    return Diagnostic(
+        name=cmd.name, command=cmd.argv, ok=ok, exit_code=proc.returncode, output_sha256=digest,
+        expected_sha256=cmd.expect_sha256, detail=detail,
+    )  # fmt: skip
+
+
+def precision_policy(spec: PackageSpec) -> tuple[bool, str]:
+    if spec.precision not in ALLOWED_PRECISION:
+        return False, f"precision {spec.precision!r} is not allowed (fp32 or bf16 only; no fp16, fp8 or int8)"
+    if spec.precision == "bf16" and spec.device == "cuda":
+        import torch
+
+        if not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
+            return False, "bf16 requested but this device does not support it"
+    return True, f"{spec.precision} on {spec.device}"
+
+
+def run(spec: PackageSpec) -> ChecksResult:
+    prepare = [run_command(spec, c) for c in spec.prepare]
+    diagnostics = [] if not all(d.ok for d in prepare) else [run_command(spec, c) for c in spec.diagnostics]
+    if spec.static_graph is not None and all(d.ok for d in prepare):
+        diagnostics.append(run_command(spec, spec.static_graph))
+    ok, detail = precision_policy(spec)
+    return ChecksResult(
+        versions=versions(), prepare=prepare, diagnostics=diagnostics, precision_ok=ok, precision_detail=detail
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workers.checks")
+    ap.add_argument("--spec", required=True)
+    opts = ap.parse_args(argv)
+    try:
+        spec = load_spec(opts.spec, "checks")
+        result = run(spec)
+    except WorkerFailed as exc:
+        fail(f"checks: {exc}")
+    write_json(spec.result_path, result)
+    failed = [d.name for d in [*result.prepare, *result.diagnostics] if not d.ok]
+    if failed or not result.precision_ok:
+        why = ", ".join(failed) if failed else result.precision_detail
+        fail(f"checks: failed: {why}; see {spec.result_path}")
+    print(f"checks: {len(result.prepare)} prepare, {len(result.diagnostics)} diagnostics ok, {result.precision_detail}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
