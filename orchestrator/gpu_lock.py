@@ -207,6 +207,18 @@ def _try_flock(fd: int) -> bool:
         raise
 
 
+def _take_guard_briefly(lock_dir: Path, within_s: float = 2.0) -> int | None:
+    """The guard fd, locked, if it can be had within `within_s` (it is only ever held for milliseconds)."""
+    fd, _ = _open_lock_file(lock_dir / GUARD_NAME)
+    deadline = time.monotonic() + within_s
+    while not _try_flock(fd):
+        if time.monotonic() >= deadline:
+            os.close(fd)
+            return None  # a stuck foreign holder of .guard: release without it rather than hang
+        time.sleep(0.002)
+    return fd
+
+
 def _utc_iso(ts: float | None = None) -> str:
     dt = datetime.now(UTC) if ts is None else datetime.fromtimestamp(ts, UTC)
     return dt.isoformat(timespec="seconds").replace("+00:00", "Z")
@@ -433,10 +445,18 @@ class Grant:
             return
         self._t_released = time.monotonic()
         fds, self._fds = self._fds, []
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)  # closing the last fd of the open file description releases the flock
+        guard = None
+        if len(fds) > 1:
+            with contextlib.suppress(OSError):  # e.g. the lock directory was removed: release without it
+                guard = _take_guard_briefly(self.lock_dir)
+        try:  # under the guard, no attempt sees part of this grant free (lowest-free stays exact)
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+                os.close(fd)  # closing the last fd of the open file description releases the flock
+        finally:
+            if guard is not None:
+                os.close(guard)
 
     def __enter__(self) -> Grant:
         return self
@@ -479,10 +499,10 @@ def _try_take(
     min_foreign_mib: float,
 ) -> _Attempt:
     """One all-or-none attempt under the guard: the `need` lowest free candidates, or nothing held."""
-    guard_fd, _ = _open_lock_file(lock_dir / GUARD_NAME)
+    guard_fd = _take_guard_briefly(lock_dir, within_s=0.2)
+    if guard_fd is None:  # someone sits on the guard far longer than an attempt or a release takes
+        return _Attempt([], lock_holders(lock_dir / GUARD_NAME, GUARD_NAME))
     try:
-        if not _try_flock(guard_fd):
-            return _Attempt([], lock_holders(lock_dir / GUARD_NAME, GUARD_NAME))
         taken: list[tuple[int, int, bool]] = []
         holders: list[Holder] = []
         own: set[int] | None = None
