@@ -1,0 +1,144 @@
+"""Digests hash raw bytes (never a cast); tx128 is position-dependent, grid-independent, and the Triton kernel
+equals the NumPy reference bit for bit (interpreter on CPU, compiled on CUDA)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.digest import (
+    combined_digest,
+    digest_cpu,
+    digest_many,
+    tensor_header,
+    tx128_finalize,
+    tx128_lanes_reference,
+    tx128_reference,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def test_cpu_digest_is_sha256_of_header_and_raw_bytes() -> None:
+    t = torch.arange(10, dtype=torch.float32)
+    expect = hashlib.sha256(tensor_header("sha256", "torch.float32", (10,), 40) + t.numpy().tobytes()).hexdigest()
+    assert digest_cpu(t) == "sha256:" + expect[:32]
+
+
+def test_raw_bytes_not_values() -> None:
+    assert digest_cpu(torch.tensor([0.0])) != digest_cpu(torch.tensor([-0.0]))  # equal values, different bits
+    bits = torch.tensor([0x3C00], dtype=torch.int16)
+    assert digest_cpu(bits.view(torch.bfloat16)) != digest_cpu(bits.view(torch.float16))  # dtype is hashed
+    t = torch.arange(6, dtype=torch.int64)
+    assert digest_cpu(t) != digest_cpu(t.reshape(2, 3))  # shape is hashed
+    nan_a = torch.tensor([0x7FC00000], dtype=torch.int32).view(torch.float32)
+    nan_b = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)
+    assert digest_cpu(nan_a) != digest_cpu(nan_b)  # NaN payloads count
+
+
+def test_strided_tensor_hashes_its_logical_order() -> None:
+    t = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    assert digest_cpu(t.t()) == digest_cpu(t.t().contiguous())
+    assert digest_cpu(torch.tensor(3.0)) == digest_cpu(torch.tensor(3.0))  # 0-dim works
+
+
+def test_combined_digest_ignores_insertion_order() -> None:
+    a = {"x": "sha256:1", "y": "sha256:2"}
+    assert combined_digest(a) == combined_digest({"y": "sha256:2", "x": "sha256:1"})
+    assert combined_digest(a) != combined_digest({"x": "sha256:2", "y": "sha256:1"})
+
+
+def test_digest_many_keeps_names() -> None:
+    ts = {"b": torch.ones(3), "a": torch.zeros(2, dtype=torch.int64)}
+    out = digest_many(ts)
+    assert list(out) == ["b", "a"] and out["a"] == digest_cpu(ts["a"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=0, max_size=300), st.integers(min_value=0, max_value=20))
+def test_tx128_lanes_add_over_chunk_splits(data: bytes, cut_chunk: int) -> None:
+    """Any split at a chunk boundary, with its chunk offset, sums to the whole: block size and grid cannot matter."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    cut = min(cut_chunk * 16, (len(data) // 16) * 16)
+    whole = tx128_lanes_reference(arr)
+    left = tx128_lanes_reference(arr[:cut])
+    right = tx128_lanes_reference(arr[cut:], chunk_offset=cut // 16)
+    assert whole == tuple((a + b) % 2**64 for a, b in zip(left, right, strict=True))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.binary(min_size=1, max_size=200), st.data())
+def test_tx128_single_byte_change_is_seen(data: bytes, draw: st.DataObject) -> None:
+    i = draw.draw(st.integers(min_value=0, max_value=len(data) - 1))
+    delta = draw.draw(st.integers(min_value=1, max_value=255))
+    changed = bytearray(data)
+    changed[i] = (changed[i] + delta) % 256
+    a = tx128_lanes_reference(np.frombuffer(data, dtype=np.uint8))
+    b = tx128_lanes_reference(np.frombuffer(bytes(changed), dtype=np.uint8))
+    assert a != b
+
+
+def test_tx128_position_dependent_and_length_bound() -> None:
+    x = np.arange(64, dtype=np.uint8)
+    swapped = np.concatenate([x[16:32], x[:16], x[32:]])
+    assert tx128_reference(x, "torch.uint8", (64,)) != tx128_reference(swapped, "torch.uint8", (64,))
+    zeros = np.zeros(4, dtype=np.uint8)
+    # zero padding never merges lengths: the byte length is in the finalisation
+    assert tx128_reference(zeros[:3], "torch.uint8", (3,)) != tx128_reference(zeros, "torch.uint8", (4,))
+    assert tx128_finalize((1, 2), "torch.uint8", (3,), 3) != tx128_finalize((2, 1), "torch.uint8", (3,), 3)
+
+
+_KERNEL_CHECK = r"""
+import numpy as np, torch
+from workers.digest import tx128_reference
+from workers.digest_triton import tx128_cuda_many
+dev = "{device}"
+g = torch.Generator().manual_seed(0)
+cases = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in {sizes}]
+cases += [torch.randn(n, generator=g).to(dt) for n, dt in {typed}]
+cases.append(torch.arange(7, dtype=torch.int64).reshape(7, 1))
+cases.append(torch.randn(41, generator=g).to(torch.bfloat16)[1:])  # storage offset not 4-byte aligned
+for t in cases:
+    ref = tx128_reference(t.contiguous().view(torch.uint8).numpy(), str(t.dtype), t.shape)
+    for block, programs in {configs}:
+        got = tx128_cuda_many([t.to(dev)], block=block, programs=programs)[0]
+        assert got == ref, (t.dtype, tuple(t.shape), block, programs, got, ref)
+batch = tx128_cuda_many([t.to(dev) for t in cases])
+assert batch == [tx128_reference(t.contiguous().view(torch.uint8).numpy(), str(t.dtype), t.shape) for t in cases]
+print("ok", len(cases))
+"""
+
+
+def _run_kernel_check(device: str, sizes: list[int], typed: str, configs: str, interpret: bool) -> None:
+    code = _KERNEL_CHECK.format(device=device, sizes=sizes, typed=typed, configs=configs)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"  # must be set before triton is imported: hence a fresh process
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ok")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: the lead runs the kernel test on the GPU")
+def test_triton_kernel_equals_reference_interpreted() -> None:
+    typed = "[(33, torch.bfloat16), (40, torch.float32), (5, torch.float64), (9, torch.int32)]"
+    _run_kernel_check("cpu", [0, 1, 15, 16, 17, 1000, 2053], typed, "[(16, 1), (32, 3), (64, None)]", True)
+
+
+@pytest.mark.cuda
+def test_triton_kernel_equals_reference_cuda() -> None:
+    typed = "[(1 << 20 | 3, torch.bfloat16), ((1 << 22) + 1, torch.float32), (4099, torch.int64)]"
+    sizes = [0, 1, 15, 16, 17, 4095, (1 << 24) + 7]
+    configs = "[(256, 1), (1024, 7), (4096, None), (1024, None)]"
+    _run_kernel_check("cuda", sizes, typed, configs, False)

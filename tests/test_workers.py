@@ -1,0 +1,146 @@
+"""The worker entry points as the package runner calls them: a spec file in, result.json out, strictly valid.
+
+train -> reload on the tiny FSDP2 trainer and on r3-mini (2 ranks, gloo), checks and score on small commands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_spec(tmp: Path, name: str, kind: str, **fields: object) -> Path:
+    base: dict[str, object] = {
+        "schema": "orch.package/1", "run_id": "test", "name": name, "kind": kind, "arm_label": "A",
+        "arm": "baseline", "package_dir": str(tmp / name), "sealed_dir": str(REPO / "tests" / "fixtures"),
+        "scratch_dir": str(tmp / "scratch"), "ckpt_dir": str(tmp / "scratch" / "ckpt-A"),
+        "result_path": str(tmp / name / "result.json"), "device": "cpu", "precision": "fp32", "nproc": 2,
+        "backend": "gloo", "script": "tiny_trainer.py", "args": [], "steps": 16, "warmup": 10,
+        "digest_first": 0, "digest_last": 13,
+    }  # fmt: skip
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps({**base, **fields}))
+    return path
+
+
+def run_worker(kind: str, spec: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", f"workers.{kind}", "--spec", str(spec)], cwd=cwd, env=env, capture_output=True,
+        text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def train_and_reload(tmp: Path, **fields: object) -> tuple[TrainResult, ReloadResult]:
+    sealed = Path(str(fields.get("sealed_dir", REPO / "tests" / "fixtures")))
+    train = run_worker("train", write_spec(tmp, "train-A", "train", **fields), sealed)
+    assert train.returncode == 0, train.stderr
+    reload = run_worker("reload", write_spec(tmp, "reload-A", "reload", **fields), sealed)
+    assert reload.returncode == 0, reload.stderr
+    t = TrainResult.model_validate_json((tmp / "train-A" / "result.json").read_text())
+    r = ReloadResult.model_validate_json((tmp / "reload-A" / "result.json").read_text())
+    return t, r
+
+
+def test_train_then_reload_digests_equal(tmp_path: Path) -> None:
+    t, r = train_and_reload(tmp_path)
+    assert t.stopped_cleanly and t.world_size == 2 and t.steps == 16 and t.digest_steps == list(range(14))
+    assert t.observed_recipe.warmup_steps == 3 and t.observed_recipe.max_grad_norm == 1.0
+    assert [x.final_combined for x in t.ranks] == [x.combined for x in r.ranks]
+    assert [x.final_digests for x in t.ranks] == [x.digests for x in r.ranks]
+    assert [x.checkpoint_sha256 for x in t.ranks] == [x.checkpoint_sha256 for x in r.ranks]
+    assert t.ranks[0].final_combined != t.ranks[1].final_combined  # each rank digests its own shard
+    for rank in (0, 1):
+        lines = (tmp_path / "train-A" / f"steps.rank{rank}.jsonl").read_text().splitlines()
+        recs = [StepRecord.model_validate_json(x) for x in lines]
+        assert [x.digests is not None for x in recs] == [s <= 13 for s in range(16)]
+    assert psutil.Process().children(recursive=True) == []
+    assert (tmp_path / "scratch" / "train-A.trainer.log").exists()
+
+
+def test_train_fails_with_a_reason(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "train-A", "train", args=["--total-steps", "3"])
+    proc = run_worker("train", spec, REPO / "tests" / "fixtures")
+    assert proc.returncode == 1 and "train: torchrun exited" in proc.stderr
+    assert not (tmp_path / "train-A" / "result.json").exists()
+
+
+def test_reload_refuses_a_wrong_spec_kind(tmp_path: Path) -> None:
+    proc = run_worker("reload", write_spec(tmp_path, "train-A", "train"), tmp_path)
+    assert proc.returncode == 1 and "this worker runs 'reload'" in proc.stderr
+
+
+def test_checks(tmp_path: Path) -> None:
+    py = sys.executable
+    expect = "b5bb9d8014a0f9b1d61e21e796d78dccdf1352f23cd32812f4850b878ae4944c"  # sha256 of b"foo\n"
+    spec = write_spec(
+        tmp_path, "checks", "checks",
+        prepare=[{"name": "init", "argv": [py, "-c", "open('made', 'w').write('x')"]}],
+        diagnostics=[{"name": "ok", "argv": [py, "-c", "print(1)"]}],
+        static_graph={"name": "graph", "argv": [py, "-c", "print('foo')"], "expect_sha256": expect},
+        sealed_dir=str(tmp_path),
+    )  # fmt: skip
+    proc = run_worker("checks", spec, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    res = ChecksResult.model_validate_json((tmp_path / "checks" / "result.json").read_text())
+    assert res.precision_ok and [d.ok for d in [*res.prepare, *res.diagnostics]] == [True, True, True]
+    assert (tmp_path / "made").exists() and res.versions["torch"] and "triton" in res.versions
+    bad = write_spec(
+        tmp_path, "checks", "checks", precision="fp16", sealed_dir=str(tmp_path),
+        static_graph={"name": "graph", "argv": [py, "-c", "print('bar')"], "expect_sha256": expect},
+    )  # fmt: skip
+    proc = run_worker("checks", bad, tmp_path)
+    assert proc.returncode == 1 and "graph" in proc.stderr
+    res = ChecksResult.model_validate_json((tmp_path / "checks" / "result.json").read_text())
+    assert not res.precision_ok and not res.diagnostics[0].ok
+
+
+def test_score_seals_metrics_and_prints_none(tmp_path: Path) -> None:
+    scorer = (
+        "import json,sys; print('geneval 0.8125');"
+        "json.dump({'geneval': 0.8125, 'ckpt': sys.argv[1]}, open(sys.argv[2], 'w'))"
+    )
+    targets = [
+        {"arm_label": label, "sealed_dir": str(tmp_path), "ckpt_dir": f"ck-{label}",
+         "argv": [sys.executable, "-c", scorer, "{ckpt}", "{out}"]}
+        for label in ("A", "C")
+    ]  # fmt: skip
+    sealed = tmp_path / "score.sealed.json"
+    spec = write_spec(tmp_path, "score", "score", score_targets=targets, sealed_metrics_path=str(sealed))
+    proc = run_worker("score", spec, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "0.8125" not in proc.stdout + proc.stderr  # the scorer printed it; the worker lets nothing through
+    res = ScoreResult.model_validate_json((tmp_path / "score" / "result.json").read_text())
+    assert stat.S_IMODE(sealed.stat().st_mode) == 0o400
+    assert res.sealed_sha256 == hashlib.sha256(sealed.read_bytes()).hexdigest()
+    doc = json.loads(sealed.read_text())
+    assert [t["metrics"]["ckpt"] for t in doc["targets"]] == ["ck-A", "ck-C"]
+    assert run_worker("score", spec, tmp_path).returncode == 1  # sealed once, never overwritten
+
+
+R3_MINI = REPO / "examples" / "r3_mini"
+
+
+@pytest.mark.skipif(not (R3_MINI / "train" / "online_rl.py").exists(), reason="examples/r3_mini not present")
+def test_probe_on_r3_mini(tmp_path: Path) -> None:
+    """The reference workload under the probe: 16 steps, 2 ranks, digests 0-13, reload equal, warm-up visible."""
+    t, r = train_and_reload(tmp_path, sealed_dir=str(R3_MINI), script="train/online_rl.py", args=["--debug", "True"])
+    assert [x.final_combined for x in t.ranks] == [x.combined for x in r.ranks]
+    rec = t.observed_recipe
+    assert (rec.optimizer, rec.lr, rec.betas, rec.eps, rec.max_grad_norm) == ("AdamW", 5e-6, (0.9, 0.95), 1e-8, 1.0)
+    assert rec.warmup_steps == 10 and "vit_model" in rec.frozen
+    lines = (tmp_path / "train-A" / "steps.rank0.jsonl").read_text().splitlines()
+    assert all(StepRecord.model_validate_json(x).forbidden == [] for x in lines)
+    assert psutil.Process().children(recursive=True) == []
