@@ -97,5 +97,67 @@ HomeOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object last")]
 
+
+@app.command()
+def audit(
+    run_ids: Annotated[list[str], typer.Argument(help="one run id (runs are never mixed)", metavar="RUN_ID")],
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The verdict of one complete run, or exactly why there is none; then the DEV score, informational."""
+    from ledger.audit import audit_command
+
+    _call(lambda: audit_command(run_ids, home, as_json))
+
+
+@app.command()
+def publish(
+    run_id: Annotated[str, typer.Argument(help="an audited run")],
+    to: Annotated[Path, typer.Option("--to", help="evidence file to write, e.g. docs/validation/NAME.json")],
+    home: HomeOpt = None,
+) -> None:
+    """Write the aggregate evidence of an audited run; refused (exit 3) when it fails hygiene."""
+    from ledger.publish import publish_command
+
+    _call(lambda: publish_command(run_id, to, home))
+
+
+@app.command()
+def hygiene(
+    paths: Annotated[list[Path], typer.Argument(help="files or directories to scan", metavar="PATH...")],
+) -> None:
+    """Find what must never be committed or published; exit 3 with one line per finding."""
+    from ledger.hygiene import hygiene_command
+
+    _call(lambda: hygiene_command(paths))
+
+
+@app.command()
+def launch(
+    protocol: Annotated[Path, typer.Argument(help="protocol.yaml to run")],
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+    lock_timeout: Annotated[
+        float | None, typer.Option("--lock-timeout", help="give up waiting for the GPU lock after S seconds (exit 75)")
+    ] = None,
+    lock_dir: Annotated[Path | None, typer.Option("--lock-dir", help="host-wide lock directory of gpu-run")] = None,
+) -> None:
+    """Run the protocol: verified sources, one GPU lock, sealed packages, ledger, then the audit."""
+    from orchestrator.launch import launch as launch_run
+    from orchestrator.progress import plain_say
+
+    say = plain_say
+    try:
+        result = _call(lambda: launch_run(protocol, home, say=say, lock_timeout=lock_timeout, lock_dir=lock_dir))
+    except typer.Exit as stop:
+        if json_out:
+            _echo_json({"status": "refused" if stop.exit_code == EXIT_REFUSED else "failed",
+                        "exit_code": stop.exit_code})
+        raise
+    typer.echo(result.run_id)
+    if json_out:
+        _echo_json(result.as_json())
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,302 @@
+"""Renderings of an audit document: the rich terminal report, audit.md and the step-time plot (PNG).
+
+All three read only the orch.audit/1 document; the DEV score appears in the terminal only, as informational.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from ledger.audit import AuditResult
+
+ARM_COLORS = {"A": "#1f77b4", "C": "#d62728", "B": "#2ca02c"}
+VERDICT_STYLE = {"accepted": "bold green", "noisy": "bold yellow", "not exact": "bold red"}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ("+" if n > 0 else "")
+    return f"{sign}{abs(n) / 2**20:.1f} MiB"
+
+
+def _peak(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def window_rows(doc: Mapping[str, Any]) -> list[list[str]]:
+    """One row per window: name, steps, A/C/B times (ms), CVs, ratio, drift, within noise."""
+    rows = []
+    for w in doc["speedup"]["windows"]:
+        cv = w["cv"]
+        rows.append(
+            [
+                w["name"],
+                f"{w['steps'][0]}-{w['steps'][-1]}",
+                _ms(w["A"]),
+                _ms(w["C"]),
+                _ms(w["B"]),
+                f"{cv['A']:.3f}/{cv['C']:.3f}/{cv['B']:.3f}",
+                f"{w['ratio']:.4f}",
+                f"{w['drift']:.4f}",
+                "yes" if w["within_noise"] else "no",
+            ]
+        )
+    return rows
+
+
+WINDOW_HEADER = ["window", "steps", "A (ms)", "C (ms)", "B (ms)", "CV A/C/B", "ratio", "drift", "within noise"]
+
+
+def exactness_lines(doc: Mapping[str, Any]) -> list[str]:
+    ex = doc["exactness"]
+    first, last = ex["digest_steps"]
+    lines = []
+    if ex["first_mismatch"] is None and ex["mismatches"] == 0:
+        lines.append(
+            f"digests: all equal across A, C, B on {ex['ranks']} ranks x steps {first}-{last} "
+            f"({ex['tensors_compared']} tensor digests compared)"
+        )
+    else:
+        fm = ex["first_mismatch"]
+        lines.append(f"digests: {ex['mismatches']} mismatching place(s); first: {fm['text'] if fm else 'n/a'}")
+    reload_ok = ex["reload_equal"]
+    lines.append(
+        "final digests == reload digests: "
+        + ", ".join(f"{label} {'equal' if ok else 'DIFFERENT'}" for label, ok in reload_ok.items())
+    )
+    rng = ex["rng_first_mismatch"]
+    lines.append("RNG fingerprints: " + ("equal at every step" if ex["rng_equal"] else rng["text"]))
+    lines.append(
+        "observed recipe: "
+        + ("equals the frozen recipe" if ex["recipe_equal"] else "; ".join(ex["recipe_differences"]))
+    )
+    forbidden = ex["forbidden"]
+    if forbidden:
+        f = forbidden[0]
+        lines.append(
+            f"forbidden dtype: {f['op']} in {f['dtype']} at step {f['step']} (arm {f['arm']}, rank {f['rank']})"
+            + (f", {len(forbidden) - 1} more" if len(forbidden) > 1 else "")
+        )
+    else:
+        lines.append("forbidden dtype: none seen")
+    return lines
+
+
+def memory_rows(doc: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for r in doc["memory"]["ranks"]:
+        rows.append(
+            [str(r["rank"])]
+            + [f"{_peak(r[label]['allocated'])} / {_peak(r[label]['reserved'])}" for label in ("A", "C", "B")]
+            + [f"{_bytes(r['delta_allocated'])} / {_bytes(r['delta_reserved'])}"]
+        )
+    return rows
+
+
+MEMORY_HEADER = ["rank", "A alloc/res", "C alloc/res", "B alloc/res", "C - max(A,B) alloc/res"]
+
+
+def attribution_line(doc: Mapping[str, Any]) -> str:
+    at = doc["attribution"]
+    parts = [f"headline label: {at['label']}"]
+    if at["sources_differ"]:
+        roots = at["commitment_roots"]
+        parts.append(f"sources differ ({str(roots['baseline'])[:12]} -> {str(roots['candidate'])[:12]})")
+    if at["switches"]:
+        parts.append("switches differ: " + ", ".join(at["switches"]))
+    if at["config"]:
+        parts.append("external configuration differs: " + ", ".join(at["config"]))
+    return "; ".join(parts)
+
+
+def render_terminal(result: AuditResult, console: Console) -> None:
+    """Verdict first, then windows, exactness, memory, cost, versions; the DEV score last, informational."""
+    doc = result.document
+    sp = doc["speedup"]
+    verdict = doc["verdict"]
+    console.print(
+        f"[{VERDICT_STYLE.get(verdict, 'bold')}]verdict: {verdict}[/]  run {doc['run_id']}  "
+        f"headline {sp['headline']:.4f}x ({sp['headline_window']}), max drift {sp['max_drift']:.4f} "
+        f"(bound {sp['drift_bound']})"
+    )
+    for reason in doc["reasons"]:
+        console.print(f"  reason: {reason}", markup=False)
+    console.print(f"scope: {doc['scope']}", markup=False)
+    console.print(attribution_line(doc), markup=False)
+    windows = Table(title="step-time windows (max over ranks, probe work excluded)")
+    for h in WINDOW_HEADER:
+        windows.add_column(h, justify="right", overflow="fold")
+    for row in window_rows(doc):
+        windows.add_row(*row)
+    console.print(windows)
+    for w in sp["windows"]:
+        console.print(f"  {w['words']}", markup=False)
+    console.print(f"  {sp['words']}", markup=False)
+    console.print("[bold]exactness[/]")
+    for line in exactness_lines(doc):
+        console.print(f"  {line}", markup=False)
+    mem = Table(title=f"memory peaks ({doc['memory']['device']})")
+    for h in MEMORY_HEADER:
+        mem.add_column(h, justify="right", overflow="fold")
+    for row in memory_rows(doc):
+        mem.add_row(*row)
+    console.print(mem)
+    cost = doc["cost"]
+    console.print(
+        f"cost: {cost['total_gpu_seconds']:.1f} GPU-seconds ("
+        + ", ".join(f"{k} {v:.1f}" for k, v in cost["gpu_seconds"].items())
+        + f"); ledger head size {doc['ledger_head']['size']} root {doc['ledger_head']['root'][:16]}",
+        markup=False,
+    )
+    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in sorted(doc["versions"].items())), markup=False)
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False)
+    console.print(
+        f"written: {result.audit_path.name}, {result.markdown_path.name}, {result.plot_path.name}"
+        + ("" if result.written else " (already recorded)")
+        + (f"; ledger seq {result.ledger_seq}" if result.ledger_seq is not None else ""),
+        markup=False,
+    )
+    score = result.score
+    if score is not None:
+        if score.verified:
+            console.print(
+                "[dim]DEV score (informational; not part of the verdict, never published): "
+                f"{json.dumps(score.metrics, sort_keys=True)}[/]",
+                markup=True,
+            )
+        else:
+            console.print(f"DEV score: {score.detail}", markup=False)
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def render_markdown(doc: Mapping[str, Any]) -> str:
+    """audit.md: the same content as the terminal report, without the DEV score (written before unsealing)."""
+    sp = doc["speedup"]
+    cost = doc["cost"]
+    parts = [
+        f"# Audit of run {doc['run_id']}",
+        "",
+        f"**Verdict: {doc['verdict']}** — headline {sp['headline']:.4f}x ({sp['headline_window']}), "
+        f"max A/B drift {sp['max_drift']:.4f} (bound {sp['drift_bound']}).",
+        "",
+        *[f"- reason: {r}" for r in doc["reasons"]],
+        "",
+        f"Protocol `{doc['protocol_name']}` id `{doc['protocol_id']}`, precision {doc['precision']}.",
+        "",
+        f"Scope: {doc['scope']}.",
+        "",
+        attribution_line(doc) + ".",
+        "",
+        "## Step-time windows",
+        "",
+        "Step time = max over ranks of the step's duration, probe work excluded; ratio = mean(A, B) / C; "
+        "drift = |A - B| / mean(A, B); headline = minimum ratio.",
+        "",
+        _md_table(WINDOW_HEADER, window_rows(doc)),
+        "",
+        *[f"- {w['words']}" for w in sp["windows"]],
+        f"- {sp['words']}",
+        "",
+        "## Exactness",
+        "",
+        *[f"- {line}" for line in exactness_lines(doc)],
+        "",
+        f"## Memory peaks ({doc['memory']['device']})",
+        "",
+        _md_table(MEMORY_HEADER, memory_rows(doc)),
+        "",
+        "## Cost",
+        "",
+        _md_table(
+            ["package", "GPU-seconds", "wall s"],
+            [[k, f"{v:.1f}", f"{cost['wall_s'][k]:.1f}"] for k, v in cost["gpu_seconds"].items()]
+            + [["total", f"{cost['total_gpu_seconds']:.1f}", f"{cost['total_wall_s']:.1f}"]],
+        ),
+        "",
+        f"Ledger head at audit time: size {doc['ledger_head']['size']}, root `{doc['ledger_head']['root']}`.",
+        "",
+        "## Versions",
+        "",
+        *[f"- {k}: {v}" for k, v in sorted(doc["versions"].items())],
+        "",
+        "The DEV score is not part of this audit; it is shown, informational, only by `orch audit`.",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def plot_step_times(doc: Mapping[str, Any], path: Path) -> None:
+    """Step time per arm against the step index, the measurement windows shaded (PNG, CPU backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a server; must precede pyplot
+    import matplotlib.pyplot as plt
+
+    sp = doc["speedup"]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    try:
+        top = max(t for times in sp["step_times"].values() for t in times) * 1000 * 1.2
+        for i, w in enumerate(sp["windows"]):
+            lo, hi = w["steps"][0] - 0.5, w["steps"][-1] + 0.5
+            # alternate shades and edge lines keep adjacent windows apart
+            ax.axvspan(lo, hi, color="0.85" if i % 2 == 0 else "0.93", zorder=0)
+            ax.axvline(lo, color="0.6", lw=0.6, ls="--", zorder=0)
+            ax.text(
+                (lo + hi) / 2,
+                0.98,
+                f"{w['name']}\n{w['ratio']:.3f}x",
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="top",
+                fontsize=8,
+            )
+        first = sp["windows"][0]["steps"][0] if sp["windows"] else 0
+        ax.text(
+            (first - 1) / 2,
+            0.98,
+            "warm-up",
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="top",
+            fontsize=8,
+            color="0.4",
+        )
+        for label in ("A", "C", "B"):  # launch order
+            times = sp["step_times"][label]
+            ax.plot(
+                range(len(times)),
+                [t * 1000 for t in times],
+                marker="o",
+                ms=3,
+                label=f"{label}",
+                color=ARM_COLORS.get(label),
+            )
+        ax.set_xlabel("step")
+        ax.set_ylabel("step time, max over ranks (ms)")
+        ax.set_title(f"run {doc['run_id']}: verdict {doc['verdict']}, headline {sp['headline']:.4f}x")
+        ax.legend(title="arm", loc="lower left")
+        ax.set_ylim(0, top)
+        fig.tight_layout()
+        tmp = path.with_name(f".{path.name}.tmp")
+        fig.savefig(tmp, format="png", metadata={"Software": None})
+        tmp.replace(path)
+    finally:
+        plt.close(fig)

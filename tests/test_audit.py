@@ -1,0 +1,471 @@
+"""The audit on synthetic but structurally real runs: run.json, sealed trees, results, step lines, the real ledger.
+
+A factory fabricates step lines with chosen durations and digests, so each verdict is reached without a trainer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.audit import AUDIT_SCHEMA, PACKAGES, IncompleteRunError, audit_run
+from ledger.store import Ledger
+from manifests.core import hash_tree
+from protocol.errors import FailedError
+from protocol.home import resolve_home
+from protocol.recipe import UPSTREAM_RECIPE
+from protocol.results import (
+    ChecksResult,
+    ForbiddenOp,
+    ObservedRecipe,
+    RankSummary,
+    ReloadRank,
+    ReloadResult,
+    RngFingerprint,
+    ScoreResult,
+    StepRecord,
+    TrainResult,
+)
+from protocol.schema import Protocol, canonical_json
+
+LABELS = ("A", "C", "B")
+ARM = {"A": "baseline", "C": "candidate", "B": "baseline"}
+TENSORS = ("w.param", "w.exp_avg", "w.exp_avg_sq", "w.step")
+SCORE = {"dev_geneval": 0.7312}
+TS = "2025-01-01T00:00:00Z"
+HOST = hashlib.sha256(b"a salted host name").hexdigest()
+
+
+def _h(*parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class RunSpec:
+    """What to fabricate; defaults give a complete, exact, quiet run with a 2x faster candidate."""
+
+    durations: dict[str, list[float]] = field(
+        default_factory=lambda: {"A": [0.2] * 16, "C": [0.1] * 16, "B": [0.2] * 16}
+    )
+    ranks: int = 2
+    diverge: tuple[str, int, int, str] | None = None  # (label, step, rank, tensor): digests differ from there on
+    rng_extra_draw: tuple[str, int] | None = None  # (label, step): RNG state differs from that step on
+    forbidden: tuple[str, int, str, str] | None = None  # (label, step, op, dtype)
+    observed_lr: float = UPSTREAM_RECIPE["lr"]
+    candidate_config: dict[str, str] = field(default_factory=dict)
+    candidate_switches: dict[str, str] = field(default_factory=lambda: {"R3_FUSION": "1"})
+    stop_at: str | None = None  # package that was killed; later ones are not run
+    crash_open: bool = False  # with stop_at: the killed package has only its open record (kill -9)
+    versions: dict[str, str] = field(default_factory=dict)  # extra entries of the checks' versions
+
+
+def _protocol() -> Protocol:
+    return Protocol.model_validate(
+        {
+            "schema": "orch.protocol/1",
+            "name": "synthetic",
+            "recipe": dict(UPSTREAM_RECIPE),
+            "precision": "fp32",
+            "sources": {"root": "src", "include": ["train/**/*.py"]},
+            "arms": {
+                "baseline": {"commitment": "manifests/base.json"},
+                "candidate": {"commitment": "manifests/cand.json", "switches": {"R3_FUSION": "1"}},
+            },
+            "launcher": {"nproc": 2, "backend": "gloo", "device": "cpu", "script": "train/online_rl.py"},
+            "scorer": {"command": ["python", "score.py"]},
+        }
+    )
+
+
+def _steps(spec: RunSpec, label: str, rank: int) -> list[StepRecord]:
+    lines = []
+    for step in range(16):
+        diverged = spec.diverge is not None and spec.diverge[0] == label and step >= spec.diverge[1]
+        digests = None
+        if step <= 13:
+            digests = {}
+            for t in TENSORS:
+                bad = diverged and (step > spec.diverge[1] or (rank, t) == spec.diverge[2:])  # type: ignore[index]
+                digests[t] = _h(step, rank, t, "bad" if bad else "")
+        rng_bad = spec.rng_extra_draw is not None and spec.rng_extra_draw[0] == label and step >= spec.rng_extra_draw[1]
+        forbidden = []
+        if spec.forbidden and spec.forbidden[0] == label and spec.forbidden[1] == step:
+            forbidden = [ForbiddenOp(op=spec.forbidden[2], dtype=spec.forbidden[3], step=step)]
+        lines.append(
+            StepRecord(
+                rank=rank,
+                world_size=spec.ranks,
+                step=step,
+                duration_s=spec.durations[label][step] * (1.0 if rank == 0 else 0.97),
+                probe_s=0.001,
+                lr=[UPSTREAM_RECIPE["lr"] * min(1.0, step / 10)],
+                rng=RngFingerprint(cpu=_h("rng", step, rank, "x" if rng_bad else "")),
+                digests=digests,
+                combined=_h(sorted(digests.items())) if digests else None,
+                forbidden=forbidden,
+            )
+        )
+    return lines
+
+
+def _final(spec: RunSpec, label: str, rank: int) -> dict[str, str]:
+    bad = spec.diverge is not None and spec.diverge[0] == label
+    return {t: _h("final", rank, t, "bad" if bad else "") for t in TENSORS}
+
+
+def _write_json(path: Path, obj: Any) -> bytes:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+    path.write_bytes(data)
+    return data
+
+
+def _result(path: Path, model: Any) -> str:
+    return _sha(_write_json(path, model.model_dump(mode="json", by_alias=True)))
+
+
+def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> Path:
+    """Fabricate one run directory and its ledger records under `home`; returns the run directory."""
+    spec = spec or RunSpec()
+    h = resolve_home(home)
+    h.ledger_dir.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(h.ledger_path)
+    run_dir = h.run_dir(run_id)
+    protocol = _protocol()
+    proto_bytes = canonical_json(protocol)
+    common = {"host": HOST, "protocol_id": _sha(proto_bytes)}
+    (run_dir / "packages").mkdir(parents=True)
+    (run_dir / "protocol.json").write_bytes(proto_bytes)
+    arms: dict[str, Any] = {}
+    for arm in ("baseline", "candidate"):
+        tree = run_dir / "sealed" / arm
+        (tree / "train").mkdir(parents=True)
+        (tree / "train" / "online_rl.py").write_text(f"# trainer of the {arm}\n")
+        manifest = hash_tree(tree, ["train/**/*.py"])
+        (run_dir / "sealed" / f"{arm}.manifest.json").write_text(manifest.to_json())
+        arms[arm] = {
+            "commitment": f"manifests/{arm}.json",
+            "commitment_root": manifest.root,
+            "sources_root": manifest.root,
+            "sealed_root": manifest.root,
+            "switches": spec.candidate_switches if arm == "candidate" else {},
+            "config": spec.candidate_config if arm == "candidate" else {},
+            "source": "tree",
+            "under_evaluation": False,
+        }
+    packages: list[dict[str, Any]] = []
+    reached = True
+    for name in PACKAGES:
+        kind = name.split("-")[0]
+        label = name.split("-")[1] if "-" in name else None
+        arm = ARM[label] if label else None
+        pkg_dir = run_dir / "packages" / name
+        if not reached:
+            ledger.append(
+                **common, run_id=run_id, package=name, kind=kind, arm=arm, status="not-run", note="not reached"
+            )
+            packages.append({"name": name, "status": "not-run"})
+            continue
+        ledger.append(**common, run_id=run_id, package=name, kind=kind, arm=arm, status="open", started=TS)
+        if name == spec.stop_at:
+            reached = False
+            pkg_dir.mkdir(parents=True)
+            (pkg_dir / "steps.rank0.jsonl").write_text(_steps(spec, "B", 0)[0].model_dump_json(by_alias=True) + "\n")
+            if not spec.crash_open:
+                ledger.append(
+                    **common, run_id=run_id, package=name, kind=kind, arm=arm, status="interrupted", exit_code=-15
+                )
+            packages.append({"name": name, "status": "interrupted", "exit_code": -15})
+            continue
+        digest = _write_package(run_dir, pkg_dir, name, spec)
+        sha = _sha((pkg_dir / "result.json").read_bytes())
+        gpu_s = 2 * spec.ranks * 1.0 if kind in ("train", "reload") else 1.0
+        ledger.append(
+            **common,
+            run_id=run_id,
+            package=name,
+            kind=kind,
+            arm=arm,
+            status="ok",
+            started=TS,
+            ended=TS,
+            wall_s=2.0,
+            gpus=spec.ranks,
+            gpu_seconds=gpu_s,
+            result_digest=digest,
+            exit_code=0,
+        )
+        packages.append(
+            {
+                "name": name,
+                "kind": kind,
+                "status": "ok",
+                "exit_code": 0,
+                "result_sha256": sha,
+                "gpu_seconds": gpu_s,
+                "wall_s": 2.0,
+            }
+        )
+    _write_json(
+        run_dir / "run.json",
+        {
+            "schema": "orch.run/1",
+            "run_id": run_id,
+            "protocol_id": _sha(proto_bytes),
+            "protocol_name": protocol.name,
+            "started": TS,
+            "ended": TS,
+            "status": "complete" if reached else "interrupted",
+            "host": {"host_hash": HOST, "torch": "2.13.0"},
+            "arms": arms,
+            "lock": {"kind": "cpu", "devices": [0, 1], "wait_s": 0.0},
+            "packages": packages,
+        },
+    )
+    return run_dir
+
+
+def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> str:
+    """Write one package's outputs; returns the ledger's result digest."""
+    ranks = range(spec.ranks)
+    if name == "checks":
+        versions = {"python": "3.11", "torch": "2.13.0", "triton": "n/a", "gpu_count": "0", **spec.versions}
+        return _result(pkg_dir / "result.json", ChecksResult(versions=versions, diagnostics=[], precision_ok=True))
+    if name == "score":
+        sealed = run_dir / "score.sealed.json"
+        data = _write_json(sealed, SCORE)
+        os.chmod(sealed, 0o400)
+        _result(pkg_dir / "result.json", ScoreResult(sealed_file="score.sealed.json", sealed_sha256=_sha(data)))
+        return _sha(data)
+    kind, label = name.split("-")
+    if kind == "train":
+        summaries = []
+        for r in ranks:
+            text = "".join(s.model_dump_json(by_alias=True) + "\n" for s in _steps(spec, label, r))
+            (pkg_dir / f"steps.rank{r}.jsonl").parent.mkdir(parents=True, exist_ok=True)
+            (pkg_dir / f"steps.rank{r}.jsonl").write_text(text)
+            final = _final(spec, label, r)
+            summaries.append(
+                RankSummary(
+                    rank=r,
+                    steps_file=f"steps.rank{r}.jsonl",
+                    steps_sha256=_sha(text.encode()),
+                    steps=16,
+                    final_combined=_h(sorted(final.items())),
+                    final_digests=final,
+                    checkpoint_file=f"ckpt/{label}/rank{r}.pt",
+                    checkpoint_sha256=_h("ckpt", label, r),
+                )
+            )
+        recipe = ObservedRecipe(
+            optimizer="AdamW",
+            lr=spec.observed_lr,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            warmup_steps=10,
+            frozen=["vit.w"],
+            trainable_params=100,
+            frozen_params=10,
+        )
+        return _result(
+            pkg_dir / "result.json",
+            TrainResult(
+                arm=label,
+                world_size=spec.ranks,
+                steps=16,
+                digest_steps=list(range(14)),
+                device="cpu",
+                observed_recipe=recipe,
+                ranks=summaries,
+                stopped_cleanly=True,
+            ),
+        )
+    reload_ranks = []
+    for r in ranks:
+        final = _final(spec, label, r)
+        reload_ranks.append(
+            ReloadRank(
+                rank=r, checkpoint_sha256=_h("ckpt", label, r), combined=_h(sorted(final.items())), digests=final
+            )
+        )
+    return _result(pkg_dir / "result.json", ReloadResult(arm=label, world_size=spec.ranks, ranks=reload_ranks))
+
+
+def _orch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
+
+
+WRITTEN = ("audit.json", "audit.md", "step_times.png")
+
+
+def test_complete_exact_run_is_accepted_written_recorded_then_unsealed(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    before = len(Ledger(resolve_home(tmp_path).ledger_path).records())
+    result = audit_run(tmp_path, "run1")
+    doc = result.document
+    assert doc["schema"] == AUDIT_SCHEMA and doc["verdict"] == "accepted" and doc["exact"] and not doc["noisy"]
+    sp = doc["speedup"]
+    assert [w["steps"] for w in sp["windows"]] == [[10, 11], [12, 13], [14, 15]]
+    assert sp["headline"] == pytest.approx(2.0) and sp["max_drift"] == 0.0
+    assert sp["windows"][0]["A"] == pytest.approx(0.4)  # max over ranks: rank 0 is the slower one
+    assert doc["scope"] == (
+        "deterministic steps 0-13 on 2 ranks; final parameter/Adam digests; "
+        "not a measurement of full-training time or quality"
+    )
+    assert doc["exactness"]["tensors_compared"] == 14 * 2 * len(TENSORS)
+    assert doc["attribution"]["label"] == "training-code-only"
+    assert doc["attribution"]["differs"] == ["sources", "switches"]
+    assert doc["cost"]["total_gpu_seconds"] == pytest.approx(6 * 4.0 + 2 * 1.0)
+    assert doc["ledger_head"]["size"] == before
+    data = (run_dir / "audit.json").read_bytes()
+    assert json.loads(data) == doc
+    assert (run_dir / "step_times.png").read_bytes().startswith(b"\x89PNG")
+    assert "accepted" in (run_dir / "audit.md").read_text() and "0.7312" not in (run_dir / "audit.md").read_text()
+    records = Ledger(resolve_home(tmp_path).ledger_path).records()
+    assert len(records) == before + 1
+    assert records[-1].kind == "audit" and records[-1].status == "ok" and records[-1].result_digest == _sha(data)
+    assert result.score is not None and result.score.verified and result.score.metrics == SCORE
+    assert "0.7312" not in data.decode()  # the DEV score never enters the audit document
+
+    again = audit_run(tmp_path, "run1")  # re-audit: recomputed, equal, shown unchanged, not re-recorded
+    assert not again.written and (run_dir / "audit.json").read_bytes() == data
+    assert len(Ledger(resolve_home(tmp_path).ledger_path).records()) == before + 1
+
+
+def test_run_killed_during_train_b_writes_nothing_and_shows_no_score(tmp_path: Path, repo: Path) -> None:
+    run_dir = make_run(tmp_path, spec=RunSpec(stop_at="train-B"))
+    before = len(Ledger(resolve_home(tmp_path).ledger_path).records())
+    with pytest.raises(IncompleteRunError) as err:
+        audit_run(tmp_path, "run1")
+    text = "\n".join(err.value.problems)
+    assert "run status is 'interrupted'" in text and "package train-B: interrupted" in text
+    assert "ledger: train-B closed with status interrupted" in text and "package score: not-run" in text
+    assert "packages/train-B/result.json: missing" in text
+    proc = _orch("audit", "run1", "--home", str(tmp_path), cwd=repo)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "missing or failed: packages/reload-B/result.json: missing" in proc.stdout
+    assert "0.7312" not in proc.stdout + proc.stderr and "dev_geneval" not in proc.stdout + proc.stderr
+    assert not any((run_dir / name).exists() for name in WRITTEN)
+    assert len(Ledger(resolve_home(tmp_path).ledger_path).records()) == before
+
+
+def test_crash_leaves_an_open_record_that_blocks_the_audit(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(stop_at="reload-C", crash_open=True))
+    with pytest.raises(IncompleteRunError) as err:
+        audit_run(tmp_path, "run1")
+    assert any("reload-C has an open record without a close" in p for p in err.value.problems)
+
+
+def test_extra_rng_draw_is_not_exact_naming_the_first_step(tmp_path: Path, repo: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(rng_extra_draw=("C", 3)))
+    proc = _orch("audit", "run1", "--home", str(tmp_path), "--json", cwd=repo)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc = out["audit"]
+    assert doc["verdict"] == "not exact"
+    rng = doc["exactness"]["rng_first_mismatch"]
+    assert (rng["step"], rng["rank"], rng["tensor"]) == (3, 0, "rng.cpu")
+    assert "step 3" in proc.stderr and "verdict not exact" in proc.stderr
+    assert out["dev_score"]["informational"] is True  # complete evidence: the score is shown after the audit
+
+
+def test_digest_divergence_names_step_rank_tensor(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(diverge=("C", 5, 1, "w.exp_avg_sq")))
+    doc = audit_run(tmp_path, "run1").document
+    fm = doc["exactness"]["first_mismatch"]
+    assert doc["verdict"] == "not exact"
+    assert (fm["check"], fm["step"], fm["rank"], fm["tensor"]) == ("digests", 5, 1, "w.exp_avg_sq")
+    assert doc["exactness"]["mismatches"] == 1 + 8 * 2 * len(TENSORS)  # one tensor at step 5, all after it
+
+
+def test_fp16_op_is_named(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(forbidden=("C", 7, "aten::mm", "torch.float16")))
+    doc = audit_run(tmp_path, "run1").document
+    assert doc["verdict"] == "not exact"
+    assert any("aten::mm in torch.float16 at step 7 (arm C" in r for r in doc["reasons"])
+
+
+def test_recipe_observed_differently_is_not_exact(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(observed_lr=1e-5))
+    doc = audit_run(tmp_path, "run1").document
+    assert doc["verdict"] == "not exact" and not doc["exactness"]["recipe_equal"]
+    assert "arm A: lr observed 1e-05, frozen 5e-06" in doc["exactness"]["recipe_differences"]
+
+
+def test_drift_above_bound_is_noisy_not_accepted(tmp_path: Path) -> None:
+    spec = RunSpec()
+    spec.durations["B"] = [0.2] * 12 + [0.22] * 4
+    make_run(tmp_path, spec=spec)
+    doc = audit_run(tmp_path, "run1").document
+    assert doc["verdict"] == "noisy" and doc["noisy"] and doc["exact"]
+    assert doc["speedup"]["windows"][1]["drift"] == pytest.approx(0.04 / 0.42)
+
+
+def test_configuration_change_is_named_not_training_code_only(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(candidate_config={"reward_server_port": "9009"}))
+    at = audit_run(tmp_path, "run1").document["attribution"]
+    assert not at["training_code_only"]
+    assert at["label"] == "includes external configuration change: reward_server_port"
+    assert at["config"] == {"reward_server_port": {"baseline": None, "candidate": "9009"}}
+
+
+@pytest.mark.parametrize(
+    ("tamper", "expected"),
+    [
+        (
+            lambda d: (d / "sealed" / "candidate" / "train" / "online_rl.py").write_text("# edited\n"),
+            "seal of candidate",
+        ),
+        (
+            lambda d: (d / "packages" / "reload-A" / "result.json").write_text(
+                (d / "packages" / "reload-A" / "result.json").read_text() + " "
+            ),
+            "packages/reload-A/result.json: sha256 is not the ledger's result digest",
+        ),
+        (lambda d: (d / "packages" / "train-C" / "steps.rank1.jsonl").write_text(""), "train-C/steps.rank1.jsonl"),
+    ],
+)
+def test_altered_evidence_is_not_audited(tmp_path: Path, tamper: Callable[[Path], Any], expected: str) -> None:
+    run_dir = make_run(tmp_path)
+    tamper(run_dir)
+    with pytest.raises(IncompleteRunError) as err:
+        audit_run(tmp_path, "run1")
+    assert any(expected in p for p in err.value.problems), err.value.problems
+    assert not any((run_dir / name).exists() for name in WRITTEN)
+
+
+def test_a_differing_recorded_audit_is_never_rewritten(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    audit_run(tmp_path, "run1")
+    doc = json.loads((run_dir / "audit.json").read_text())
+    doc["verdict"] = "noisy"
+    (run_dir / "audit.json").write_text(json.dumps(doc))
+    with pytest.raises(FailedError, match="never rewritten"):
+        audit_run(tmp_path, "run1")
+    assert json.loads((run_dir / "audit.json").read_text())["verdict"] == "noisy"
+
+
+def test_two_runs_are_never_mixed(tmp_path: Path, repo: Path) -> None:
+    make_run(tmp_path, "run1")
+    make_run(tmp_path, "run2")
+    proc = _orch("audit", "run1", "run2", "--home", str(tmp_path), cwd=repo)
+    assert proc.returncode == 2
+    assert "never multiplied or mixed" in proc.stderr
+    assert not (tmp_path / "runs" / "run1" / "audit.json").exists()

@@ -1,0 +1,71 @@
+"""`orch publish`: aggregate evidence of an audited run, hygiene-checked, written atomically, never rewritten."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_audit import RunSpec, make_run
+
+from ledger.audit import audit_run
+from ledger.hygiene import scan_paths
+from ledger.publish import EVIDENCE_SCHEMA, publish_run
+from protocol.errors import RefusedError
+
+
+def _orch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
+
+
+def test_publish_writes_aggregate_evidence_that_passes_hygiene(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    make_run(home)
+    audit = audit_run(home, "run1").document
+    out = tmp_path / "docs" / "validation" / "synthetic.json"
+    publish_run(home, "run1", out)
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == EVIDENCE_SCHEMA and doc["verdict"] == "accepted"
+    assert doc["headline"] == audit["speedup"]["headline"] and len(doc["windows"]) == 3
+    assert doc["commitment_roots"] == audit["attribution"]["commitment_roots"]
+    assert doc["ledger_head"] == audit["ledger_head"] and doc["host_hash"] == audit["host_hash"]
+    assert doc["exactness"]["exact"] and doc["exactness"]["first_mismatch"] is None
+    text = out.read_text()
+    assert "dev_geneval" not in text and "w.exp_avg" not in text  # no score, no per-tensor digests
+    assert scan_paths([out], host_names=[])[0] == []
+    publish_run(home, "run1", out)  # the same evidence again is a no-op
+    assert out.read_text() == text
+
+
+def test_run_without_audit_is_refused_with_exit_3(tmp_path: Path, repo: Path) -> None:
+    make_run(tmp_path)
+    out = tmp_path / "e.json"
+    proc = _orch("publish", "run1", "--to", str(out), "--home", str(tmp_path), cwd=repo)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "has no audit" in proc.stderr and not out.exists()
+
+
+def test_evidence_failing_hygiene_is_refused_and_not_written(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(versions={"python": "3.11 at " + "/ho" + "me/alice/.pyenv/bin"}))
+    audit_run(tmp_path, "run1")
+    out = tmp_path / "e.json"
+    with pytest.raises(RefusedError, match="fails hygiene"):
+        publish_run(tmp_path, "run1", out)
+    assert not out.exists() and not list(tmp_path.glob(".e.json.tmp*"))
+
+
+def test_altered_audit_or_existing_evidence_is_refused(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    audit_run(tmp_path, "run1")
+    out = tmp_path / "e.json"
+    out.write_text("{}\n")
+    with pytest.raises(RefusedError, match="never rewritten"):
+        publish_run(tmp_path, "run1", out)
+    assert out.read_text() == "{}\n"
+    (run_dir / "audit.json").write_text((run_dir / "audit.json").read_text().replace("accepted", "noisy"))
+    with pytest.raises(RefusedError, match="not the audit recorded in the ledger"):
+        publish_run(tmp_path, "run1", tmp_path / "f.json")
