@@ -70,6 +70,7 @@ class RunSpec:
     stop_at: str | None = None  # package that was killed; later ones are not run
     crash_open: bool = False  # with stop_at: the killed package has only its open record (kill -9)
     versions: dict[str, str] = field(default_factory=dict)  # extra entries of the checks' versions
+    reload_differs: str | None = None  # label whose reload recomputes other final digests
 
 
 def _protocol() -> Protocol:
@@ -298,6 +299,8 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
     reload_ranks = []
     for r in ranks:
         final = _final(spec, label, r)
+        if spec.reload_differs == label and r == 1:
+            final = {**final, "w.step": _h("another checkpoint")}
         reload_ranks.append(
             ReloadRank(
                 rank=r, checkpoint_sha256=_h("ckpt", label, r), combined=_h(sorted(final.items())), digests=final
@@ -469,3 +472,26 @@ def test_two_runs_are_never_mixed(tmp_path: Path, repo: Path) -> None:
     assert proc.returncode == 2
     assert "never multiplied or mixed" in proc.stderr
     assert not (tmp_path / "runs" / "run1" / "audit.json").exists()
+
+
+def test_reload_that_recomputes_other_digests_is_not_exact(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(reload_differs="B"))
+    ex = audit_run(tmp_path, "run1").document["exactness"]
+    assert ex["reload_equal"] == {"A": True, "C": True, "B": False}
+    fm = ex["first_mismatch"]
+    assert (fm["check"], fm["rank"], fm["tensor"]) == ("reload", 1, "w.step")
+
+
+def test_cli_report_puts_the_verdict_first_and_the_score_after_the_record(tmp_path: Path, repo: Path) -> None:
+    make_run(tmp_path)
+    proc = _orch("audit", "run1", "--home", str(tmp_path), "--json", cwd=repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("verdict: accepted")
+    written = next(i for i, line in enumerate(lines) if line.startswith("written: audit.json"))
+    score = next(i for i, line in enumerate(lines) if "DEV score (informational" in line)
+    assert written < score < len(lines) - 1
+    out = json.loads(lines[-1])
+    assert out["audit"]["verdict"] == "accepted" and out["dev_score"]["metrics"] == SCORE
+    md = (tmp_path / "runs" / "run1" / "audit.md").read_text()
+    assert "| w1 | 10-11 | 400.00 | 200.00 | 400.00 |" in md
