@@ -1,0 +1,183 @@
+"""One ledger record: its validated model, its canonical JSON and hash, and its Arrow IPC message bytes.
+
+A record is stored as one Arrow record batch of one row; the `canonical` column holds the hashed JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import socket
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any, Literal
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+FORMAT = "orch.ledger/1"
+GENESIS = "0" * 64
+INT64_MAX = 2**63 - 1
+KINDS = ("checks", "train", "reload", "score", "audit", "run")
+STATUSES = ("open", "ok", "failed", "timeout", "interrupted", "not-run")
+FAILURES = ("failed", "timeout", "interrupted")
+NOTE_MAX = 200
+# fields that append() assigns; a caller never passes them
+ASSIGNED = ("seq", "prev_hash", "prev_message_sha256", "record_hash")
+
+HEX64 = r"^[0-9a-f]{64}$"
+TOKEN = r"^[A-Za-z0-9._:+-]{1,128}$"  # ids and digests: no spaces, no slashes, no paths
+_HOME_PATH = re.compile(r"(/home/|/Users/|/root/?)[^\s/'\"]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# column order of the Arrow schema; `canonical` (the hashed JSON) comes last
+ARROW_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
+    ("seq", pa.int64()),
+    ("run_id", pa.string()),
+    ("package", pa.string()),
+    ("kind", pa.string()),
+    ("arm", pa.string()),
+    ("status", pa.string()),
+    ("started", pa.string()),
+    ("ended", pa.string()),
+    ("wall_s", pa.float64()),
+    ("gpus", pa.int64()),
+    ("gpu_seconds", pa.float64()),
+    ("lock_wait_s", pa.float64()),
+    ("host", pa.string()),
+    ("protocol_id", pa.string()),
+    ("sources_root", pa.string()),
+    ("result_digest", pa.string()),
+    ("peak_allocated", pa.int64()),
+    ("peak_reserved", pa.int64()),
+    ("exit_code", pa.int64()),
+    ("note", pa.string()),
+    ("prev_hash", pa.string()),
+    ("prev_message_sha256", pa.string()),
+    ("record_hash", pa.string()),
+    ("canonical", pa.string()),
+)
+NON_NULL = ("seq", "run_id", "package", "kind", "status", "gpus", "host", "protocol_id", "prev_hash",
+            "prev_message_sha256", "record_hash", "canonical")
+SCHEMA = pa.schema(
+    [pa.field(name, typ, nullable=name not in NON_NULL) for name, typ in ARROW_FIELDS],
+    metadata={"format": FORMAT, "canonical": "JSON hashed into record_hash (sorted keys, no whitespace)"},
+)
+
+
+def utc_iso(value: Any) -> str | None:
+    """A UTC instant as ISO 8601 with a Z suffix; refuses a naive or non-UTC time."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError as err:
+            raise ValueError(f"not an ISO 8601 time: {value!r}") from err
+    if not isinstance(value, datetime):
+        raise ValueError(f"not a time: {value!r}")
+    if value.tzinfo is None or value.utcoffset() != UTC.utcoffset(None):
+        raise ValueError(f"time must be UTC (Z or +00:00): {value.isoformat()}")
+    value = value.astimezone(UTC)
+    spec = "seconds" if value.microsecond == 0 else "microseconds"
+    return value.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
+
+
+def scrub_note(text: str) -> str:
+    """One short line, without home paths or this host's name (the ledger must hold neither)."""
+    text = _CONTROL.sub(" ", text)
+    text = _HOME_PATH.sub("~", text)
+    host = socket.gethostname()
+    if len(host) >= 3:
+        text = re.sub(re.escape(host), "<host>", text, flags=re.IGNORECASE)
+    return text if len(text) <= NOTE_MAX else text[: NOTE_MAX - 1] + "…"
+
+
+class LedgerRecord(BaseModel):
+    """One ledger record; `record_hash` is SHA256 of the canonical JSON of every other field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq: int = Field(ge=0, le=INT64_MAX)
+    run_id: str = Field(pattern=TOKEN)
+    package: str = Field(pattern=TOKEN)
+    kind: Literal["checks", "train", "reload", "score", "audit", "run"]
+    arm: Literal["baseline", "candidate"] | None = None
+    status: Literal["open", "ok", "failed", "timeout", "interrupted", "not-run"]
+    started: str | None = None
+    ended: str | None = None
+    wall_s: float | None = Field(default=None, ge=0)
+    gpus: int = Field(default=0, ge=0, le=1 << 20)
+    gpu_seconds: float | None = Field(default=None, ge=0)
+    lock_wait_s: float | None = Field(default=None, ge=0)
+    host: str = Field(pattern=HEX64)
+    protocol_id: str = Field(pattern=TOKEN)
+    sources_root: str | None = Field(default=None, pattern=TOKEN)
+    result_digest: str | None = Field(default=None, pattern=TOKEN)
+    peak_allocated: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    peak_reserved: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
+    note: str | None = None
+    prev_hash: str = Field(pattern=HEX64)
+    prev_message_sha256: str = Field(pattern=HEX64)
+    record_hash: str = Field(pattern=HEX64)
+
+    @field_validator("started", "ended", mode="before")
+    @classmethod
+    def _utc(cls, value: Any) -> str | None:
+        return utc_iso(value)
+
+    @field_validator("wall_s", "gpu_seconds", "lock_wait_s", mode="after")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be finite")
+        return None if value is None else float(value)  # an int stays a float in the canonical JSON
+
+    @field_validator("note", mode="after")
+    @classmethod
+    def _note(cls, value: str | None) -> str | None:
+        # append() scrubs notes; validation only checks, so it never depends on the verifying host
+        if value is not None and (len(value) > NOTE_MAX or _CONTROL.search(value)):
+            raise ValueError(f"note must be one line of at most {NOTE_MAX} characters")
+        return value
+
+    def hashed_fields(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"record_hash"})
+
+
+def canonical_json(fields: dict[str, Any]) -> str:
+    """Sorted keys, no whitespace: the bytes that record_hash is the SHA256 of."""
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def record_hash_of(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(fields).encode()).hexdigest()
+
+
+def seal(fields: dict[str, Any]) -> LedgerRecord:
+    """Validate fields (all but record_hash), then compute record_hash from their canonical JSON."""
+    draft = LedgerRecord.model_validate({**fields, "record_hash": GENESIS})
+    hashed = draft.hashed_fields()
+    return draft.model_copy(update={"record_hash": record_hash_of(hashed)})
+
+
+@lru_cache(maxsize=1)
+def schema_message() -> bytes:
+    """The Arrow IPC schema message that opens every ledger stream."""
+    return bytes(SCHEMA.serialize().to_pybytes())
+
+
+def record_message(record: LedgerRecord) -> bytes:
+    """The Arrow IPC record batch message (continuation, metadata, body) of one record."""
+    row = record.model_dump()
+    row["canonical"] = canonical_json(record.hashed_fields())
+    batch = pa.RecordBatch.from_pydict({name: [row[name]] for name, _ in ARROW_FIELDS}, schema=SCHEMA)
+    return bytes(batch.serialize().to_pybytes())
+
+
+def record_from_row(row: dict[str, Any]) -> LedgerRecord:
+    """A record from one decoded Arrow row (the `canonical` column dropped)."""
+    return LedgerRecord.model_validate({k: v for k, v in row.items() if k != "canonical"})

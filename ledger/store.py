@@ -1,0 +1,666 @@
+"""The append-only, tamper-evident ledger: one Arrow IPC stream file, one record batch per record.
+
+Appends hold an exclusive flock, fsync, and leave the file as it was on any error; verify checks every byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import hmac
+import json
+import mmap
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ledger import merkle
+from ledger.layout import CONTINUATION, Columns, frame, layout
+from ledger.record import (
+    ASSIGNED,
+    GENESIS,
+    SCHEMA,
+    LedgerRecord,
+    canonical_json,
+    record_from_row,
+    record_message,
+    schema_message,
+    scrub_note,
+    seal,
+)
+from protocol.errors import FailedError, UsageError
+from protocol.home import resolve_home
+
+__all__ = ["Ledger", "LedgerRecord", "TreeHead", "VerifyReport", "host_hash", "ledger_salt", "parse_head"]
+
+SALT_FILE = "host.salt"
+MAX_PROBLEMS = 20  # a broken chain repeats; the first problems say where it broke
+
+
+class VerifyReport(BaseModel):
+    """What `verify` found: ok, records that verified, the first bad seq, problems and orphaned packages."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    size: int  # records that parsed (the valid prefix)
+    first_bad_seq: int | None = None
+    problems: list[str] = []
+    orphaned: list[tuple[str, str]] = []  # (run_id, package) opened and never closed
+    torn_at: int | None = None  # byte offset where unparseable bytes begin
+    bytes: int = 0
+
+    @property
+    def message(self) -> str:
+        if self.ok:
+            return f"ledger verifies: {self.size} records, {len(self.orphaned)} orphaned"
+        where = "" if self.first_bad_seq is None else f" at seq {self.first_bad_seq}"
+        return f"ledger does not verify{where}: {self.problems[0] if self.problems else 'unknown problem'}"
+
+
+class TreeHead(BaseModel):
+    """RFC 6962 signed-tree-head content without the signature: tree size and root hash (hex)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    size: int
+    root: str
+
+    def __str__(self) -> str:
+        return f"{self.size}:{self.root}"
+
+
+def parse_head(text: str) -> TreeHead:
+    """`SIZE:ROOT` as printed by `orch ledger head`."""
+    size, sep, root = text.strip().partition(":")
+    if not sep or not size.isdigit() or len(root) != 64 or any(c not in "0123456789abcdef" for c in root):
+        raise UsageError(f"tree head {text!r} is not SIZE:ROOT (a record count and 64 hex digits)")
+    return TreeHead(size=int(size), root=root)
+
+
+def ledger_salt(ledger_dir: Path) -> str:
+    """The random salt of this ledger directory, created once with mode 0600."""
+    path = Path(ledger_dir) / SALT_FILE
+    with contextlib.suppress(FileNotFoundError):
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()  # another process created it first
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return path.read_text().strip()
+
+
+def host_hash(salt: str | Path | None = None) -> str:
+    """HMAC-SHA256 of this host's name keyed by a salt (a string, or a ledger directory holding one).
+
+    Without an argument the salt of the default home's ledger directory is used; the name never leaves clear.
+    """
+    if salt is None:
+        salt = ledger_salt(resolve_home().ledger_dir)
+    elif isinstance(salt, Path):
+        salt = ledger_salt(salt)
+    return hmac.new(salt.encode(), socket.gethostname().encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """The messages of a ledger file: their spans, where parsing stopped, and any schema problem."""
+
+    spans: list[tuple[int, int]]
+    end: int  # first byte not part of a complete message
+    schema_problem: str | None
+
+
+def _decode(raw: Any) -> dict[str, Any]:
+    """One record message decoded by pyarrow into a row dict; raises on anything else."""
+    msg = pa.ipc.read_message(pa.py_buffer(raw))
+    if msg is None or msg.type != "record batch" or len(msg.serialize()) != len(raw):
+        raise ValueError("not one complete record batch message")
+    batch = pa.ipc.read_record_batch(msg, SCHEMA)
+    batch.validate(full=True)
+    if batch.num_rows != 1:
+        raise ValueError(f"a record batch of {batch.num_rows} rows")
+    row: dict[str, Any] = batch.to_pylist()[0]
+    return row
+
+
+def _message_len(buf: Any, pos: int, end: int) -> int | None:
+    """Length of the complete IPC message at pos, or None when the bytes there are not one."""
+    try:
+        reader = pa.BufferReader(pa.py_buffer(buf[pos:end]))
+        msg = pa.ipc.read_message(reader)
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+    if msg is None:
+        return None
+    return int(reader.tell())
+
+
+def _scan(buf: Any, size: int) -> _Scan:
+    """Frame every complete record message; fast framing first, then pyarrow from where it stopped."""
+    if size == 0:
+        return _Scan([], 0, None)
+    schema_len = _message_len(buf, 0, size)
+    if schema_len is None:
+        return _Scan([], 0, "the schema message does not parse")
+    problem = None
+    try:
+        schema = pa.ipc.read_schema(pa.py_buffer(buf[:schema_len]))
+        if not schema.equals(SCHEMA, check_metadata=True):
+            problem = "the file's Arrow schema is not the ledger schema"
+    except (pa.ArrowException, OSError, ValueError):
+        problem = "the schema message does not parse"
+    spans: list[tuple[int, int]] = []
+    pos = schema_len
+    lay = layout()
+    if lay is not None and problem is None:
+        starts, _ = frame(buf, pos, size, lay)
+        ends = [*starts[1:].tolist(), None]
+        # the last framed message may be torn inside: only trust the ones followed by another
+        for s, e in zip(starts.tolist(), ends, strict=True):
+            if e is None:
+                break
+            spans.append((s, e))
+        if spans:
+            pos = spans[-1][1]
+    while pos < size:
+        n = _message_len(buf, pos, size)
+        if n is None:
+            break
+        try:
+            _decode(buf[pos : pos + n])
+        except (pa.ArrowException, OSError, ValueError):
+            break
+        spans.append((pos, pos + n))
+        pos += n
+    return _Scan(spans, pos, problem)
+
+
+class Ledger:
+    """The ledger file at `path` (normally Home.ledger_path); `fsync=False` only for tests that need speed."""
+
+    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+        self.path = Path(path)
+        self.fsync = fsync
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.tail_path = self.path.with_name(self.path.name + ".tail")
+
+    # ---- locking and mapping ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self, exclusive: bool) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    @contextlib.contextmanager
+    def _mapped(self) -> Iterator[tuple[Any, int]]:
+        """The ledger bytes (read-only map) and their count, read under a shared lock."""
+        with self._locked(exclusive=False):
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                yield b"", 0
+                return
+            try:
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    yield b"", 0
+                    return
+                mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+                try:
+                    yield mm, size
+                finally:
+                    with contextlib.suppress(BufferError):
+                        mm.close()  # NumPy views still alive: the map closes when they are collected
+            finally:
+                os.close(fd)
+
+    def host_hash(self) -> str:
+        """This host's name hashed with this ledger directory's salt."""
+        return host_hash(self.path.parent)
+
+    # ---- append -------------------------------------------------------------------------------------
+
+    def append(self, **fields: Any) -> LedgerRecord:
+        """Append one record; seq, prev_hash, prev_message_sha256 and record_hash are assigned here.
+
+        Raises UsageError for an invalid record and FailedError when the ledger cannot be written
+        (the file is then exactly as it was) or has a torn tail (run `orch ledger repair`).
+        """
+        for name in ASSIGNED:
+            if name in fields:
+                raise UsageError(f"ledger field {name} is assigned by the ledger, not by the caller")
+        if fields.get("host") is None:
+            fields["host"] = self.host_hash()
+        if isinstance(fields.get("note"), str):
+            fields["note"] = scrub_note(fields["note"])
+        with self._locked(exclusive=True):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                seq, prev_hash, prev_message, _ = self._tail(fd, size)
+                try:
+                    record = seal({**fields, "seq": seq, "prev_hash": prev_hash, "prev_message_sha256": prev_message})
+                except ValidationError as err:
+                    first = err.errors()[0]
+                    where = ".".join(str(x) for x in first["loc"])
+                    raise UsageError(f"ledger record refused: {where}: {first['msg']}") from None
+                message = record_message(record)
+                data = (schema_message() if size == 0 else b"") + message
+                self._write(fd, size, data)
+            finally:
+                os.close(fd)
+            new_size = size + len(data)
+            self._write_tail_hint(new_size, new_size - len(message), seq + 1)
+        return record
+
+    def _write(self, fd: int, size: int, data: bytes) -> None:
+        """Write at `size` and fsync; on any failure truncate back to `size`, so no half record remains."""
+        try:
+            view = memoryview(data)
+            offset = size
+            while view:
+                written = os.pwrite(fd, view, offset)
+                view = view[written:]
+                offset += written
+            if self.fsync:
+                os.fsync(fd)
+                if size == 0:
+                    _fsync_dir(self.path.parent)
+        except BaseException as err:
+            restored = True
+            try:
+                os.ftruncate(fd, size)
+                os.fsync(fd)
+            except OSError:
+                restored = False
+            if not isinstance(err, OSError):
+                raise
+            state = f"left as it was ({size} bytes)" if restored else "NOT restored; run `orch ledger verify`"
+            raise FailedError(f"ledger write failed ({err.strerror or err}); the ledger is {state}; "
+                              "free disk space or fix permissions and retry") from err
+
+    def _tail(self, fd: int, size: int) -> tuple[int, str, str, int | None]:
+        """(next seq, last record_hash, sha256 of the last message, its offset) of the file behind fd."""
+        if size == 0:
+            return 0, GENESIS, hashlib.sha256(schema_message()).hexdigest(), None
+        hint = self._read_tail_hint()
+        if hint is not None and hint.get("size") == size and isinstance(hint.get("offset"), int):
+            offset = int(hint["offset"])
+            raw = os.pread(fd, size - offset, offset)
+            try:
+                row = _decode(raw)
+                if int(row["seq"]) == int(hint.get("records", -1)) - 1:
+                    return int(row["seq"]) + 1, str(row["record_hash"]), hashlib.sha256(raw).hexdigest(), offset
+            except (pa.ArrowException, OSError, ValueError, KeyError, TypeError):
+                pass  # a stale or wrong hint: scan the file
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+            scan = _scan(mm, size)
+            if scan.schema_problem:
+                raise FailedError(f"ledger {self.path.name}: {scan.schema_problem}; nothing appended; "
+                                  "run `orch ledger verify`")
+            if scan.end != size:
+                raise FailedError(
+                    f"ledger {self.path.name} has a torn tail ({size - scan.end} bytes at offset {scan.end} "
+                    "do not parse); nothing appended; run `orch ledger verify`, then `orch ledger repair`"
+                )
+            if not scan.spans:
+                return 0, GENESIS, hashlib.sha256(bytes(mm[:size])).hexdigest(), None
+            start, end = scan.spans[-1]
+            raw = bytes(mm[start:end])
+        row = _decode(raw)
+        return int(row["seq"]) + 1, str(row["record_hash"]), hashlib.sha256(raw).hexdigest(), start
+
+    def _read_tail_hint(self) -> dict[str, Any] | None:
+        try:
+            hint = json.loads(self.tail_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return hint if isinstance(hint, dict) else None
+
+    def _write_tail_hint(self, size: int, offset: int, records: int) -> None:
+        """A cache of where the last record starts (and how many records were ever appended); never trusted."""
+        tmp = self.tail_path.with_name(self.tail_path.name + f".{os.getpid()}.tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps({"size": size, "offset": offset, "records": records}))
+            os.replace(tmp, self.tail_path)
+
+    # ---- reading ------------------------------------------------------------------------------------
+
+    def _columns(self, buf: Any, size: int) -> Columns | None:
+        """Fast column access when the whole file frames with this pyarrow's layout."""
+        lay = layout()
+        schema = schema_message()
+        if lay is None or size < len(schema) or bytes(buf[: len(schema)]) != schema:
+            return None
+        starts, stop = frame(buf, len(schema), size, lay)
+        if stop != size:
+            return None
+        return Columns(buf, size, starts, lay)
+
+    def table(self, columns: list[str] | None = None) -> pa.Table:
+        """The complete records as an Arrow table of the named columns (all when None)."""
+        names = columns or SCHEMA.names
+        with self._mapped() as (buf, size):
+            cols = self._columns(buf, size) if size else None
+            if cols is not None:
+                return pa.table({name: cols.arrow(name) for name in names})
+            scan = _scan(buf, size)
+            if not scan.spans or scan.schema_problem:
+                return SCHEMA.empty_table().select(names)
+            prefix = pa.py_buffer(bytes(buf[: scan.spans[-1][1]]))
+            return pa.ipc.open_stream(prefix).read_all().select(names)
+
+    def records(self, run_id: str | None = None) -> list[LedgerRecord]:
+        """The complete records in ledger order (only those of `run_id` when given)."""
+        with self._mapped() as (buf, size):
+            cols = self._columns(buf, size) if size else None
+            if cols is not None:
+                chosen = np.arange(cols.n)
+                if run_id is not None:
+                    ids = cols.arrow("run_id")
+                    chosen = np.flatnonzero(pc.equal(ids, run_id).fill_null(False).to_numpy(zero_copy_only=False))
+                ends = [*cols.starts[1:].tolist(), size]
+                starts = cols.starts.tolist()
+                spans = [(starts[i], ends[i]) for i in chosen.tolist()]
+            else:
+                spans = _scan(buf, size).spans
+            out = []
+            for i, (start, end) in enumerate(spans):
+                row = _decode_or_fail(buf, start, end, i)
+                if run_id is None or row["run_id"] == run_id:
+                    out.append(record_from_row(row))
+            return out
+
+    # ---- integrity ----------------------------------------------------------------------------------
+
+    def verify(self, against: TreeHead | None = None) -> VerifyReport:
+        """Check schema, seq, hash chain, message digests and every byte; name the first bad seq."""
+        with self._mapped() as (buf, size):
+            fast = self._verify_fast(buf, size) if size else None
+            if fast is not None:
+                n, record_hashes, keys = fast
+                report: dict[str, Any] = {"ok": True, "size": n, "problems": []}
+            else:
+                report, record_hashes, keys = self._verify_slow(buf, size)
+        report["bytes"] = size
+        hint = self._read_tail_hint()
+        if hint is not None and isinstance(hint.get("records"), int) and hint["records"] > report["size"]:
+            report["problems"].append(
+                f"truncated: {hint['records']} records were appended but {report['size']} complete records remain"
+            )
+            report["ok"] = False
+            if report.get("first_bad_seq") is None:
+                report["first_bad_seq"] = report["size"]
+        if against is not None:
+            leaves = [merkle.leaf_hash(h) for h in record_hashes]
+            if not _consistent(leaves, against):
+                report["ok"] = False
+                report["problems"].append(
+                    f"not an extension of tree head {against}: the ledger has {len(leaves)} records "
+                    "and no consistency proof to that head verifies"
+                )
+        report["orphaned"] = _orphans(keys)
+        report["problems"] = report["problems"][:MAX_PROBLEMS]
+        return VerifyReport(**report)
+
+    def _verify_fast(self, buf: Any, size: int) -> tuple[int, list[bytes], pa.Table] | None:
+        """Vectorised verification; None unless every check passes (the slow path then says what is wrong)."""
+        cols = self._columns(buf, size)
+        if cols is None:
+            return None
+        n = cols.n
+        try:
+            seq = cols.numbers("seq")
+            if not np.array_equal(seq, np.arange(n)) or not cols.valid("seq").all():
+                return None
+            rh = cols.fixed("record_hash", 64)
+            ph = cols.fixed("prev_hash", 64)
+            pm = cols.fixed("prev_message_sha256", 64)
+            c_start, c_len = cols.string_spans("canonical")
+        except (ValueError, IndexError):
+            return None
+        if n == 0:
+            return 0, [], _keys_empty()
+        view = memoryview(buf)
+        sha = hashlib.sha256
+        starts = cols.starts.tolist()
+        ends = [*starts[1:], size]
+        canon_hex = "".join([sha(view[a : a + b]).hexdigest() for a, b in zip(c_start.tolist(), c_len.tolist(),
+                                                                              strict=True)])
+        msg_hex = "".join([sha(view[a:b]).hexdigest() for a, b in zip(starts, ends, strict=True)])
+        canon = np.frombuffer(canon_hex.encode(), dtype=np.uint8).reshape(n, 64)
+        msgs = np.frombuffer(msg_hex.encode(), dtype=np.uint8).reshape(n, 64)
+        genesis = np.frombuffer(GENESIS.encode(), dtype=np.uint8)
+        first_msg = np.frombuffer(sha(schema_message()).hexdigest().encode(), dtype=np.uint8)
+        chain_ok = (
+            np.array_equal(canon, rh)
+            and np.array_equal(ph[0], genesis)
+            and np.array_equal(ph[1:], rh[:-1])
+            and np.array_equal(pm[0], first_msg)
+            and np.array_equal(pm[1:], msgs[:-1])
+        )
+        if not chain_ok:
+            return None
+        # the last message is pinned by no later digest: it must be the canonical serialization of its record
+        last_raw = view[starts[-1] : size]
+        try:
+            last = LedgerRecord.model_validate(
+                {**json.loads(bytes(view[c_start[-1] : c_start[-1] + c_len[-1]])), "record_hash": rh[-1].tobytes().decode()}
+            )
+        except (ValueError, ValidationError):
+            return None
+        if record_message(last) != last_raw:
+            return None
+        keys = pa.table({"seq": pa.array(np.arange(n)), "run_id": cols.arrow("run_id"),
+                         "package": cols.arrow("package"), "status": cols.arrow("status")})
+        return n, _hashes(rh), keys
+
+    def _verify_slow(self, buf: Any, size: int) -> tuple[dict[str, Any], list[bytes], pa.Table]:
+        """Record by record, with pyarrow: the reference check that locates and explains every problem."""
+        scan = _scan(buf, size)
+        problems: list[str] = []
+        bad: list[int] = []
+
+        def flag(seq: int, text: str) -> None:
+            bad.append(seq)
+            problems.append(f"seq {seq}: {text}")
+
+        if scan.schema_problem:
+            flag(0, scan.schema_problem)
+        prev_hash = GENESIS
+        prev_message = hashlib.sha256(bytes(buf[: scan.spans[0][0]] if scan.spans else b"")).hexdigest()
+        hashes: list[bytes] = []
+        rows: list[tuple[int, str, str, str]] = []
+        for i, (start, end) in enumerate(scan.spans):
+            raw = bytes(buf[start:end])
+            try:
+                row = _decode(raw)
+            except (pa.ArrowException, OSError, ValueError):
+                flag(i, f"the message at offset {start} does not decode as a ledger record")
+                prev_hash, prev_message = "", hashlib.sha256(raw).hexdigest()
+                continue
+            canonical = row.pop("canonical")
+            try:
+                record = record_from_row(row)
+            except ValidationError as err:
+                flag(i, f"schema: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}")
+                record = None
+            if row.get("seq") != i:
+                flag(i, f"seq field is {row.get('seq')}, expected {i} (records reordered, lost or inserted)")
+            if record is not None and canonical != canonical_json(record.hashed_fields()):
+                flag(i, "the columns differ from the record's canonical JSON")
+            if hashlib.sha256(str(canonical).encode()).hexdigest() != row.get("record_hash"):
+                flag(i, "record_hash is not the SHA256 of the canonical JSON")
+            if row.get("prev_hash") != prev_hash:
+                flag(i, "prev_hash does not chain to the previous record")
+            if row.get("prev_message_sha256") != prev_message:
+                flag(max(i - 1, 0), "the previous message's bytes differ from what was appended")
+            if i == len(scan.spans) - 1 and record is not None and record_message(record) != raw:
+                flag(i, "the last message's bytes are not its record's serialization")
+            prev_hash = str(row.get("record_hash"))
+            prev_message = hashlib.sha256(raw).hexdigest()
+            with contextlib.suppress(ValueError, TypeError):
+                hashes.append(bytes.fromhex(str(row.get("record_hash"))))
+            rows.append((i, str(row.get("run_id")), str(row.get("package")), str(row.get("status"))))
+        n = len(scan.spans)
+        torn_at = None
+        if scan.end != size:
+            torn_at = scan.end
+            flag(n, f"torn tail: {size - scan.end} bytes at offset {scan.end} do not parse as a complete record; "
+                    "run `orch ledger repair` to move them aside")
+        order = sorted(range(len(problems)), key=lambda k: bad[k])
+        report = {
+            "ok": not problems, "size": n, "problems": [problems[k] for k in order],
+            "first_bad_seq": min(bad) if bad else None, "torn_at": torn_at,
+        }
+        keys = pa.table({
+            "seq": pa.array([r[0] for r in rows], pa.int64()), "run_id": pa.array([r[1] for r in rows], pa.string()),
+            "package": pa.array([r[2] for r in rows], pa.string()), "status": pa.array([r[3] for r in rows], pa.string()),
+        })
+        return report, hashes, keys
+
+    def _record_hashes(self) -> list[bytes]:
+        with self._mapped() as (buf, size):
+            cols = self._columns(buf, size) if size else None
+            if cols is not None:
+                return _hashes(cols.fixed("record_hash", 64))
+            return [bytes.fromhex(str(_decode_or_fail(buf, s, e, i)["record_hash"]))
+                    for i, (s, e) in enumerate(_scan(buf, size).spans)]
+
+    def head(self) -> TreeHead:
+        """RFC 6962 tree head over the record hashes of the complete records."""
+        leaves = [merkle.leaf_hash(h) for h in self._record_hashes()]
+        return TreeHead(size=len(leaves), root=merkle.root(leaves).hex())
+
+    def consistency(self, old_size: int, old_root: str) -> bool:
+        """True when the head (old_size, old_root) is a prefix of this ledger, by an RFC 6962 consistency proof."""
+        leaves = [merkle.leaf_hash(h) for h in self._record_hashes()]
+        return _consistent(leaves, TreeHead(size=old_size, root=old_root))
+
+    # ---- repair -------------------------------------------------------------------------------------
+
+    def repair(self) -> Path | None:
+        """Move a torn tail aside into `<ledger>.torn-<time>-<offset>` and cut it off; None if there is none.
+
+        Refuses when a complete record follows the unparseable bytes: that is damage, not a torn append.
+        """
+        with self._locked(exclusive=True):
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                return None
+            try:
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    return None
+                with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
+                    scan = _scan(mm, size)
+                    if scan.end == size:
+                        return None
+                    later = _complete_message_after(mm, scan.end, size)
+                    if later is not None:
+                        raise FailedError(
+                            f"ledger {self.path.name}: bytes at offset {scan.end} do not parse but a complete "
+                            f"record follows at offset {later}; this is damage inside the ledger, not a torn "
+                            "tail; nothing was changed: restore the ledger from a copy"
+                        )
+                    torn = bytes(mm[scan.end : size])
+                stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+                aside = self.path.with_name(f"{self.path.name}.torn-{stamp}-{scan.end}")
+                with open(aside, "xb") as f:
+                    f.write(torn)
+                    f.flush()
+                    os.fsync(f.fileno())
+                _fsync_dir(self.path.parent)
+                os.ftruncate(fd, scan.end)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return aside
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _complete_message_after(buf: Any, start: int, size: int) -> int | None:
+    """Offset of a decodable record message beginning after `start`, if any."""
+    marker = CONTINUATION.to_bytes(4, "little")
+    pos = bytes(buf[start:size]).find(marker, 1)
+    while pos != -1:
+        at = start + pos
+        n = _message_len(buf, at, size)
+        if n is not None:
+            try:
+                _decode(buf[at : at + n])
+                return at
+            except (pa.ArrowException, OSError, ValueError):
+                pass
+        pos = bytes(buf[start:size]).find(marker, pos + 1)
+    return None
+
+
+def _hashes(hex_rows: np.ndarray) -> list[bytes]:
+    """32-byte digests from an (n, 64) matrix of hex characters."""
+    data = bytes.fromhex(hex_rows.tobytes().decode())
+    return [data[i : i + 32] for i in range(0, len(data), 32)]
+
+
+def _decode_or_fail(buf: Any, start: int, end: int, seq: int) -> dict[str, Any]:
+    try:
+        return _decode(buf[start:end])
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise FailedError(f"ledger record {seq} does not decode ({err}); run `orch ledger verify`") from err
+
+
+def _consistent(leaves: list[bytes], head: TreeHead) -> bool:
+    if head.size > len(leaves):
+        return False
+    proof = merkle.consistency_proof(leaves, head.size)
+    return merkle.verify_consistency(head.size, len(leaves), bytes.fromhex(head.root), merkle.root(leaves), proof)
+
+
+def _keys_empty() -> pa.Table:
+    return pa.table({"seq": pa.array([], pa.int64()), "run_id": pa.array([], pa.string()),
+                     "package": pa.array([], pa.string()), "status": pa.array([], pa.string())})
+
+
+def _orphans(keys: pa.Table) -> list[tuple[str, str]]:
+    """(run_id, package) of open records with no later close of the same package in the same run."""
+    if keys.num_rows == 0:
+        return []
+    is_open = pc.equal(keys["status"], "open")
+    opens = keys.filter(is_open)
+    if opens.num_rows == 0:
+        return []
+    closes = keys.filter(pc.invert(is_open)).group_by(["run_id", "package"]).aggregate([("seq", "max")])
+    joined = opens.join(closes, keys=["run_id", "package"], join_type="left outer")
+    later = pc.fill_null(pc.greater(joined["seq_max"], joined["seq"]), False)
+    left = joined.filter(pc.invert(later)).sort_by("seq")
+    return list(zip(left["run_id"].to_pylist(), left["package"].to_pylist(), strict=True))
