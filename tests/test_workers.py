@@ -144,3 +144,22 @@ def test_probe_on_r3_mini(tmp_path: Path) -> None:
     lines = (tmp_path / "train-A" / "steps.rank0.jsonl").read_text().splitlines()
     assert all(StepRecord.model_validate_json(x).forbidden == [] for x in lines)
     assert psutil.Process().children(recursive=True) == []
+
+
+@pytest.mark.cuda
+def test_train_reload_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL ranks, tx128 digests on the device, memory peaks, CUDA RNG, an fp16 matmul seen on the GPU."""
+    import torch
+
+    monkeypatch.setenv("TINY_DEVICE", "cuda")
+    monkeypatch.setenv("TINY_FP16_STEP", "1")
+    nproc = min(2, torch.cuda.device_count())
+    t, r = train_and_reload(tmp_path, device="cuda", backend="nccl", nproc=nproc)
+    assert [x.final_digests for x in t.ranks] == [x.digests for x in r.ranks]
+    assert any(v.startswith("tx128:") for v in t.ranks[0].final_digests.values())
+    assert t.ranks[0].peak_allocated is not None and t.ranks[0].peak_reserved is not None
+    lines = (tmp_path / "train-A" / "steps.rank0.jsonl").read_text().splitlines()
+    recs = [StepRecord.model_validate_json(x) for x in lines]
+    assert all(x.rng.cuda is not None for x in recs)
+    seen = {(f.step, f.op, f.dtype) for x in recs for f in x.forbidden}
+    assert (1, "aten.mm.default", "float16") in seen and {s for s, _, _ in seen} == {1}
