@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from safetensors.torch import save_file
 
-from train.online_rl import ModelArguments, TrainingArguments, build_model
+from train.online_rl import DataArguments, ModelArguments, TrainingArguments, build_model
 from train.train_utils import parse_args_into_dataclasses
 
 
@@ -23,8 +23,8 @@ class InitArguments:
 
 
 def main() -> None:
-    init_args, model_args, training_args = parse_args_into_dataclasses(
-        (InitArguments, ModelArguments, TrainingArguments)
+    init_args, model_args, _, training_args = parse_args_into_dataclasses(
+        (InitArguments, ModelArguments, DataArguments, TrainingArguments)
     )
     if not init_args.out:
         raise SystemExit("make_init: --out PATH is required")
