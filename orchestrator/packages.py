@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -70,7 +71,9 @@ def package_env(
     env.update(launcher_env)
     env.update(switches)
     env.update(ENV_FIXED)
-    env["PYTHONPATH"] = str(ORCH_ROOT)
+    # orch's own root first, so `-m workers.<kind>` resolves from the sealed cwd; then what orch itself runs with
+    inherited = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(ORCH_ROOT), *inherited])
     env["ORCH_RUN_ID"] = run_id
     return env
 

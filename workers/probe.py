@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -470,8 +471,22 @@ def _destroy_process_group() -> None:
         sys.stderr.write(f"probe: destroy_process_group failed: {exc}\n")
 
 
+def _die_with_launcher() -> None:
+    """torchrun starts each rank in its own session: without this a rank outlives a SIGKILLed launcher."""
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _die_with_launcher()
     if "--" not in argv:
         sys.stderr.write("probe: usage: python -m workers.probe [options] -- SCRIPT ARGS | -m MODULE ARGS\n")
         return 2
