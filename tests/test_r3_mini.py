@@ -167,7 +167,6 @@ def _same_bits(a, b) -> bool:
 
 def _assert_identical(a: Path, b: Path) -> int:
     """Every parameter shard and Adam state tensor of every rank, compared byte for byte; returns the count."""
-    import torch
 
     compared = 0
     for rank in (0, 1):
@@ -278,7 +277,9 @@ def test_judge_server_and_batching_give_the_same_rewards():
 
 def test_graph_diag_output_is_deterministic():
     outs = [
-        subprocess.run([PY, "train/graph_diag.py"], cwd=SOURCE, env=_env({}), capture_output=True, text=True, check=True)
+        subprocess.run(
+            [PY, "train/graph_diag.py"], cwd=SOURCE, env=_env({}), capture_output=True, text=True, check=True
+        )
         for _ in range(2)
     ]
     assert outs[0].stdout == outs[1].stdout

@@ -14,15 +14,11 @@ NUM_COLORS, MAX_COUNT, NUM_OBJECTS = 8, 4, 16
 class SyntheticPromptDataset:
     """Every (color, count, object) triple once, shuffled by data_seed; TRAIN first, then DEV (disjoint)."""
 
-    def __init__(
-        self, split: str, data_seed: int, num_train: int, num_dev: int, prompt_len: int, vocab_size: int
-    ):
+    def __init__(self, split: str, data_seed: int, num_train: int, num_dev: int, prompt_len: int, vocab_size: int):
         if prompt_len < 3 or vocab_size <= FILLER_BASE:
             raise ValueError("prompt_len must be >= 3 and vocab_size > 40")
         rng = np.random.default_rng(data_seed)
-        combos = [
-            (c, n, o) for c in range(NUM_COLORS) for n in range(1, MAX_COUNT + 1) for o in range(NUM_OBJECTS)
-        ]
+        combos = [(c, n, o) for c in range(NUM_COLORS) for n in range(1, MAX_COUNT + 1) for o in range(NUM_OBJECTS)]
         order = rng.permutation(len(combos))
         fillers = rng.integers(FILLER_BASE, vocab_size, size=(len(combos), prompt_len - 3))
         if num_train + num_dev > len(combos):
@@ -32,9 +28,7 @@ class SyntheticPromptDataset:
         for i, idx in enumerate(chosen):
             c, n, o = combos[idx]
             ids = [COLOR_BASE + c, COUNT_BASE + n, OBJECT_BASE + o, *(int(f) for f in fillers[idx])]
-            self.items.append(
-                {"prompt_ids": ids, "metadata": {"color": c, "count": n, "object": o, "index": i}}
-            )
+            self.items.append({"prompt_ids": ids, "metadata": {"color": c, "count": n, "object": o, "index": i}})
 
     def __len__(self) -> int:
         return len(self.items)

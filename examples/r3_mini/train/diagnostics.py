@@ -59,9 +59,7 @@ def main() -> int:
         worst = max(worst, max_ulp_difference(ref, out))
         checked += 1
     ok = worst == 0
-    print(
-        f"r3mini-diag triton_topk_filter: {'PASS' if ok else 'FAIL'} trials={checked} max_ulp={worst} seed={seed}"
-    )
+    print(f"r3mini-diag triton_topk_filter: {'PASS' if ok else 'FAIL'} trials={checked} max_ulp={worst} seed={seed}")
     return 0 if ok else 1
 
 

@@ -56,15 +56,11 @@ def topk_filter_triton(logits: torch.Tensor, temperature: torch.Tensor, top_k: i
     rows, vocab = logits.shape
     out = torch.empty_like(logits)
     block = triton.next_power_of_2(vocab)
-    _topk_filter_kernel[(rows,)](
-        logits, out, temperature, vocab, logits.stride(0), out.stride(0), top_k, BLOCK=block
-    )
+    _topk_filter_kernel[(rows,)](logits, out, temperature, vocab, logits.stride(0), out.stride(0), top_k, BLOCK=block)
     return out
 
 
-def topk_filter(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: int, use_triton: bool
-) -> torch.Tensor:
+def topk_filter(logits: torch.Tensor, temperature: torch.Tensor, top_k: int, use_triton: bool) -> torch.Tensor:
     if use_triton:
         return topk_filter_triton(logits, temperature, top_k)
     return topk_filter_reference(logits, temperature, top_k)

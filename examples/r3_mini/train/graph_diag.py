@@ -79,9 +79,7 @@ def describe(model_args: ModelArguments, training_args: TrainingArguments) -> li
 
 def main() -> None:
     set_determinism()
-    model_args, _, training_args = parse_args_into_dataclasses(
-        (ModelArguments, DataArguments, TrainingArguments)
-    )
+    model_args, _, training_args = parse_args_into_dataclasses((ModelArguments, DataArguments, TrainingArguments))
     sys.stdout.write("\n".join(describe(model_args, training_args)) + "\n")
 
 

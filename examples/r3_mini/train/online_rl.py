@@ -9,6 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # siblings: modeling/, train/
 
 import time
+import warnings
 from copy import deepcopy
 from dataclasses import dataclass
 from datetime import timedelta
@@ -94,13 +95,13 @@ class TrainingArguments:
     tune_image_cot: bool = True
     enable_sde_gen: bool = True
     enable_sde_edit: bool = True
-    max_output_token_n_gen: int = 12
-    max_output_token_n_edit: int = 12
+    max_output_token_n_gen: int = 32
+    max_output_token_n_edit: int = 32
     text_temperature: float = 0.9
     top_k: int = 50
     timestep_shift: float = 3.0
-    num_timesteps_gen: int = 8
-    num_timesteps_edit: int = 8
+    num_timesteps_gen: int = 16
+    num_timesteps_edit: int = 21
     eta_mode: str = "monotonic"
     constant_eta_gen: float = 0.7
     constant_eta_edit: float = 1.0
@@ -179,18 +180,14 @@ class RolloutBuffer:
         return pool[int(torch.randint(0, len(pool), (1,), generator=g, device=device).item())]
 
 
-def initial_noise_for(
-    index: int, data_seed: int, shape: tuple[int, int], device: torch.device
-) -> torch.Tensor:
+def initial_noise_for(index: int, data_seed: int, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
     """Fixed per-prompt noise of the deterministic DEV evaluation."""
     g = torch.Generator(device=device)
     g.manual_seed(data_seed * 100003 + index)
     return torch.randn(shape, generator=g, device=device)
 
 
-def evaluate_dev_indices(
-    controller, dataset, indices, training_args, data_args, reward_client, device
-) -> list[float]:
+def evaluate_dev_indices(controller, dataset, indices, training_args, data_args, reward_client, device) -> list[float]:
     """Round-1 rollouts of DEV prompts: greedy text, ODE denoising from fixed noise; returns their rewards."""
     if not indices:
         return []
@@ -217,9 +214,7 @@ def evaluate_dev_indices(
     return [f.result() for f in results["per_sample_rewards"]]
 
 
-def member_layout(
-    rank: int, world: int, policy_group_size: int, group_size: int
-) -> tuple[int, list[int], int]:
+def member_layout(rank: int, world: int, policy_group_size: int, group_size: int) -> tuple[int, list[int], int]:
     """(policy_group_id, logical member ids played by this rank, samples per member); see README."""
     if world >= policy_group_size:
         if world % policy_group_size:
@@ -233,6 +228,8 @@ def member_layout(
 
 def main() -> None:
     set_determinism()
+    # our outputs are fresh linear outputs reshaped (views); nothing modifies them in place
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     model_args, data_args, training_args = parse_args_into_dataclasses(
         (ModelArguments, DataArguments, TrainingArguments)
     )
@@ -357,9 +354,7 @@ def main() -> None:
             g.manual_seed((member_id + 1) * training_args.total_steps + curr_step)  # gen_seed of that member
             members.append(Member(g, samples_per_member))
         rollout_batch_size = samples_per_member * len(members)
-        initial_noise = [
-            torch.randn(n_img, latent_dim, generator=group_generator, device=device) for _ in range(2)
-        ]
+        initial_noise = [torch.randn(n_img, latent_dim, generator=group_generator, device=device) for _ in range(2)]
         is_gen = curr_step % training_args.rounds == 0
 
         with rollout_controller.context():
@@ -434,9 +429,7 @@ def main() -> None:
                 if last_reward == 1 and no_edit:
                     improvement = 1
                 edit_img_adv_multiplier.append(0 if no_edit else 1)
-                total_reward = (
-                    format_reward * training_args.format_reward_weight + improvement * format_reward
-                )
+                total_reward = format_reward * training_args.format_reward_weight + improvement * format_reward
             per_sample_rewards.append([reward])
             per_sample_total_rewards.append([total_reward])
         if is_gen:
@@ -474,9 +467,7 @@ def main() -> None:
             if training_args.tune_text_cot:
                 label_ids = loss_info["packed_label_ids"]
                 mask = loss_info["loss_mask"]
-                per_token_logps = (
-                    output_dict["logits"].log_softmax(-1).gather(-1, label_ids[..., None]).squeeze(-1)
-                )
+                per_token_logps = output_dict["logits"].log_softmax(-1).gather(-1, label_ids[..., None]).squeeze(-1)
                 behavior_logps = loss_info["inference_probs"].detach().clamp_min(1e-20).log()
                 adv = loss_info["text_advantages"][:, None]
                 ratio1 = torch.exp(per_token_logps - behavior_logps)
@@ -489,9 +480,7 @@ def main() -> None:
                 if training_args.kl_weight_text > 0:
                     ref_logps = ref_out["logits"].log_softmax(-1).gather(-1, label_ids[..., None]).squeeze(-1)
                     delta = ref_logps - per_token_logps
-                    per_token_kl = ((torch.exp(delta) - delta - 1) * mask).sum() / (
-                        1e-4 + total_text_grad_tokens
-                    )
+                    per_token_kl = ((torch.exp(delta) - delta - 1) * mask).sum() / (1e-4 + total_text_grad_tokens)
                     loss_dict["text_kl_loss"].append(per_token_kl.item())
                     if per_token_kl.item() > 10:  # upstream's guard against a runaway KL
                         per_token_kl = per_token_logps.mean() * 0.0
@@ -523,9 +512,7 @@ def main() -> None:
         logged = {}
         for key, values in loss_dict.items():
             if values:
-                logged[key] = float(
-                    all_reduce_mean(torch.tensor(sum(values) / len(values), device=device)).item()
-                )
+                logged[key] = float(all_reduce_mean(torch.tensor(sum(values) / len(values), device=device)).item())
 
         if cuda:
             torch.cuda.synchronize()

@@ -87,12 +87,8 @@ class RewardClient:
     def _score_chunk(self, latents: list[np.ndarray], metas: list[dict]) -> list[float]:
         if self.mode == "inprocess":
             return [judge_score(lat, meta, self.judge_seed) for lat, meta in zip(latents, metas, strict=True)]
-        body = json.dumps(
-            {"items": [{"latent": _encode(x), "meta": m} for x, m in zip(latents, metas, strict=True)]}
-        )
-        request = urllib.request.Request(
-            self.url, data=body.encode(), headers={"Content-Type": "application/json"}
-        )
+        body = json.dumps({"items": [{"latent": _encode(x), "meta": m} for x, m in zip(latents, metas, strict=True)]})
+        request = urllib.request.Request(self.url, data=body.encode(), headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as response:
             return json.loads(response.read())["rewards"]
 

@@ -170,9 +170,7 @@ class MultiRoundRolloutController:
         out_probs = torch.stack(behavior, dim=1) if behavior else None
         return out_tokens, out_probs
 
-    def generate_image_sde(
-        self, caches, prefix_len, img_group, initial_noise, num_timesteps, sde_idx, members
-    ):
+    def generate_image_sde(self, caches, prefix_len, img_group, initial_noise, num_timesteps, sde_idx, members):
         """Denoises from initial_noise [B, N, C]; step sde_idx samples from the SDE Gaussian (log-prob recorded)."""
         batch = initial_noise.shape[0]
         x_buf = initial_noise.clone()
@@ -196,9 +194,7 @@ class MultiRoundRolloutController:
                     dist_ = self.sde_sampler.get_x_t_distribution(x_buf, t_, dt_, v)
                     noise = torch.cat(
                         [
-                            torch.randn(
-                                (m.num_samples, *x_buf.shape[1:]), generator=m.generator, device=self.device
-                            )
+                            torch.randn((m.num_samples, *x_buf.shape[1:]), generator=m.generator, device=self.device)
                             for m in members
                         ]
                     )
@@ -286,9 +282,7 @@ class MultiRoundRolloutController:
             "output_imgs": images_out,
             "per_sample_rewards": futures,
             "per_sample_format_rewards": [think_format_reward(t) for t in token_lists],
-            "per_sample_no_edit": [
-                NO_EDIT in t[: t.index(END)] if END in t else NO_EDIT in t for t in token_lists
-            ],
+            "per_sample_no_edit": [NO_EDIT in t[: t.index(END)] if END in t else NO_EDIT in t for t in token_lists],
             "mean_cot_length": float(sum(sum(loss_mask_until_end(t)) for t in token_lists) / max(1, batch)),
         }
 

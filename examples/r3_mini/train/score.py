@@ -38,9 +38,7 @@ class ScoreArguments:
 
 def load_full_params(ckpt_dir: str) -> dict[str, torch.Tensor]:
     """Full tensors from per-rank shards: Shard(0) pieces concatenated in rank order along dim 0."""
-    files = sorted(
-        glob.glob(os.path.join(ckpt_dir, "rank*.pt")), key=lambda p: int(os.path.basename(p)[4:-3])
-    )
+    files = sorted(glob.glob(os.path.join(ckpt_dir, "rank*.pt")), key=lambda p: int(os.path.basename(p)[4:-3]))
     if not files:
         raise FileNotFoundError(f"no rank*.pt under {ckpt_dir}")
     shards = [torch.load(f, map_location="cpu", weights_only=True) for f in files]
@@ -55,9 +53,7 @@ def load_full_params(ckpt_dir: str) -> dict[str, torch.Tensor]:
         else:
             tensor = shards[0]["params"][fqn]
         if list(tensor.shape) != list(meta["global_shape"]):
-            raise ValueError(
-                f"{fqn}: reassembled {list(tensor.shape)} != global shape {meta['global_shape']}"
-            )
+            raise ValueError(f"{fqn}: reassembled {list(tensor.shape)} != global shape {meta['global_shape']}")
         full[fqn] = tensor
     return full
 
@@ -76,9 +72,7 @@ def main() -> None:
     params = load_full_params(score_args.ckpt)
     own = dict(model.named_parameters())
     unknown = sorted(set(params) - set(own))
-    missing = sorted(
-        n for n, p in own.items() if p.requires_grad and n not in params and "vit_model" not in n
-    )
+    missing = sorted(n for n, p in own.items() if p.requires_grad and n not in params and "vit_model" not in n)
     if unknown or missing:
         raise ValueError(f"checkpoint does not fit the model: unknown {unknown[:3]}, missing {missing[:3]}")
     with torch.no_grad():
@@ -103,9 +97,7 @@ def main() -> None:
     )
     client = RewardClient(training_args.reward_mode, training_args.reward_batch, data_args.data_seed)
     try:
-        rewards = evaluate_dev_indices(
-            controller, dev, list(range(len(dev))), training_args, data_args, client, device
-        )
+        rewards = evaluate_dev_indices(controller, dev, list(range(len(dev))), training_args, data_args, client, device)
     finally:
         client.close()
     result = {

@@ -125,9 +125,7 @@ class MLPconnector(nn.Module):
 class Bagel(nn.Module):
     """All entry points go through `forward(mode=...)` so FSDP2's root hooks see every call, as in training."""
 
-    def __init__(
-        self, language_model: Qwen2ForCausalLM, vit_model: SiglipVisionModel, config: BagelConfig
-    ) -> None:
+    def __init__(self, language_model: Qwen2ForCausalLM, vit_model: SiglipVisionModel, config: BagelConfig) -> None:
         super().__init__()
         self.config = config
         self.language_model = language_model
@@ -155,9 +153,7 @@ class Bagel(nn.Module):
         """Frozen ViT features, one image per call so every caller computes the same bits for the same image."""
         return torch.cat([self.vit_model(images[i : i + 1]) for i in range(images.shape[0])], dim=0)
 
-    def _embed_plan(
-        self, plan: SequencePlan, inputs: dict
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _embed_plan(self, plan: SequencePlan, inputs: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Builds the und and gen streams of a plan from its per-segment inputs (list aligned with segments)."""
         und, gen = [], []
         for (kind, _), x in zip(plan.segments, inputs["segment_inputs"], strict=True):

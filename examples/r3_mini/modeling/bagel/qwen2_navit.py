@@ -77,9 +77,7 @@ def apply_rotary_pos_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
     return (x * cos.to(x.dtype)) + (_rotate_half(x) * sin.to(x.dtype))
 
 
-def shared_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
+def shared_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Plain softmax attention with GQA; q [B,H,Lq,d], k/v [B,Hkv,Lk,d], mask bool broadcastable to [B,H,Lq,Lk]."""
     b, h, _, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
