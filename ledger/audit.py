@@ -120,8 +120,13 @@ def _load_model(model: type[M], path: Path, problems: list[str], rel: str) -> M 
     return None
 
 
-def _ledger_problems(records: Sequence[LedgerRecord], run_id: str) -> tuple[list[str], dict[str, LedgerRecord]]:
-    """Every package needs one open and one ok close record; a lone open record means a crash or a live run."""
+def _package_problems(
+    run: Mapping[str, Any], records: Sequence[LedgerRecord]
+) -> tuple[list[str], dict[str, LedgerRecord], set[str]]:
+    """One line per package that is not ok, from the ledger (authoritative) and run.json; and the close records.
+
+    Every package needs one open and one ok close record; a lone open record means a crash or a live run.
+    """
     problems: list[str] = []
     closes: dict[str, LedgerRecord] = {}
     opens: dict[str, int] = {}
@@ -130,16 +135,26 @@ def _ledger_problems(records: Sequence[LedgerRecord], run_id: str) -> tuple[list
             opens[rec.package] = opens.get(rec.package, 0) + 1
         else:
             closes[rec.package] = rec
+    declared = {p.get("name"): p for p in run.get("packages", []) if isinstance(p, dict)}
+    bad: set[str] = set()
     for name in PACKAGES:
-        close = closes.get(name)
+        close, entry = closes.get(name), declared.get(name)
+        line = None
         if opens.get(name, 0) and close is None:
-            problems.append(f"ledger: {name} has an open record without a close (crashed or still running)")
+            line = "open ledger record without a close (the run crashed or is still running)"
         elif close is None:
-            problems.append(f"ledger: no record of {name} in run {run_id}")
+            line = "no ledger record"
         elif close.status != "ok":
-            code = f", exit {close.exit_code}" if close.exit_code is not None else ""
-            problems.append(f"ledger: {name} closed with status {close.status}{code}")
-    return problems, closes
+            code = f" (exit {close.exit_code})" if close.exit_code is not None else ""
+            line = f"{close.status}{code}" + (f": {close.note}" if close.note else "")
+        elif run and entry is None:
+            line = "ok in the ledger but absent from run.json"
+        elif run and entry is not None and entry.get("status") != "ok":
+            line = f"ok in the ledger but {entry.get('status')!r} in run.json"
+        if line is not None:
+            bad.add(name)
+            problems.append(f"package {name}: {line}")
+    return problems, closes, bad
 
 
 def _read_steps(
@@ -192,17 +207,9 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
             problems.append(f"run.json: run_id {run.get('run_id')!r} is not {run_id!r}")
         if run.get("status") != "complete":
             problems.append(f"run status is {run.get('status')!r}, not 'complete'")
-        pkgs = {p.get("name"): p for p in run.get("packages", []) if isinstance(p, dict)}
-        for name in PACKAGES:
-            p = pkgs.get(name)
-            if p is None:
-                problems.append(f"package {name}: not in run.json")
-            elif p.get("status") != "ok":
-                code = f" (exit {p.get('exit_code')})" if p.get("exit_code") is not None else ""
-                problems.append(f"package {name}: {p.get('status')}{code}")
     records = Ledger(home.ledger_path).records(run_id)
-    ledger_problems, closes = _ledger_problems(records, run_id)
-    problems += ledger_problems
+    package_problems, closes, bad = _package_problems(run, records)
+    problems += package_problems
 
     protocol: Protocol | None = None
     proto_path = run_dir / "protocol.json"
@@ -214,15 +221,23 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         problems.append("protocol.json: missing")
 
     pkg_dir = run_dir / "packages"
-    checks = _load_model(ChecksResult, pkg_dir / "checks" / "result.json", problems, "packages/checks/result.json")
-    score = _load_model(ScoreResult, pkg_dir / "score" / "result.json", problems, "packages/score/result.json")
+    # a package already reported as not ok is not reported again for its missing result
+    sink: list[str] = []
+
+    def where(name: str) -> list[str]:
+        return sink if name in bad else problems
+
+    checks = _load_model(
+        ChecksResult, pkg_dir / "checks" / "result.json", where("checks"), "packages/checks/result.json"
+    )
+    score = _load_model(ScoreResult, pkg_dir / "score" / "result.json", where("score"), "packages/score/result.json")
     trains: dict[str, TrainResult] = {}
     reloads: dict[str, ReloadResult] = {}
     steps: dict[str, dict[int, list[StepRecord]]] = {}
     n_steps = protocol.measurement.steps if protocol else 0
     for label in ARM_LABELS:
         rel = f"packages/train-{label}"
-        train = _load_model(TrainResult, run_dir / rel / "result.json", problems, f"{rel}/result.json")
+        train = _load_model(TrainResult, run_dir / rel / "result.json", where(f"train-{label}"), f"{rel}/result.json")
         if train is not None:
             if train.arm != label:
                 problems.append(f"{rel}/result.json: arm {train.arm!r}, expected {label!r}")
@@ -230,7 +245,9 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
             if protocol is not None:
                 steps[label] = _read_steps(run_dir / rel, train, rel, n_steps, problems)
         rrel = f"packages/reload-{label}"
-        reload = _load_model(ReloadResult, run_dir / rrel / "result.json", problems, f"{rrel}/result.json")
+        reload = _load_model(
+            ReloadResult, run_dir / rrel / "result.json", where(f"reload-{label}"), f"{rrel}/result.json"
+        )
         if reload is not None:
             if reload.arm != label:
                 problems.append(f"{rrel}/result.json: arm {reload.arm!r}, expected {label!r}")
@@ -240,7 +257,7 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         for name in PACKAGES
         if (pkg_dir / name / "result.json").is_file()
     }
-    if problems or protocol is None or checks is None or score is None:
+    if problems or bad or protocol is None or checks is None or score is None:
         raise IncompleteRunError(
             f"run {run_id} is not complete ({len(problems)} problem(s)); no audit was written and no score "
             "is shown; relaunch the protocol for a complete run",

@@ -357,13 +357,15 @@ def test_run_killed_during_train_b_writes_nothing_and_shows_no_score(tmp_path: P
     before = len(Ledger(resolve_home(tmp_path).ledger_path).records())
     with pytest.raises(IncompleteRunError) as err:
         audit_run(tmp_path, "run1")
-    text = "\n".join(err.value.problems)
-    assert "run status is 'interrupted'" in text and "package train-B: interrupted" in text
-    assert "ledger: train-B closed with status interrupted" in text and "package score: not-run" in text
-    assert "packages/train-B/result.json: missing" in text
+    assert err.value.problems == [
+        "run status is 'interrupted', not 'complete'",
+        "package train-B: interrupted (exit -15)",
+        "package reload-B: not-run: not reached",
+        "package score: not-run: not reached",
+    ]
     proc = _orch("audit", "run1", "--home", str(tmp_path), cwd=repo)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "missing or failed: packages/reload-B/result.json: missing" in proc.stdout
+    assert "missing or failed: package train-B: interrupted (exit -15)" in proc.stdout
     assert "0.7312" not in proc.stdout + proc.stderr and "dev_geneval" not in proc.stdout + proc.stderr
     assert not any((run_dir / name).exists() for name in WRITTEN)
     assert len(Ledger(resolve_home(tmp_path).ledger_path).records()) == before
@@ -373,7 +375,9 @@ def test_crash_leaves_an_open_record_that_blocks_the_audit(tmp_path: Path) -> No
     make_run(tmp_path, spec=RunSpec(stop_at="reload-C", crash_open=True))
     with pytest.raises(IncompleteRunError) as err:
         audit_run(tmp_path, "run1")
-    assert any("reload-C has an open record without a close" in p for p in err.value.problems)
+    assert "package reload-C: open ledger record without a close (the run crashed or is still running)" in (
+        err.value.problems
+    )
 
 
 def test_extra_rng_draw_is_not_exact_naming_the_first_step(tmp_path: Path, repo: Path) -> None:
