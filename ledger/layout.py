@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ledger.record import ARROW_FIELDS, GENESIS, LedgerRecord, record_message
+from ledger.record import ARROW_FIELDS, GENESIS, NON_NULL, LedgerRecord, canonical_json, record_message
 
 CONTINUATION = 0xFFFFFFFF
 _HEAD = struct.Struct("<Ii")
@@ -26,7 +26,7 @@ _U16 = struct.Struct("<H")
 
 def _field_pos(meta: bytes, table: int, index: int) -> int | None:
     """Absolute position of field `index` of the flatbuffer table at `table`, None when absent."""
-    vtable = table - _I32.unpack_from(meta, table)[0]
+    vtable = table - int(_I32.unpack_from(meta, table)[0])
     vt_size = _U16.unpack_from(meta, vtable)[0]
     if 4 + 2 * index >= vt_size:
         return None
@@ -35,7 +35,7 @@ def _field_pos(meta: bytes, table: int, index: int) -> int | None:
 
 
 def _deref(meta: bytes, pos: int) -> int:
-    return pos + _U32.unpack_from(meta, pos)[0]
+    return pos + int(_U32.unpack_from(meta, pos)[0])
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,11 @@ def layout() -> Layout | None:
     except struct.error:
         return None
     body_len = _I64.unpack_from(msg, found.body_len_at)[0]
-    if n_buffers != k or body_len != len(msg) - found.body_at or found.buffers_at % 8:
+    if n_buffers != k or body_len != len(msg) - found.body_at or found.buffers_at % 8 or found.body_len_at % 8:
+        return None
+    # string lengths are read from the buffer table: the writer must record the data buffer unpadded
+    data = found.buffers_at + 16 * columns["canonical"][-1]
+    if _I64.unpack_from(msg, data + 8)[0] != len(canonical_json(template.hashed_fields()).encode()):
         return None
     return found
 
@@ -95,19 +99,18 @@ def frame(buf: Any, start: int, end: int, lay: Layout) -> tuple[np.ndarray, int]
 
     Framing only reads lengths; a message it frames may still fail to decode, which the callers check.
     """
-    head = _HEAD.unpack_from
-    i64 = _I64.unpack_from
-    meta_len, body_len_at, body_at = lay.meta_len, lay.body_len_at, lay.body_at
+    # one unpack per message: continuation, metadata length, then the bodyLength field of the metadata
+    head = struct.Struct(f"<Ii{lay.body_len_at - 8}xq").unpack_from
+    meta_len, body_at = lay.meta_len, lay.body_at
     starts: list[int] = []
     push = starts.append
     pos = start
     while pos < end:
         if pos + body_at > end:
             break
-        cont, mlen = head(buf, pos)
+        cont, mlen, body_len = head(buf, pos)
         if cont != CONTINUATION or mlen != meta_len:
             break
-        body_len = i64(buf, pos + body_len_at)[0]
         nxt = pos + body_at + body_len
         if body_len < 0 or body_len % 8 or nxt > end:
             break
@@ -116,8 +119,26 @@ def frame(buf: Any, start: int, end: int, lay: Layout) -> tuple[np.ndarray, int]
     return np.asarray(starts, dtype=np.int64), pos
 
 
+def index_valid(buf: Any, size: int, starts: np.ndarray, first: int, lay: Layout) -> bool:
+    """True when `starts` frames buf[first:end-of-last] exactly: each message's lengths lead to the next start."""
+    if len(starts) == 0:
+        return True
+    if starts[0] != first or (starts & 7).any() or starts.min() < first or starts.max() + lay.body_at > size:
+        return False
+    words = np.frombuffer(buf, dtype="<i8", count=size // 8)
+    head = words[starts >> 3]
+    if not (head == (CONTINUATION | (lay.meta_len << 32))).all():
+        return False
+    body_len = words[(starts + lay.body_len_at) >> 3]  # bodyLength is 8-aligned in the metadata
+    ends = starts + lay.body_at + body_len
+    return bool((body_len >= 0).all() and (ends[:-1] == starts[1:]).all() and ends[-1] <= size)
+
+
 class Columns:
-    """Column values gathered from framed record messages of one mapped ledger file."""
+    """Column values gathered from framed record messages of one mapped ledger file.
+
+    Gathers are row-major (all wanted words of one message together), so each message's page is touched once.
+    """
 
     def __init__(self, buf: Any, size: int, starts: np.ndarray, lay: Layout) -> None:
         self.bytes = np.frombuffer(buf, dtype=np.uint8, count=size)
@@ -127,60 +148,93 @@ class Columns:
         self.n = len(starts)
         self.body = starts + lay.body_at
 
-    def _word(self, pos: np.ndarray) -> np.ndarray:
-        return self.words[pos >> 3]  # all positions read here are 8-aligned by the IPC format
+    def extract(self, names: list[str]) -> dict[str, Any]:
+        """For each column: ('num', values, valid) or ('str', value starts, lengths, valid).
 
-    def buffer(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(absolute offset, length) of buffer `index` in every message."""
-        at = self.starts + self.lay.buffers_at + 16 * index
-        return self.body + self._word(at), self._word(at + 8)
+        Reads only the buffer-table words a column needs (validity only for nullable columns; for strings the
+        data buffer's offset and length, which the writer records unpadded), in one row-major gather.
+        """
+        want: list[int] = []
+        plan: dict[str, tuple[int | None, int, int | None]] = {}
+        for name in names:
+            bufs = self.lay.columns[name]
+            entry = [(self.lay.buffers_at + 16 * k) >> 3 for k in bufs]
+            vpos = None
+            if name not in NON_NULL:
+                vpos = len(want)
+                want += [entry[0], entry[0] + 1]
+            dpos = len(want)
+            want.append(entry[-1])
+            lpos = None
+            if len(bufs) == 3:
+                lpos = len(want)
+                want.append(entry[-1] + 1)
+            plan[name] = (vpos, dpos, lpos)
+        table = self.words[(self.starts >> 3)[:, None] + np.asarray(want, dtype=np.int64)[None, :]]
+        out: dict[str, Any] = {}
+        for name, (vpos, dpos, lpos) in plan.items():
+            valid = np.ones(self.n, dtype=bool)
+            if vpos is not None:
+                has = table[:, vpos + 1] > 0
+                if has.any():
+                    valid[has] = (self.bytes[self.body[has] + table[has, vpos]] & 1).astype(bool)
+            start = self.body + table[:, dpos]
+            if lpos is None:
+                out[name] = ("num", self.words[start >> 3], valid)
+            else:
+                out[name] = ("str", start, table[:, lpos], valid)
+        return out
 
-    def valid(self, name: str) -> np.ndarray:
-        off, length = self.buffer(self.lay.columns[name][0])
-        valid = np.ones(self.n, dtype=bool)
-        has = length > 0
-        valid[has] = (self.bytes[off[has]] & 1).astype(bool)
-        return valid
+    def hex64(self, *gots: tuple[Any, ...]) -> list[np.ndarray]:
+        """(n, 8) int64 words of each 64-character string column (hex digests), gathered in one pass.
 
-    def numbers(self, name: str) -> np.ndarray:
-        off, _ = self.buffer(self.lay.columns[name][1])
-        return self._word(off)
+        Each `got` is a column's entry from `extract`; raises when a value is not 64 bytes at an aligned offset.
+        """
+        for _, start, length, valid in gots:
+            if self.n and (not valid.all() or (length != 64).any() or (start & 7).any()):
+                raise ValueError("a digest column holds a value that is not 64 characters")
+        at = np.concatenate([(g[1] >> 3)[:, None] + np.arange(8) for g in gots], axis=1)
+        words = self.words[at]
+        return [words[:, 8 * i : 8 * i + 8] for i in range(len(gots))]
 
-    def string_spans(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """(absolute start, length) of the string value of column `name` in every message."""
-        _, offsets, data = self.lay.columns[name]
-        off_at, _ = self.buffer(offsets)
-        data_at, _ = self.buffer(data)
-        pair = self._word(off_at)  # int32 offsets [o0, o1] packed in one aligned word
-        o0 = (pair & 0xFFFFFFFF).astype(np.int64)
-        o1 = (pair >> 32).astype(np.int64)
-        return data_at + o0, o1 - o0
-
-    def fixed(self, name: str, width: int) -> np.ndarray:
-        """(n, width) byte matrix of a fixed-width string column; raises when a value has another length."""
-        start, length = self.string_spans(name)
-        if len(length) and (length.min() != width or length.max() != width):
-            raise ValueError(f"{name}: not every value has {width} bytes")
-        return self.bytes[start[:, None] + np.arange(width)]
-
-    def arrow(self, name: str) -> pa.Array:
-        """Column `name` as an Arrow array (strings gathered, numbers viewed), nulls from the validity bits."""
-        typ = dict(ARROW_FIELDS)[name]
-        valid = self.valid(name)
-        if pa.types.is_string(typ):
-            start, length = self.string_spans(name)
+    def arrows(self, names: list[str]) -> dict[str, pa.Array]:
+        """The named columns as Arrow arrays (strings gathered, numbers viewed), nulls from the validity bits."""
+        types = dict(ARROW_FIELDS)
+        out: dict[str, pa.Array] = {}
+        for name, got in self.extract(names).items():
+            typ = types[name]
+            if got[0] == "num":
+                _, raw, valid = got
+                values = raw.view(np.float64) if pa.types.is_floating(typ) else raw
+                out[name] = pa.array(values, type=typ, mask=None if valid.all() else ~valid)
+                continue
+            _, start, length, valid = got
             length = np.where(valid, length, 0)
             offsets = np.zeros(self.n + 1, dtype=np.int64)
             np.cumsum(length, out=offsets[1:])
-            index = np.repeat(start - offsets[:-1], length) + np.arange(int(offsets[-1]), dtype=np.int64)
-            data = self.bytes[index]
-            arr = pa.Array.from_buffers(
-                pa.large_string(), self.n, [_bitmap(valid), pa.py_buffer(offsets), pa.py_buffer(data)]
-            )
-            return arr.cast(pa.string()) if int(offsets[-1]) < 2**31 else arr
-        raw = self.numbers(name)
-        values = raw.view(np.float64) if pa.types.is_floating(typ) else raw
-        return pa.array(values, type=typ, mask=~valid)
+            data = pa.py_buffer(self._gather(start, length))
+            arr = pa.Array.from_buffers(pa.large_string(), self.n, [_bitmap(valid), pa.py_buffer(offsets), data])
+            out[name] = arr.cast(pa.string()) if int(offsets[-1]) < 2**31 else arr
+        return out
+
+    def _gather(self, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+        """The bytes of all spans, concatenated: short aligned strings word-wise, others byte-wise."""
+        width = int(length.max()) if len(length) else 0
+        if width == 0:
+            return np.zeros(0, dtype=np.uint8)
+        if width <= 256 and not (start & 7).any():
+            nwords = (width + 7) // 8
+            rows = self.words[(start >> 3)[:, None] + np.arange(nwords)].view(np.uint8)
+            picked: np.ndarray = rows[np.arange(nwords * 8)[None, :] < length[:, None]]
+            return picked
+        total = int(length.sum())
+        first = np.zeros(len(length), dtype=np.int64)
+        np.cumsum(length[:-1], out=first[1:])
+        gathered: np.ndarray = self.bytes[np.repeat(start - first, length) + np.arange(total, dtype=np.int64)]
+        return gathered
+
+    def arrow(self, name: str) -> pa.Array:
+        return self.arrows([name])[name]
 
 
 def _bitmap(valid: np.ndarray) -> pa.Buffer | None:

@@ -80,9 +80,9 @@ def utc_iso(value: Any) -> str | None:
         raise ValueError(f"not a time: {value!r}")
     if value.tzinfo is None or value.utcoffset() != UTC.utcoffset(None):
         raise ValueError(f"time must be UTC (Z or +00:00): {value.isoformat()}")
-    value = value.astimezone(UTC)
-    spec = "seconds" if value.microsecond == 0 else "microseconds"
-    return value.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
+    moment: datetime = value.astimezone(UTC)
+    spec = "seconds" if moment.microsecond == 0 else "microseconds"
+    return moment.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
 
 
 def scrub_note(text: str) -> str:

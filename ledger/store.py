@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import hashlib
 import hmac
+import itertools
 import json
 import mmap
 import os
@@ -26,7 +27,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ledger import merkle
-from ledger.layout import CONTINUATION, Columns, frame, layout
+from ledger.layout import CONTINUATION, Columns, frame, index_valid, layout
 from ledger.record import (
     ASSIGNED,
     GENESIS,
@@ -45,6 +46,8 @@ from protocol.home import resolve_home
 __all__ = ["Ledger", "LedgerRecord", "TreeHead", "VerifyReport", "host_hash", "ledger_salt", "parse_head"]
 
 SALT_FILE = "host.salt"
+# what pyarrow and the decoding below raise on bytes that are not a ledger record
+_UNPARSEABLE = (pa.ArrowException, OSError, ValueError, EOFError, KeyError, TypeError, IndexError)
 MAX_PROBLEMS = 20  # a broken chain repeats; the first problems say where it broke
 
 
@@ -145,7 +148,7 @@ def _message_len(buf: Any, pos: int, end: int) -> int | None:
     try:
         reader = pa.BufferReader(pa.py_buffer(buf[pos:end]))
         msg = pa.ipc.read_message(reader)
-    except (pa.ArrowException, OSError, ValueError):
+    except _UNPARSEABLE:
         return None
     if msg is None:
         return None
@@ -164,19 +167,15 @@ def _scan(buf: Any, size: int) -> _Scan:
         schema = pa.ipc.read_schema(pa.py_buffer(buf[:schema_len]))
         if not schema.equals(SCHEMA, check_metadata=True):
             problem = "the file's Arrow schema is not the ledger schema"
-    except (pa.ArrowException, OSError, ValueError):
+    except _UNPARSEABLE:
         problem = "the schema message does not parse"
     spans: list[tuple[int, int]] = []
     pos = schema_len
     lay = layout()
     if lay is not None and problem is None:
-        starts, _ = frame(buf, pos, size, lay)
-        ends = [*starts[1:].tolist(), None]
+        starts = frame(buf, pos, size, lay)[0].tolist()
         # the last framed message may be torn inside: only trust the ones followed by another
-        for s, e in zip(starts.tolist(), ends, strict=True):
-            if e is None:
-                break
-            spans.append((s, e))
+        spans = list(itertools.pairwise(starts))
         if spans:
             pos = spans[-1][1]
     while pos < size:
@@ -185,7 +184,7 @@ def _scan(buf: Any, size: int) -> _Scan:
             break
         try:
             _decode(buf[pos : pos + n])
-        except (pa.ArrowException, OSError, ValueError):
+        except _UNPARSEABLE:
             break
         spans.append((pos, pos + n))
         pos += n
@@ -200,6 +199,7 @@ class Ledger:
         self.fsync = fsync
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.tail_path = self.path.with_name(self.path.name + ".tail")
+        self.index_path = self.path.with_name(self.path.name + ".idx")  # int64 message offsets: a checked cache
 
     # ---- locking and mapping ------------------------------------------------------------------------
 
@@ -227,7 +227,7 @@ class Ledger:
                 if size == 0:
                     yield b"", 0
                     return
-                mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+                mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
                 try:
                     yield mm, size
                 finally:
@@ -273,6 +273,7 @@ class Ledger:
                 os.close(fd)
             new_size = size + len(data)
             self._write_tail_hint(new_size, new_size - len(message), seq + 1)
+            self._extend_index(seq, new_size - len(message))
         return record
 
     def _write(self, fd: int, size: int, data: bytes) -> None:
@@ -313,7 +314,7 @@ class Ledger:
                 row = _decode(raw)
                 if int(row["seq"]) == int(hint.get("records", -1)) - 1:
                     return int(row["seq"]) + 1, str(row["record_hash"]), hashlib.sha256(raw).hexdigest(), offset
-            except (pa.ArrowException, OSError, ValueError, KeyError, TypeError):
+            except _UNPARSEABLE:
                 pass  # a stale or wrong hint: scan the file
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
             scan = _scan(mm, size)
@@ -346,17 +347,51 @@ class Ledger:
             tmp.write_text(json.dumps({"size": size, "offset": offset, "records": records}))
             os.replace(tmp, self.tail_path)
 
+    def _extend_index(self, seq: int, offset: int) -> None:
+        """Add the new message's offset to the index when it holds exactly the earlier ones, else drop it."""
+        with contextlib.suppress(OSError):
+            try:
+                entries = self.index_path.stat().st_size // 8
+            except FileNotFoundError:
+                entries = 0 if seq == 0 else -1
+            if entries != seq:
+                self.index_path.unlink(missing_ok=True)
+                return
+            fd = os.open(self.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, int(offset).to_bytes(8, "little"))
+            finally:
+                os.close(fd)
+
     # ---- reading ------------------------------------------------------------------------------------
 
     def _columns(self, buf: Any, size: int) -> Columns | None:
-        """Fast column access when the whole file frames with this pyarrow's layout."""
+        """Fast column access when the whole file frames with this pyarrow's layout.
+
+        Framing starts from the offset index when the index checks out against the bytes (vectorised),
+        frames the rest message by message, and rewrites the index when it had to frame more than it held.
+        """
         lay = layout()
         schema = schema_message()
         if lay is None or size < len(schema) or bytes(buf[: len(schema)]) != schema:
             return None
-        starts, stop = frame(buf, len(schema), size, lay)
+        try:
+            known = np.fromfile(self.index_path, dtype="<i8")
+        except (OSError, ValueError):
+            known = np.zeros(0, dtype=np.int64)
+        known = known[known < size]
+        if not index_valid(buf, size, known, len(schema), lay):
+            known = np.zeros(0, dtype=np.int64)
+        resume = len(schema) if len(known) == 0 else int(known[-1])
+        rest, stop = frame(buf, resume, size, lay)
         if stop != size:
             return None
+        starts = np.concatenate([known[:-1], rest]) if len(known) else rest
+        if len(rest) > 1:
+            tmp = self.index_path.with_name(f"{self.index_path.name}.{os.getpid()}.tmp")
+            with contextlib.suppress(OSError):
+                starts.astype("<i8").tofile(tmp)
+                os.replace(tmp, self.index_path)
         return Columns(buf, size, starts, lay)
 
     def table(self, columns: list[str] | None = None) -> pa.Table:
@@ -365,7 +400,8 @@ class Ledger:
         with self._mapped() as (buf, size):
             cols = self._columns(buf, size) if size else None
             if cols is not None:
-                return pa.table({name: cols.arrow(name) for name in names})
+                arrays = cols.arrows(names)
+                return pa.table([arrays[n] for n in names], schema=pa.schema([SCHEMA.field(n) for n in names]))
             scan = _scan(buf, size)
             if not scan.spans or scan.schema_problem:
                 return SCHEMA.empty_table().select(names)
@@ -432,30 +468,29 @@ class Ledger:
             return None
         n = cols.n
         try:
-            seq = cols.numbers("seq")
-            if not np.array_equal(seq, np.arange(n)) or not cols.valid("seq").all():
+            got = cols.extract(["seq", "record_hash", "prev_hash", "prev_message_sha256", "canonical"])
+            _, seq, seq_valid = got["seq"]
+            if not np.array_equal(seq, np.arange(n)) or not seq_valid.all():
                 return None
-            rh = cols.fixed("record_hash", 64)
-            ph = cols.fixed("prev_hash", 64)
-            pm = cols.fixed("prev_message_sha256", 64)
-            c_start, c_len = cols.string_spans("canonical")
+            rh, ph, pm = cols.hex64(got["record_hash"], got["prev_hash"], got["prev_message_sha256"])
+            _, c_start, c_len, c_valid = got["canonical"]
         except (ValueError, IndexError):
             return None
         if n == 0:
             return 0, [], _keys_empty()
         view = memoryview(buf)
-        sha = hashlib.sha256
-        starts = cols.starts.tolist()
-        ends = [*starts[1:], size]
-        canon_hex = "".join([sha(view[a : a + b]).hexdigest() for a, b in zip(c_start.tolist(), c_len.tolist(),
-                                                                              strict=True)])
-        msg_hex = "".join([sha(view[a:b]).hexdigest() for a, b in zip(starts, ends, strict=True)])
-        canon = np.frombuffer(canon_hex.encode(), dtype=np.uint8).reshape(n, 64)
-        msgs = np.frombuffer(msg_hex.encode(), dtype=np.uint8).reshape(n, 64)
-        genesis = np.frombuffer(GENESIS.encode(), dtype=np.uint8)
-        first_msg = np.frombuffer(sha(schema_message()).hexdigest().encode(), dtype=np.uint8)
+        starts = cols.starts
+        ends = np.append(starts[1:], size)
+        digests = _hex_digests(view, np.concatenate([c_start, starts]), np.concatenate([c_start + c_len, ends]))
+        if len(digests) != 2 * n * 64:
+            return None
+        words = np.frombuffer(digests, dtype="<i8").reshape(2 * n, 8)
+        canon, msgs = words[:n], words[n:]
+        genesis = np.frombuffer(GENESIS.encode(), dtype="<i8")
+        first_msg = np.frombuffer(hashlib.sha256(schema_message()).hexdigest().encode(), dtype="<i8")
         chain_ok = (
-            np.array_equal(canon, rh)
+            bool(c_valid.all())
+            and np.array_equal(canon, rh)
             and np.array_equal(ph[0], genesis)
             and np.array_equal(ph[1:], rh[:-1])
             and np.array_equal(pm[0], first_msg)
@@ -464,17 +499,15 @@ class Ledger:
         if not chain_ok:
             return None
         # the last message is pinned by no later digest: it must be the canonical serialization of its record
-        last_raw = view[starts[-1] : size]
+        last_raw = view[int(starts[-1]) : size]
         try:
-            last = LedgerRecord.model_validate(
-                {**json.loads(bytes(view[c_start[-1] : c_start[-1] + c_len[-1]])), "record_hash": rh[-1].tobytes().decode()}
-            )
+            canonical = bytes(view[int(c_start[-1]) : int(c_start[-1] + c_len[-1])])
+            last = LedgerRecord.model_validate({**json.loads(canonical), "record_hash": rh[-1].tobytes().decode()})
         except (ValueError, ValidationError):
             return None
         if record_message(last) != last_raw:
             return None
-        keys = pa.table({"seq": pa.array(np.arange(n)), "run_id": cols.arrow("run_id"),
-                         "package": cols.arrow("package"), "status": cols.arrow("status")})
+        keys = pa.table({"seq": pa.array(np.arange(n)), **cols.arrows(["run_id", "package", "status"])})
         return n, _hashes(rh), keys
 
     def _verify_slow(self, buf: Any, size: int) -> tuple[dict[str, Any], list[bytes], pa.Table]:
@@ -497,7 +530,7 @@ class Ledger:
             raw = bytes(buf[start:end])
             try:
                 row = _decode(raw)
-            except (pa.ArrowException, OSError, ValueError):
+            except _UNPARSEABLE:
                 flag(i, f"the message at offset {start} does not decode as a ledger record")
                 prev_hash, prev_message = "", hashlib.sha256(raw).hexdigest()
                 continue
@@ -513,10 +546,12 @@ class Ledger:
                 flag(i, "the columns differ from the record's canonical JSON")
             if hashlib.sha256(str(canonical).encode()).hexdigest() != row.get("record_hash"):
                 flag(i, "record_hash is not the SHA256 of the canonical JSON")
+            in_place = row.get("seq") == i and row.get("prev_hash") == prev_hash
             if row.get("prev_hash") != prev_hash:
                 flag(i, "prev_hash does not chain to the previous record")
-            if row.get("prev_message_sha256") != prev_message:
-                flag(max(i - 1, 0), "the previous message's bytes differ from what was appended")
+            if row.get("prev_message_sha256") != prev_message and in_place:
+                # this record sits where it was appended, so the bytes before it were altered
+                flag(max(i - 1, 0), f"message bytes differ from what was appended (digest in record {i})")
             if i == len(scan.spans) - 1 and record is not None and record_message(record) != raw:
                 flag(i, "the last message's bytes are not its record's serialization")
             prev_hash = str(row.get("record_hash"))
@@ -535,17 +570,17 @@ class Ledger:
             "ok": not problems, "size": n, "problems": [problems[k] for k in order],
             "first_bad_seq": min(bad) if bad else None, "torn_at": torn_at,
         }
-        keys = pa.table({
-            "seq": pa.array([r[0] for r in rows], pa.int64()), "run_id": pa.array([r[1] for r in rows], pa.string()),
-            "package": pa.array([r[2] for r in rows], pa.string()), "status": pa.array([r[3] for r in rows], pa.string()),
-        })
+        names = ["seq", "run_id", "package", "status"]
+        keys = pa.table([pa.array([r[k] for r in rows], pa.int64() if k == 0 else pa.string()) for k in range(4)],
+                        names=names)
         return report, hashes, keys
 
     def _record_hashes(self) -> list[bytes]:
         with self._mapped() as (buf, size):
             cols = self._columns(buf, size) if size else None
             if cols is not None:
-                return _hashes(cols.fixed("record_hash", 64))
+                with contextlib.suppress(ValueError):
+                    return _hashes(cols.hex64(cols.extract(["record_hash"])["record_hash"])[0])
             return [bytes.fromhex(str(_decode_or_fail(buf, s, e, i)["record_hash"]))
                     for i, (s, e) in enumerate(_scan(buf, size).spans)]
 
@@ -620,10 +655,44 @@ def _complete_message_after(buf: Any, start: int, size: int) -> int | None:
             try:
                 _decode(buf[at : at + n])
                 return at
-            except (pa.ArrowException, OSError, ValueError):
+            except _UNPARSEABLE:
                 pass
         pos = bytes(buf[start:size]).find(marker, pos + 1)
     return None
+
+
+def _hex_digests(view: memoryview, starts: np.ndarray, ends: np.ndarray) -> bytes:
+    """Concatenated hex SHA256 of view[start:end] for each span; half of them in a forked child on 2+ cores."""
+    a, b = starts.tolist(), ends.tolist()
+    n = len(a)
+
+    def run(lo: int, hi: int) -> bytes:
+        sha = hashlib.sha256
+        return "".join([sha(view[x:y]).hexdigest() for x, y in zip(a[lo:hi], b[lo:hi], strict=True)]).encode()
+
+    if n < 20_000 or (os.cpu_count() or 1) < 2:
+        return run(0, n)
+    mid = n // 2
+    r, w = os.pipe()
+    pid = os.fork()  # the child only hashes the shared read-only map: no locks of other threads are needed
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            data = run(mid, n)
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    first = run(0, mid)
+    with os.fdopen(r, "rb") as reader:
+        second = reader.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or len(second) != (n - mid) * 64:
+        second = run(mid, n)  # the child failed: do its half here
+    return first + second
 
 
 def _hashes(hex_rows: np.ndarray) -> list[bytes]:
@@ -635,7 +704,7 @@ def _hashes(hex_rows: np.ndarray) -> list[bytes]:
 def _decode_or_fail(buf: Any, start: int, end: int, seq: int) -> dict[str, Any]:
     try:
         return _decode(buf[start:end])
-    except (pa.ArrowException, OSError, ValueError) as err:
+    except _UNPARSEABLE as err:
         raise FailedError(f"ledger record {seq} does not decode ({err}); run `orch ledger verify`") from err
 
 

@@ -159,5 +159,57 @@ def launch(
         _echo_json(result.as_json())
 
 
+ByOpt = Annotated[str, typer.Option("--by", help="group by run|arm|kind|day|protocol")]
+SinceOpt = Annotated[str | None, typer.Option("--since", help="only records started at or after DATE (UTC)")]
+FormatOpt = Annotated[str, typer.Option("--format", help="table|json|csv")]
+
+
+@ledger_app.callback(invoke_without_command=True)
+def ledger_main(
+    ctx: typer.Context, home: HomeOpt = None, by: ByOpt = "kind", since: SinceOpt = None, fmt: FormatOpt = "table",
+) -> None:
+    """GPU-seconds accounting (the summary) when no subcommand is given."""
+    if ctx.invoked_subcommand is None:
+        from ledger.commands import summary_command
+
+        _call(lambda: summary_command(home, by, since, fmt))
+
+
+@ledger_app.command("summary")
+def ledger_summary(home: HomeOpt = None, by: ByOpt = "kind", since: SinceOpt = None, fmt: FormatOpt = "table") -> None:
+    """GPU-seconds, wall seconds, lock wait, package counts and failures per group."""
+    from ledger.commands import summary_command
+
+    _call(lambda: summary_command(home, by, since, fmt))
+
+
+@ledger_app.command("verify")
+def ledger_verify(
+    home: HomeOpt = None,
+    against: Annotated[str | None, typer.Option("--against", help="a published head SIZE:ROOT")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hash chain, schema and every byte; with --against, an RFC 6962 proof that the ledger only grew."""
+    from ledger.commands import verify_command
+
+    _call(lambda: verify_command(home, against, as_json))
+
+
+@ledger_app.command("head")
+def ledger_head(home: HomeOpt = None, as_json: JsonOpt = False) -> None:
+    """The RFC 6962 tree head SIZE:ROOT over the record hashes."""
+    from ledger.commands import head_command
+
+    _call(lambda: head_command(home, as_json))
+
+
+@ledger_app.command("repair")
+def ledger_repair(home: HomeOpt = None) -> None:
+    """Move a torn tail aside into a file next to the ledger (never deleted)."""
+    from ledger.commands import repair_command
+
+    _call(lambda: repair_command(home))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,88 @@
+"""RFC 6962 Merkle tree heads and consistency proofs against published vectors and an RFC-text reference."""
+
+from __future__ import annotations
+
+import hashlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger import merkle
+
+# RFC 6962 test leaves and roots as published with certificate-transparency / trillian
+LEAVES = [bytes.fromhex(x) for x in ["", "00", "10", "2021", "3031", "40414243", "5051525354555657",
+                                     "606162636465666768696a6b6c6d6e6f"]]
+ROOTS = [
+    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d",
+    "fac54203e7cc696cf0dfcb42c92a1d9dbaf70ad9e621f4bd8d98662f00e3c125",
+    "aeb6bcfe274b70a14fb067a5e5578264db0fa9b51af5e0ba159158f329e06e77",
+    "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7",
+    "4e3bbb1f7b478dcfe71fb631631519a3bca12c9aefca1612bfce4c13a86264d4",
+    "76e67dadbcdf1e10e1b74ddc608abd2f98dfb16fbce75277b5232a127f2087ef",
+    "ddb89be403809e325750d3d263cd78929c2942b7942a34b77e122c9594a74c8c",
+    "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328",
+]
+CONSISTENCY = {  # (old size, new size) -> published proof
+    (1, 1): [],
+    (1, 8): ["96a296d224f285c67bee93c30f8a309157f0daa35dc5b87e410b78630a09cfc7",
+             "5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
+             "6b47aaf29ee3c2af9af889bc1fb9254dabd31177f16232dd6aab035ca39bf6e4"],
+    (6, 8): ["0ebc5d3437fbe2db158b9f126a1d118e308181031d0a949f8dededebc558ef6a",
+             "ca854ea128ed050b41b35ffc1b87b8eb2bde461e9e3b5596ece6b9d5975a0ae0",
+             "d37ee418976dd95753c1c73862b9398fa2a2cf9b4ff0fdfe8b30cd95209614b7"],
+    (2, 5): ["5f083f0a1a33ca076a95279832580db3e0ef4584bdff1f54c8a360f50de3031e",
+             "bc1a0643b12e4d2d7c77918f44e0f4f79a838b6cf9ec5b5c283e1f4d88599e6b"],
+}
+
+
+def ref_mth(data: list[bytes]) -> bytes:
+    """MTH exactly as RFC 6962 section 2.1 writes it, recursively over the raw entries."""
+    n = len(data)
+    if n == 0:
+        return hashlib.sha256(b"").digest()
+    if n == 1:
+        return hashlib.sha256(b"\x00" + data[0]).digest()
+    k = 1
+    while k * 2 < n:
+        k *= 2
+    return hashlib.sha256(b"\x01" + ref_mth(data[:k]) + ref_mth(data[k:])).digest()
+
+
+def test_published_roots_and_reference_agree() -> None:
+    hashed = [merkle.leaf_hash(x) for x in LEAVES]
+    for n, want in enumerate(ROOTS):
+        assert merkle.root(hashed[:n]).hex() == want
+        assert ref_mth(LEAVES[:n]).hex() == want
+
+
+def test_published_consistency_proofs() -> None:
+    hashed = [merkle.leaf_hash(x) for x in LEAVES]
+    for (m, n), proof in CONSISTENCY.items():
+        got = merkle.consistency_proof(hashed[:n], m)
+        assert [p.hex() for p in got] == proof
+        old, new = bytes.fromhex(ROOTS[m]), bytes.fromhex(ROOTS[n])
+        assert merkle.verify_consistency(m, n, old, new, got)
+        assert not merkle.verify_consistency(m, n, new, old, got) or m == n  # swapped roots
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 70), data=st.data())
+def test_consistency_proofs_verify_and_tampering_fails(n: int, data: st.DataObject) -> None:
+    entries = [i.to_bytes(2, "big") for i in range(n)]
+    hashed = [merkle.leaf_hash(x) for x in entries]
+    m = data.draw(st.integers(1, n))
+    assert merkle.root(hashed).hex() == ref_mth(entries).hex()
+    old, new = ref_mth(entries[:m]), ref_mth(entries)
+    proof = merkle.consistency_proof(hashed, m)
+    assert merkle.verify_consistency(m, n, old, new, proof)
+    if proof:
+        i = data.draw(st.integers(0, len(proof) - 1))
+        bad = list(proof)
+        bad[i] = bytes([bad[i][0] ^ 0x10]) + bad[i][1:]
+        assert not merkle.verify_consistency(m, n, old, new, bad)
+        assert not merkle.verify_consistency(m, n, old, new, proof[:-1])
+        assert not merkle.verify_consistency(m, n, old, new, [*proof, new])
+        assert not merkle.verify_consistency(m + 1 if m < n else m - 1, n, old, new, proof)
+    other = bytes([old[0] ^ 1]) + old[1:]
+    assert not merkle.verify_consistency(m, n, other, new, proof) or m == 0
