@@ -296,8 +296,10 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
             continue
         sealed = ev.run_dir / "sealed" / arm
         try:
+            # the seal covers the whole copy; the commitment covers the protocol's included sources
             manifest = load_manifest(ev.run_dir / "sealed" / f"{arm}.manifest.json")
             actual = hash_tree(sealed, manifest.include)
+            sources = hash_tree(sealed, list(ev.protocol.sources.include))
         except OrchError as err:
             problems.append(f"seal of {arm}: {err.message}")
             continue
@@ -305,13 +307,13 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
             diff = diff_manifests(manifest, actual)
             problems.append(f"seal of {arm}: sealed/{arm}/ no longer matches its manifest: {diff.summary()}")
         if info.get("sealed_root") != manifest.root:
-            problems.append(f"seal of {arm}: manifest root is not run.json's sealed_root")
-        if info.get("sources_root") not in (None, manifest.root):
-            problems.append(f"seal of {arm}: the sealed copy is not the verified sources (sources_root)")
+            problems.append(f"seal of {arm}: sealed/{arm}.manifest.json is not the seal recorded in run.json")
+        if info.get("sources_root") != sources.root:
+            problems.append(f"seal of {arm}: the sealed sources do not hash to run.json's sources_root")
         under_evaluation = getattr(ev.protocol.arms, arm).under_evaluation
-        if info.get("commitment_root") != manifest.root and not under_evaluation:
+        if info.get("commitment_root") != sources.root and not under_evaluation:
             problems.append(
-                f"seal of {arm}: sealed root {manifest.root[:16]} is not the commitment root "
+                f"seal of {arm}: sealed sources {sources.root[:16]} are not the commitment "
                 f"{str(info.get('commitment_root'))[:16]} and the arm is not declared under evaluation"
             )
     declared = {p.get("name"): p for p in ev.run.get("packages", []) if isinstance(p, dict)}
@@ -463,10 +465,8 @@ def _attribution_doc(ev: RunEvidence) -> dict[str, Any]:
         for k in sorted(set(b_cf) | set(c_cf))
         if b_cf.get(k) != c_cf.get(k)
     }
-    # what ran is the sealed copy: compare its roots (equal to the commitments unless under evaluation)
-    sources_differ = (b.get("sealed_root") or b.get("commitment_root")) != (
-        c.get("sealed_root") or c.get("commitment_root")
-    )
+    # what ran are the sealed sources (equal to the commitments unless under evaluation)
+    sources_differ = b.get("sources_root") != c.get("sources_root")
     if config:
         label = "includes external configuration change: " + ", ".join(config)
     else:
@@ -479,6 +479,7 @@ def _attribution_doc(ev: RunEvidence) -> dict[str, Any]:
         "training_code_only": not config,
         "differs": differs,
         "commitment_roots": {arm: arms[arm].get("commitment_root") for arm in ARMS},
+        "sources_roots": {arm: arms[arm].get("sources_root") for arm in ARMS},
         "sealed_roots": {arm: arms[arm].get("sealed_root") for arm in ARMS},
         "sources_differ": sources_differ,
         "switches": switches,

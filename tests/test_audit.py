@@ -155,12 +155,14 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
         tree = run_dir / "sealed" / arm
         (tree / "train").mkdir(parents=True)
         (tree / "train" / "online_rl.py").write_text(f"# trainer of the {arm}\n")
-        manifest = hash_tree(tree, ["train/**/*.py"])
+        (tree / "README.md").write_text("not a runtime source\n")
+        manifest = hash_tree(tree, ["**"])  # the seal covers the whole copy, the commitment the sources
+        sources = hash_tree(tree, ["train/**/*.py"])
         (run_dir / "sealed" / f"{arm}.manifest.json").write_text(manifest.to_json())
         arms[arm] = {
             "commitment": f"manifests/{arm}.json",
-            "commitment_root": manifest.root,
-            "sources_root": manifest.root,
+            "commitment_root": sources.root,
+            "sources_root": sources.root,
             "sealed_root": manifest.root,
             "switches": spec.candidate_switches if arm == "candidate" else {},
             "config": spec.candidate_config if arm == "candidate" else {},
@@ -438,7 +440,11 @@ def test_configuration_change_is_named_not_training_code_only(tmp_path: Path) ->
     [
         (
             lambda d: (d / "sealed" / "candidate" / "train" / "online_rl.py").write_text("# edited\n"),
-            "seal of candidate",
+            "seal of candidate: sealed/candidate/ no longer matches its manifest: 1 changed (train/online_rl.py)",
+        ),
+        (
+            lambda d: (d / "sealed" / "baseline" / "README.md").write_text("# edited\n"),
+            "seal of baseline: sealed/baseline/ no longer matches its manifest: 1 changed (README.md)",
         ),
         (
             lambda d: (d / "packages" / "reload-A" / "result.json").write_text(
@@ -446,7 +452,12 @@ def test_configuration_change_is_named_not_training_code_only(tmp_path: Path) ->
             ),
             "packages/reload-A/result.json: sha256 is not the ledger's result digest",
         ),
-        (lambda d: (d / "packages" / "train-C" / "steps.rank1.jsonl").write_text(""), "train-C/steps.rank1.jsonl"),
+        (
+            lambda d: (d / "packages" / "train-C" / "steps.rank1.jsonl").write_text(
+                (d / "packages" / "train-C" / "steps.rank1.jsonl").read_text() + "\n"
+            ),
+            "packages/train-C/steps.rank1.jsonl: sha256 is not the one train-C reported",
+        ),
     ],
 )
 def test_altered_evidence_is_not_audited(tmp_path: Path, tamper: Callable[[Path], Any], expected: str) -> None:
