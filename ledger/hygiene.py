@@ -215,7 +215,7 @@ def scan_text(display: str, text: str, host_names: Sequence[str]) -> list[Findin
 
 
 def _reward_lines(display: str, lines: Sequence[str]) -> list[Finding]:
-    """JSON lines with a per-sample reward field, or a table with a reward column, are reward traces."""
+    """JSON lines with a reward field, or a table with a reward column, are reward traces."""
     first = 0
     count = 0
     for number, line in enumerate(lines, start=1):
@@ -230,7 +230,9 @@ def _reward_lines(display: str, lines: Sequence[str]) -> list[Finding]:
             count += 1
             first = first or number
     if count >= REWARD_MIN_LINES:
-        return [Finding(display, first, "reward-trace", f"{count} JSON lines with a per-sample reward field")]
+        return [
+            Finding(display, first, "reward-trace", f"{count} JSON lines with a reward field (per sample or per step)")
+        ]
     if lines and display.lower().endswith((".csv", ".tsv")):
         header = [c.strip().lower() for c in re.split(r"[,\t]", lines[0])]
         if any("reward" in c for c in header) and len(lines) > REWARD_MIN_LINES:
