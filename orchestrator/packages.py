@@ -74,6 +74,9 @@ def package_env(
     # orch's own root first, so `-m workers.<kind>` resolves from the sealed cwd; then what orch itself runs with
     inherited = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(ORCH_ROOT), *inherited])
+    # `python` in a protocol command is the interpreter that runs orch (its venv), whatever PATH says first
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if p]
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), *path])
     env["ORCH_RUN_ID"] = run_id
     return env
 

@@ -21,8 +21,8 @@ _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
 class SealedArm:
     arm: str
     path: Path
-    manifest: Manifest  # every file of the sealed copy
-    sources_root: str  # root digest of the included sources (equals the commitment's when verified)
+    manifest: Manifest  # every file of the sealed copy (what is re-hashed after each package)
+    sources: Manifest  # the included sources (root equals the commitment's when verified)
 
 
 def _make_read_only(root: Path) -> None:
@@ -49,7 +49,7 @@ def seal_arm(arm: str, source_dir: Path, include: list[str], expected_root: str,
         )
     manifest = hash_tree(dest, ["**"])
     _make_read_only(dest)
-    return SealedArm(arm=arm, path=dest, manifest=manifest, sources_root=included.root)
+    return SealedArm(arm=arm, path=dest, manifest=manifest, sources=included)
 
 
 def check_seal(sealed: SealedArm) -> None:

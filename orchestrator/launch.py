@@ -1,0 +1,422 @@
+"""`orch launch`: load -> verify -> fingerprint -> lock -> seal -> run packages -> ledger -> audit.
+
+Stop on first failure; every package gets an open and a close ledger record, packages never reached `not-run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ledger.store import Ledger, host_hash
+from manifests.core import diff_manifests, hash_tree, load_manifest
+from manifests.sources import arm_source_dir
+from orchestrator import gpu_lock
+from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
+from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, sha256_file
+from orchestrator.progress import Progress
+from orchestrator.sealing import SealedArm, check_seal, seal_arm, unseal_for_removal
+from protocol.errors import FailedError, InterruptedRunError, RefusedError
+from protocol.home import Home, resolve_home
+from protocol.package import CommandSpec, PackageSpec, ScoreTarget
+from protocol.results import TrainResult
+from protocol.schema import Arm, LoadedProtocol, canonical_json, load_protocol
+
+RUN_SCHEMA = "orch.run/1"
+ARM_OF_LABEL = {"A": "baseline", "C": "candidate", "B": "baseline"}
+
+
+@dataclass(frozen=True)
+class PlannedPackage:
+    name: str
+    kind: str
+    arm_label: str | None = None
+
+    @property
+    def arm(self) -> str | None:
+        return ARM_OF_LABEL[self.arm_label] if self.arm_label else None
+
+
+PLAN = (
+    PlannedPackage("checks", "checks"),
+    PlannedPackage("train-A", "train", "A"),
+    PlannedPackage("reload-A", "reload", "A"),
+    PlannedPackage("train-C", "train", "C"),
+    PlannedPackage("reload-C", "reload", "C"),
+    PlannedPackage("train-B", "train", "B"),
+    PlannedPackage("reload-B", "reload", "B"),
+    PlannedPackage("score", "score"),
+)
+
+
+@dataclass
+class VerifiedArm:
+    name: str
+    spec: Arm
+    source_dir: Path
+    commitment_root: str
+    sources_root: str
+    note: str | None = None
+
+
+@dataclass
+class LaunchResult:
+    run_id: str
+    run_dir: Path
+    status: str  # complete | failed | interrupted
+    packages: dict[str, str]
+    audit: dict[str, Any] | None = None
+    messages: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "run_dir": str(self.run_dir),
+            "packages": self.packages,
+            "verdict": None if self.audit is None else self.audit.get("verdict"),
+        }
+
+
+def new_run_id(protocol_id: str) -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{protocol_id[:8]}-{secrets.token_hex(2)}"
+
+
+def verify_arms(loaded: LoadedProtocol, workdir: Path, say: Callable[[str], None]) -> dict[str, VerifiedArm]:
+    """Hash each arm's sources and compare with its commitment (exit 3 with the diff when they differ)."""
+    include = list(loaded.protocol.sources.include)
+    out: dict[str, VerifiedArm] = {}
+    for name in ("baseline", "candidate"):
+        arm: Arm = getattr(loaded.protocol.arms, name)
+        commitment_path = loaded.resolve(arm.commitment)
+        commitment = load_manifest(commitment_path)
+        src = arm_source_dir(loaded, arm, workdir / name)
+        actual = hash_tree(src, include)
+        diff = diff_manifests(commitment, actual)
+        note = None
+        if not diff.equal:
+            if not (name == "candidate" and arm.under_evaluation):
+                raise RefusedError(
+                    f"{name} sources differ from {arm.commitment}: {diff.summary()}; "
+                    "run `orch freeze` if this is a new candidate (and declare it under_evaluation)"
+                )
+            note = f"candidate under evaluation differs from {arm.commitment}: {diff.summary()}"
+            say(note)
+        out[name] = VerifiedArm(name, arm, src, commitment.root, actual.root, note)
+    return out
+
+
+def _substitute(argv: list[str], values: dict[str, str]) -> list[str]:
+    out = []
+    for a in argv:
+        for key, value in values.items():
+            a = a.replace("{" + key + "}", value)
+        out.append(a)
+    return out
+
+
+def _arm_args(loaded: LoadedProtocol, arm: Arm) -> list[str]:
+    extra = [x for key, value in sorted(arm.config.items()) for x in (f"--{key}", value)]
+    return [*loaded.protocol.launcher.args, *extra]
+
+
+@dataclass
+class RunContext:
+    loaded: LoadedProtocol
+    home: Home
+    run_id: str
+    run_dir: Path
+    scratch: Path
+    ledger: Ledger
+    host: dict[str, Any]
+    arms: dict[str, VerifiedArm]
+    sealed: dict[str, SealedArm] = field(default_factory=dict)
+    grant: gpu_lock.Grant | None = None
+    doc: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        return len(self.grant.devices) if self.grant is not None and self.grant.kind == "gpu" else 0
+
+    def write_run_json(self) -> None:
+        tmp = self.run_dir / ".run.json.tmp"
+        tmp.write_text(json.dumps(self.doc, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.run_dir / "run.json")
+
+    def record(self, pkg: PlannedPackage, status: str, **fields: Any) -> None:
+        arm = pkg.arm
+        sources_root = self.arms[arm].sources_root if arm else None
+        self.ledger.append(
+            run_id=self.run_id, package=pkg.name, kind=pkg.kind, arm=arm, status=status,
+            gpus=self.gpus, host=self.host["host_hash"], protocol_id=self.loaded.id, sources_root=sources_root,
+            lock_wait_s=None if self.grant is None else round(self.grant.wait_s, 6), **fields,
+        )
+
+
+def _spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> PackageSpec:
+    p = ctx.loaded.protocol
+    pkg_dir = ctx.run_dir / "packages" / pkg.name
+    values = {"scratch": str(ctx.scratch), "init": str(ctx.scratch / "init.safetensors"), "package_dir": str(pkg_dir)}
+    common: dict[str, Any] = {
+        "run_id": ctx.run_id, "name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
+        "package_dir": str(pkg_dir), "scratch_dir": str(ctx.scratch), "result_path": str(pkg_dir / "result.json"),
+        "device": p.launcher.device, "precision": p.precision, "nproc": p.launcher.nproc,
+        "backend": p.launcher.backend, "steps": p.measurement.steps, "warmup": p.measurement.warmup,
+        "digest_first": p.measurement.digest_first, "digest_last": p.measurement.digest_last,
+    }
+    inputs = {"init": init_digest} if init_digest else {}
+    if pkg.kind == "checks":
+        def cmd(d: Any) -> CommandSpec:
+            return CommandSpec(name=d.name, argv=_substitute(list(d.command), values), expect_sha256=d.expect_sha256)
+
+        return PackageSpec(
+            **common, sealed_dir=str(ctx.sealed["baseline"].path),
+            prepare=[cmd(d) for d in p.checks.prepare], diagnostics=[cmd(d) for d in p.checks.diagnostics],
+            static_graph=None if p.checks.static_graph is None else cmd(p.checks.static_graph),
+        )
+    if pkg.kind == "score":
+        targets = []
+        for label in ("A", "C"):
+            arm = ARM_OF_LABEL[label]
+            ckpt = ctx.scratch / "ckpt" / label
+            argv = _substitute(list(p.scorer.command), values)  # {ckpt} and {out} are the score worker's to fill
+            targets.append(ScoreTarget(arm_label=label, sealed_dir=str(ctx.sealed[arm].path), ckpt_dir=str(ckpt),
+                                       argv=argv + _arm_args_config(ctx.loaded, arm)))
+        return PackageSpec(**common, sealed_dir=str(ctx.sealed["baseline"].path), inputs=inputs,
+                           score_targets=targets, sealed_metrics_path=str(ctx.run_dir / "score.sealed.json"))
+    assert pkg.arm is not None and pkg.arm_label is not None
+    arm_spec: Arm = getattr(p.arms, pkg.arm)
+    ckpt_dir = ctx.scratch / "ckpt" / pkg.arm_label
+    if pkg.kind == "reload":
+        train_result = ctx.run_dir / "packages" / f"train-{pkg.arm_label}" / "result.json"
+        inputs = {**inputs, "train_result": sha256_file(train_result)}
+    return PackageSpec(
+        **common, sealed_dir=str(ctx.sealed[pkg.arm].path), ckpt_dir=str(ckpt_dir), script=p.launcher.script,
+        args=_substitute(_arm_args(ctx.loaded, arm_spec), values), inputs=inputs,
+    )
+
+
+def _arm_args_config(loaded: LoadedProtocol, arm: str) -> list[str]:
+    spec: Arm = getattr(loaded.protocol.arms, arm)
+    return [x for key, value in sorted(spec.config.items()) for x in (f"--{key}", value)]
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM to orch behaves like Ctrl-C: the current package is stopped and recorded as interrupted."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _peaks(result: Any) -> dict[str, int | None]:
+    if not isinstance(result, TrainResult):
+        return {"peak_allocated": None, "peak_reserved": None}
+    alloc = [r.peak_allocated for r in result.ranks if r.peak_allocated is not None]
+    res = [r.peak_reserved for r in result.ranks if r.peak_reserved is not None]
+    return {"peak_allocated": max(alloc) if alloc else None, "peak_reserved": max(res) if res else None}
+
+
+def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
+    """Run the plan; returns (run status, package -> status). Raises KeyboardInterrupt after recording it."""
+    statuses = {pkg.name: "not-run" for pkg in PLAN}
+    init_digest: str | None = None
+    failed_at: int | None = None
+    interrupted = False
+    for index, pkg in enumerate(PLAN):
+        spec = _spec(ctx, pkg, init_digest)
+        arm_spec: Arm | None = getattr(ctx.loaded.protocol.arms, pkg.arm) if pkg.arm else None
+        assert ctx.grant is not None
+        env = package_env(os.environ, ctx.grant.env({}), ctx.loaded.protocol.launcher.env,
+                          arm_spec.switches if arm_spec else {}, ctx.run_id)
+        ctx.record(pkg, "open", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        entry: dict[str, Any] = {"name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
+                 "env": env_summary(env), "status": "running"}
+        ctx.doc["packages"].append(entry)
+        ctx.write_run_json()
+        progress.start(pkg.name, pkg.kind, ctx.loaded.protocol.measurement.steps if pkg.kind == "train" else None)
+        pkg_dir = Path(spec.package_dir)
+        timeout = float(getattr(ctx.loaded.protocol.timeouts, pkg.kind))
+
+        def tick(elapsed: float, pkg_dir: Path = pkg_dir) -> None:
+            progress.tick(elapsed, probe_progress(pkg_dir), ctx.gpus)
+
+        outcome: PackageOutcome = run_package(spec, env, timeout, on_tick=tick)
+        if outcome.status == "ok":
+            try:
+                for arm in ([pkg.arm] if pkg.arm else list(ctx.sealed)):
+                    check_seal(ctx.sealed[arm])
+                if init_digest is not None and pkg.kind != "score":
+                    if sha256_file(ctx.scratch / "init.safetensors") != init_digest:
+                        raise FailedError("the shared initial state changed during the run")
+            except FailedError as err:
+                outcome.status, outcome.note = "failed", err.message
+        if outcome.status == "ok" and pkg.kind == "checks":
+            init = ctx.scratch / "init.safetensors"
+            init_digest = sha256_file(init) if init.is_file() else None
+        result_digest = outcome.result_sha256
+        if pkg.kind == "score" and outcome.status == "ok":
+            result_digest = sha256_file(ctx.run_dir / "score.sealed.json")  # the ledger holds the sealed digest only
+        gpu_seconds = round(outcome.wall_s * ctx.gpus, 6)
+        ctx.record(pkg, outcome.status, started=outcome.started, ended=outcome.ended,
+                   wall_s=round(outcome.wall_s, 6), gpu_seconds=gpu_seconds, result_digest=result_digest,
+                   exit_code=outcome.exit_code, note=outcome.note, **_peaks(outcome.result))
+        entry.update(status=outcome.status, exit_code=outcome.exit_code, started=outcome.started,
+                     ended=outcome.ended, wall_s=round(outcome.wall_s, 6), gpus=ctx.gpus, gpu_seconds=gpu_seconds,
+                     result_sha256=outcome.result_sha256, note=outcome.note)
+        ctx.write_run_json()
+        statuses[pkg.name] = outcome.status
+        progress.finish(pkg.name, outcome.status, outcome.wall_s, gpu_seconds, outcome.note)
+        if outcome.status != "ok":
+            failed_at = index
+            interrupted = outcome.status == "interrupted"
+            break
+    if failed_at is not None:
+        for pkg in PLAN[failed_at + 1 :]:
+            ctx.record(pkg, "not-run", note=f"not reached: {PLAN[failed_at].name} {statuses[PLAN[failed_at].name]}")
+        if interrupted:
+            return "interrupted", statuses
+        return "failed", statuses
+    return "complete", statuses
+
+
+def launch(
+    protocol_path: Path, home_dir: Path | None = None, say: Callable[[str], None] = print,
+    lock_timeout: float | None = None, lock_dir: Path | None = None, live: bool | None = None,
+) -> LaunchResult:
+    """The whole pipeline of DESIGN.md section 3; refusals (exit 3) happen before the GPU lock is asked for."""
+    loaded = load_protocol(protocol_path)
+    home = resolve_home(home_dir)
+    for d in (home.runs, home.ledger_dir, home.scratch):
+        d.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(home.ledger_path)
+    report = ledger.verify()
+    for run_id, package in getattr(report, "orphaned", []):
+        say(f"orphaned: run {run_id} package {package} has an open ledger record and no close (a crash or kill -9)")
+    with tempfile.TemporaryDirectory(prefix="orch-verify-") as tmp:
+        arms = verify_arms(loaded, Path(tmp), say)
+        host = host_fingerprint(host_hash(home.ledger_dir))
+        previous = last_run_fingerprint(home.runs)
+        if previous is not None:
+            changes = fingerprint_changes(previous[1], host)
+            if changes:
+                say(f"host fingerprint changed since run {previous[0]} ({'; '.join(changes)}); "
+                    "this run records both baselines (A and B) fresh before anything is compared")
+        run_id = new_run_id(loaded.id)
+        run_dir = home.run_dir(run_id)
+        run_dir.mkdir(parents=True)
+        (run_dir / "protocol.json").write_bytes(canonical_json(loaded.protocol))
+        scratch = home.scratch / run_id
+        scratch.mkdir(parents=True)
+        ctx = RunContext(loaded, home, run_id, run_dir, scratch, ledger, host, arms)
+        ctx.doc = {
+            "schema": RUN_SCHEMA, "run_id": run_id, "protocol_id": loaded.id, "protocol_name": loaded.protocol.name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ended": None, "status": "running",
+            "host": host, "lock": None, "packages": [],
+            "arms": {
+                name: {"commitment": a.spec.commitment, "commitment_root": a.commitment_root,
+                       "sources_root": a.sources_root, "switches": dict(a.spec.switches), "config": dict(a.spec.config),
+                       "source": a.spec.source if a.spec.source == "tree" else {"git": a.spec.source.git},
+                       "under_evaluation": a.spec.under_evaluation, "note": a.note}
+                for name, a in arms.items()
+            },
+        }
+        ctx.write_run_json()
+        say(f"run {run_id}")
+        launcher = loaded.protocol.launcher
+        need = launcher.nproc if launcher.device == "cuda" else None
+        progress = Progress(live=live, say=say)
+        status = "failed"
+        statuses: dict[str, str] = {}
+        try:
+            with _sigterm_as_interrupt():
+                try:
+                    grant = gpu_lock.acquire(
+                        gpus=need or 1, timeout=lock_timeout, lock_dir=lock_dir, status=say,
+                        slots=None, command=f"orch launch {run_id}",
+                    ) if need else _cpu_grant(launcher.nproc, lock_timeout, lock_dir, say, run_id)
+                except BaseException:
+                    for pkg in PLAN:
+                        ctx.record(pkg, "not-run", note="GPU lock not obtained")
+                    ctx.doc.update(status="failed", ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                    ctx.write_run_json()
+                    raise
+                with grant:
+                    ctx.grant = grant
+                    ctx.doc["lock"] = {"kind": grant.kind, "devices": grant.devices, "wait_s": round(grant.wait_s, 6)}
+                    say(f"lock: {grant.kind} {','.join(map(str, grant.devices))} after {grant.wait_s:.1f} s")
+                    for name, arm in arms.items():
+                        ctx.sealed[name] = seal_arm(name, arm.source_dir, list(loaded.protocol.sources.include),
+                                                    arm.sources_root, run_dir / "sealed" / name)
+                        sealed = ctx.sealed[name]
+                        (run_dir / "sealed" / f"{name}.manifest.json").write_text(sealed.sources.to_json())
+                        (run_dir / "sealed" / f"{name}.files.json").write_text(sealed.manifest.to_json())
+                        ctx.doc["arms"][name]["sealed_root"] = sealed.sources.root
+                        ctx.doc["arms"][name]["sealed_files_root"] = sealed.manifest.root
+                    ctx.write_run_json()
+                    with progress:
+                        try:
+                            status, statuses = _run_all(ctx, progress)
+                        finally:
+                            _clean_scratch(scratch)
+        except KeyboardInterrupt:
+            status = "interrupted"
+        ctx.doc.update(status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        ctx.write_run_json()
+    result = LaunchResult(run_id, run_dir, status, statuses)
+    if status == "interrupted":
+        raise InterruptedRunError(f"run {run_id} interrupted; its packages are recorded in the ledger")
+    if status != "complete":
+        failed = next((n for n, s in statuses.items() if s not in ("ok", "not-run")), "?")
+        note = next((p.get("note") for p in ctx.doc["packages"] if p["name"] == failed), None)
+        raise FailedError(f"run {run_id}: package {failed} {statuses.get(failed)}" + (f" ({note})" if note else "")
+                          + "; later packages not run, no audit written")
+    # the evidence is complete: the audit is computed and written now, before anyone reads a quality metric
+    from ledger.audit import audit_run
+
+    audited = audit_run(home.root, run_id)
+    result.audit = audited.document
+    say(f"audit: {audited.verdict} ({run_dir / 'audit.md'})")
+    return result
+
+
+def _cpu_grant(nproc: int, timeout: float | None, lock_dir: Path | None, say: Callable[[str], None],
+               run_id: str) -> gpu_lock.Grant:
+    """CPU runs lock CPU slots (one per rank, at most the host's cores) through the same lock as GPUs."""
+    slots = gpu_lock.resolve_slots(None)
+    return gpu_lock.acquire(gpus=min(nproc, slots), timeout=timeout, lock_dir=lock_dir, status=say,
+                            probe=_NoGpus(), command=f"orch launch {run_id}")
+
+
+class _NoGpus:
+    """A device probe that sees no GPU, so that a CPU protocol locks CPU slots even on a GPU host."""
+
+    def count(self) -> int:
+        return 0
+
+    def foreign_users(self, index: int) -> list[tuple[int, int]]:
+        return []
+
+
+def _clean_scratch(scratch: Path) -> None:
+    """Checkpoints never reach evidence: the run's scratch is deleted when its packages end."""
+    if scratch.exists():
+        unseal_for_removal(scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
