@@ -365,11 +365,9 @@ def launch(
                     for name, arm in arms.items():
                         ctx.sealed[name] = seal_arm(name, arm.source_dir, list(loaded.protocol.sources.include),
                                                     arm.sources_root, run_dir / "sealed" / name)
-                        sealed = ctx.sealed[name]
-                        (run_dir / "sealed" / f"{name}.manifest.json").write_text(sealed.sources.to_json())
-                        (run_dir / "sealed" / f"{name}.files.json").write_text(sealed.manifest.to_json())
-                        ctx.doc["arms"][name]["sealed_root"] = sealed.sources.root
-                        ctx.doc["arms"][name]["sealed_files_root"] = sealed.manifest.root
+                        sealed = ctx.sealed[name]  # the seal covers every file; sources_root the included ones
+                        (run_dir / "sealed" / f"{name}.manifest.json").write_text(sealed.manifest.to_json())
+                        ctx.doc["arms"][name]["sealed_root"] = sealed.manifest.root
                     ctx.write_run_json()
                     with progress:
                         try:
