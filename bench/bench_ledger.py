@@ -52,6 +52,8 @@ def build(path: Path, n: int) -> float:
     """Write an n-record ledger without fsync, through the same seal/serialize code that append uses."""
     t0 = time.perf_counter()
     prev_hash, prev_msg = GENESIS, hashlib.sha256(schema_message()).hexdigest()
+    offsets = []  # the message offset index that append keeps beside the ledger
+    pos = len(schema_message())
     with open(path, "wb") as f:
         f.write(schema_message())
         chunk: list[bytes] = []
@@ -59,11 +61,14 @@ def build(path: Path, n: int) -> float:
             rec = seal({**fields(i), "seq": i, "prev_hash": prev_hash, "prev_message_sha256": prev_msg})
             msg = record_message(rec)
             prev_hash, prev_msg = rec.record_hash, hashlib.sha256(msg).hexdigest()
+            offsets.append(pos)
+            pos += len(msg)
             chunk.append(msg)
             if len(chunk) == 4096:
                 f.write(b"".join(chunk))
                 chunk.clear()
         f.write(b"".join(chunk))
+    Path(str(path) + ".idx").write_bytes(b"".join(o.to_bytes(8, "little") for o in offsets))
     return time.perf_counter() - t0
 
 
