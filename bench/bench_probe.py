@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_r3mini import RECIPE  # noqa: E402  (the recipe flags of the shipped protocols)
 
 STEPS, FIRST_TIMED = 16, 10
+PYPATH = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])  # keep the image's extras
 CONFIGS = ("bare", "probe, no digests", "probe, digests 0-13")
 
 
@@ -39,7 +40,7 @@ def run_once(config: str, code: Path, work: Path, device: str, nproc: int, init:
     shutil.rmtree(out, ignore_errors=True)
     log_dir = out / "trainer"
     env = {k: v for k, v in os.environ.items() if not k.startswith("R3_FUSE_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=PYPATH, PYTHONDONTWRITEBYTECODE="1")
     args = [*RECIPE, "--log_dir", str(log_dir), "--resume_from", str(init), "--device", device,
             "--precision", "bf16" if device == "cuda" else "fp32"]
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
@@ -47,7 +48,8 @@ def run_once(config: str, code: Path, work: Path, device: str, nproc: int, init:
         cmd = [*run, "train/online_rl.py", *args]
     else:
         digests = "0-13" if "digests 0-13" in config else "none"
-        cmd = [*run, "-m", "workers.probe", "--out", str(out / "probe"), "--steps", str(STEPS), "--digest-steps",
+        # one step more: the probe stops the trainer inside optimizer.step, before it logs that step's time
+        cmd = [*run, "-m", "workers.probe", "--out", str(out / "probe"), "--steps", str(STEPS + 1), "--digest-steps",
                digests, "--watch-steps", "none", "--", "train/online_rl.py", *args]
     proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -88,7 +90,7 @@ def main() -> None:
         shutil.copytree(REPO / "examples" / "r3_mini", code, ignore=shutil.ignore_patterns("__pycache__"))
         init = work / "init.safetensors"
         subprocess.run([sys.executable, "train/make_init.py", "--out", str(init), "--seed", "1"], cwd=code, check=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+                       env={**os.environ, "PYTHONPATH": PYPATH})
         per: dict[str, list[float]] = {c: [] for c in CONFIGS}
         for rep in range(args.reps):
             order = CONFIGS if rep % 2 == 0 else tuple(reversed(CONFIGS))  # alternate to cancel drift

@@ -122,7 +122,7 @@ print("ok", len(cases))
 
 def _run_kernel_check(device: str, sizes: list[int], typed: str, configs: str, interpret: bool) -> None:
     code = _KERNEL_CHECK.format(device=device, sizes=sizes, typed=typed, configs=configs)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     if interpret:
         env["TRITON_INTERPRET"] = "1"  # must be set before triton is imported: hence a fresh process
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

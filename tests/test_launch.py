@@ -52,7 +52,8 @@ def orch(*args: str, cwd: Path) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 def launch_cmd(proj: Path, protocol: Path, home: Path) -> list[str]:
@@ -189,7 +190,7 @@ def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path
     target.chmod(0o644)
     with open(target, "a") as f:
         f.write("\n# forced write\n")
-    out, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1
     assert "train/reward_func.py" in err and "sealed copy of baseline was modified" in err
     recs = [r for r in records(home) if r["run_id"] == run_dir.name and r["status"] != "open"]

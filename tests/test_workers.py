@@ -36,7 +36,7 @@ def write_spec(tmp: Path, name: str, kind: str, **fields: object) -> Path:
 
 
 def run_worker(kind: str, spec: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return subprocess.run(
         [sys.executable, "-m", f"workers.{kind}", "--spec", str(spec)], cwd=cwd, env=env, capture_output=True,
         text=True, timeout=300, check=False,
