@@ -174,6 +174,7 @@ def _spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> Pack
         "device": p.launcher.device, "precision": p.precision, "nproc": p.launcher.nproc,
         "backend": p.launcher.backend, "steps": p.measurement.steps, "warmup": p.measurement.warmup,
         "digest_first": p.measurement.digest_first, "digest_last": p.measurement.digest_last,
+        "host_controls": list(p.measurement.host_controls),
     }
     inputs = {"init": init_digest} if init_digest else {}
     if pkg.kind == "checks":

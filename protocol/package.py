@@ -53,6 +53,7 @@ class PackageSpec(_Strict):
     warmup: int = 10
     digest_first: int = 0
     digest_last: int = 13
+    host_controls: list[str] = []
     inputs: dict[str, str] = {}  # name -> sha256 of an input file (init state, checkpoint, ...)
     prepare: list[CommandSpec] = []  # checks: commands that make the shared inputs (e.g. the initial state)
     diagnostics: list[CommandSpec] = []  # checks: the protocol's diagnostic commands

@@ -71,6 +71,7 @@ class RankSummary(_Strict):
     peak_reserved: int | None = None
     checkpoint_file: str  # relative to the scratch directory
     checkpoint_sha256: str
+    host_controls: dict[str, str] = {}  # what the probe applied to this rank (same for every arm)
 
 
 class TrainResult(_Strict):

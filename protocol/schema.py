@@ -17,6 +17,8 @@ from protocol.errors import RefusedError
 from protocol.recipe import ALLOWED_PRECISIONS, UPSTREAM_RECIPE, flag_value_equal
 
 PROTOCOL_SCHEMA = "orch.protocol/1"
+HostControl = Literal["pin_cpus", "gc_at_boundaries"]
+HOST_CONTROLS: tuple[HostControl, ...] = ("pin_cpus", "gc_at_boundaries")
 
 
 class _Frozen(BaseModel):
@@ -84,6 +86,12 @@ class Measurement(_Frozen):
     drift_bound: float = Field(0.02, gt=0, lt=1)
     digest_first: int = 0
     digest_last: int = 13
+    # the same host controls for every arm, recorded with each rank's results (DESIGN.md section 5)
+    host_controls: list[HostControl] = Field(
+        default_factory=lambda: list(HOST_CONTROLS),
+        description="pin_cpus: each rank on its own block of cores; gc_at_boundaries: Python's cyclic GC runs only "
+        "between steps (probe time), never inside a timed step",
+    )
 
     @property
     def windows(self) -> list[tuple[int, int]]:

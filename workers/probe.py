@@ -89,7 +89,8 @@ def _make_watch(probe: Probe) -> Any:
 
 class Probe:
     def __init__(
-        self, out: Path, steps: int, digest_steps: set[int], watch_steps: set[int], ckpt_dir: Path | None
+        self, out: Path, steps: int, digest_steps: set[int], watch_steps: set[int], ckpt_dir: Path | None,
+        host_controls: frozenset[str] = frozenset(),
     ) -> None:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -113,6 +114,8 @@ class Probe:
         self.watching = False
         self.final_digests: dict[str, str] | None = None
         self.installed = False
+        self.host_controls = host_controls
+        self.applied_controls: dict[str, str] = {}
         out.mkdir(parents=True, exist_ok=True)
         self.steps_path = out / f"steps.rank{self.rank}.jsonl"
         self.steps_file = self.steps_path.open("w")
@@ -129,6 +132,9 @@ class Probe:
         if self.installed:
             return
         self.installed = True
+        if "gc_at_boundaries" in self.host_controls:
+            gc.disable()  # cyclic collection only at step boundaries, inside the probe's excluded time
+            self.applied_controls["gc"] = "disabled within steps; full collection at each step boundary"
         register_optimizer_step_post_hook(self._on_step)
         original = torch.nn.utils.clip_grad_norm_
 
@@ -283,6 +289,9 @@ class Probe:
                 self._watch_on()
             else:
                 self._watch_off()
+        if "gc_at_boundaries" in self.host_controls:
+            gc.collect()
+            gc.freeze()  # survivors leave the collector's view: the next boundary scans only new objects
         self.step += 1
         self.t_end = self._clock()
 
@@ -394,6 +403,7 @@ class Probe:
             "checkpoint_file": ckpt_file,
             "checkpoint_sha256": ckpt_sha,
             "other_optimizer_steps": self.other_optimizer_steps,
+            "host_controls": self.applied_controls,
         }
         path = self.out / f"probe.rank{self.rank}.json"
         path.with_suffix(".tmp").write_text(json.dumps(summary, indent=1, sort_keys=True))
@@ -484,6 +494,17 @@ def _die_with_launcher() -> None:
         os._exit(1)
 
 
+def pin_cpus() -> str:
+    """Pin this rank to its own block of the cores it may use (by LOCAL_RANK), so ranks never share a core."""
+    cpus = sorted(os.sched_getaffinity(0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    block = max(1, len(cpus) // max(1, local_world))
+    mine = cpus[(local_rank * block) % len(cpus) :][:block]
+    os.sched_setaffinity(0, mine)
+    return ",".join(map(str, mine))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _die_with_launcher()
@@ -497,7 +518,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--digest-steps", default="0-13")
     ap.add_argument("--watch-steps", default="0-9")
     ap.add_argument("--ckpt-dir", type=Path, default=None)
+    ap.add_argument("--host-controls", default="none", help="comma list: pin_cpus, gc_at_boundaries; or none")
     opts = ap.parse_args(argv[:cut])
+    controls = frozenset() if opts.host_controls == "none" else frozenset(opts.host_controls.split(","))
+    unknown = controls - {"pin_cpus", "gc_at_boundaries"}
+    if unknown:
+        sys.stderr.write(f"probe: unknown host controls {sorted(unknown)}\n")
+        return 2
     target = argv[cut + 1 :]
     module = None
     if target[:1] == ["-m"]:
@@ -506,8 +533,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("probe: no trainer given after --\n")
         return 2
     probe = Probe(
-        opts.out, opts.steps, parse_steps(opts.digest_steps), parse_steps(opts.watch_steps), opts.ckpt_dir
+        opts.out, opts.steps, parse_steps(opts.digest_steps), parse_steps(opts.watch_steps), opts.ckpt_dir, controls
     )
+    if "pin_cpus" in controls:
+        probe.applied_controls["cpus"] = pin_cpus()  # before the trainer starts its threads
     if "torch" in sys.modules:
         probe.install()
     else:

@@ -45,6 +45,7 @@ def torchrun_command(spec: PackageSpec) -> list[str]:
         "--digest-steps", f"{spec.digest_first}-{spec.digest_last}",
         "--watch-steps", watch,
         "--ckpt-dir", spec.ckpt_dir,
+        "--host-controls", ",".join(spec.host_controls) or "none",
         "--", *target, *spec.args,
     ]  # fmt: skip
 
@@ -98,6 +99,7 @@ def collect(spec: PackageSpec, stopped_cleanly: bool) -> TrainResult:
                 peak_reserved=summary.get("peak_reserved"),  # type: ignore[arg-type]
                 checkpoint_file=os.path.relpath(ckpt, spec.scratch_dir),
                 checkpoint_sha256=str(summary["checkpoint_sha256"]),
+                host_controls={str(k): str(v) for k, v in dict(summary.get("host_controls") or {}).items()},  # type: ignore[call-overload]
             )
         )
     if any(r != recipes[0] for r in recipes):
