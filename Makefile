@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini clean
+.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe clean
 
 all: test
 
@@ -36,7 +36,7 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	bash scripts/demo.sh
 
-bench: bench-freeze bench-ledger bench-digest bench-r3mini
+bench: bench-freeze bench-ledger bench-digest bench-r3mini bench-probe
 
 bench-freeze: $(STAMP)
 	$(BIN)/python bench/bench_freeze.py
@@ -49,6 +49,9 @@ bench-digest: $(STAMP)
 
 bench-r3mini: $(STAMP)
 	$(BIN)/python bench/bench_r3mini.py
+
+bench-probe: $(STAMP)
+	$(BIN)/python bench/bench_probe.py
 
 clean:
 	rm -rf $(VENV) .orch .mypy_cache .ruff_cache .pytest_cache

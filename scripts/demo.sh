@@ -4,13 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ORCH=.venv/bin/orch
-PROTOCOL=${PROTOCOL:-protocol/r3_mini.yaml}
+default=protocol/r3_mini.yaml
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then default=protocol/r3_mini_cuda1.yaml; fi
+PROTOCOL=${PROTOCOL:-$default}
 echo "== orch verify: the working tree against the published commitment"
 $ORCH verify manifests/r3_mini.json --root examples/r3_mini
 echo "== orch launch $PROTOCOL"
 run_id=$($ORCH launch "$PROTOCOL" | tail -n 1)
 echo "== orch audit $run_id"
-$ORCH audit "$run_id"
+# exit 1 with a recorded audit means a verdict other than "accepted" (e.g. noisy on a shared 2-core machine):
+# the demo shows it as recorded; any other failure stops the demo
+rc=0; $ORCH audit "$run_id" || rc=$?
+home=${ORCH_HOME:-.orch}
+if [ "$rc" -ne 0 ] && { [ "$rc" -ne 1 ] || [ ! -f "$home/runs/$run_id/audit.json" ]; }; then exit "$rc"; fi
 echo "== orch ledger (GPU-seconds by package kind)"
 $ORCH ledger summary --by kind
 $ORCH ledger verify

@@ -26,7 +26,8 @@ def run_probe(out: Path, steps: int, env: dict[str, str] | None = None, args: li
         "--digest-steps", f"0-{steps - 1}", "--watch-steps", "0-3", "--ckpt-dir", str(out / "ckpt"),
         "--", "tiny_trainer.py", *(args or []),
     ]  # fmt: skip
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]), **(env or {})}
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.run(cmd, cwd=FIXTURES, env=full_env, capture_output=True, timeout=120, check=False).returncode
 
 
