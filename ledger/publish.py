@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from ledger.audit import write_atomic
 from ledger.hygiene import scan_bytes, this_host_names
 from ledger.store import Ledger
 from protocol.errors import RefusedError, UsageError
@@ -135,12 +135,7 @@ def publish_run(home: Path | None, run_id: str, to: Path) -> Path:
     if to.exists() and to.read_bytes() != text:
         raise RefusedError(f"{to} exists with other evidence; published evidence is never rewritten: choose a new name")
     to.parent.mkdir(parents=True, exist_ok=True)
-    tmp = to.with_name(f".{to.name}.tmp{os.getpid()}")
-    with tmp.open("wb") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, to)
+    write_atomic(to, text)
     return to
 
 

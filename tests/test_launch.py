@@ -66,6 +66,15 @@ def start(proj: Path, protocol: Path, home: Path) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def start_until(proj: Path, home: Path, package: str) -> tuple[subprocess.Popen[str], Path]:
+    """Launch the shipped protocol and return once `package` has completed one step."""
+    proc = start(proj, proj / "protocol" / "r3_mini.yaml", home)
+    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 60, "the run directory")
+    run_dir = only_run(home)
+    wait_for(lambda: steps_done(run_dir, package) >= 1, 240, f"{package} to run")
+    return proc, run_dir
+
+
 def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -122,10 +131,7 @@ class _NoGpu:
 def test_complete_run_is_sealed_against_working_tree_edits_and_audited(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    proc = start(proj, proj / "protocol" / "r3_mini.yaml", home)
-    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 60, "the run directory")
-    run_dir = only_run(home)
-    wait_for(lambda: steps_done(run_dir, "train-C") >= 1, 240, "train-C to run")
+    proc, run_dir = start_until(proj, home, "train-C")
     # an edit of the working tree while train-C runs must not reach the run
     edited = proj / "examples" / "r3_mini" / "train" / "train_utils.py"
     edited.write_text(edited.read_text() + "\nEDITED_DURING_RUN = True\n")
@@ -182,10 +188,7 @@ def test_failing_package_stops_the_run_and_leaves_no_audit(tmp_path: Path) -> No
 def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    proc = start(proj, proj / "protocol" / "r3_mini.yaml", home)
-    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 60, "the run directory")
-    run_dir = only_run(home)
-    wait_for(lambda: steps_done(run_dir, "train-A") >= 1, 240, "train-A to run")
+    proc, run_dir = start_until(proj, home, "train-A")
     target = run_dir / "sealed" / "baseline" / "train" / "reward_func.py"
     target.chmod(0o644)
     with open(target, "a") as f:
@@ -202,10 +205,7 @@ def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path
 def test_kill_9_of_orch_leaves_no_process_and_frees_the_lock(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    proc = start(proj, proj / "protocol" / "r3_mini.yaml", home)
-    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 60, "the run directory")
-    run_dir = only_run(home)
-    wait_for(lambda: steps_done(run_dir, "train-A") >= 1, 240, "train-A to run")
+    proc, run_dir = start_until(proj, home, "train-A")
     assert len(run_processes(run_dir.name)) >= 3  # worker, torchrun, ranks
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -220,10 +220,7 @@ def test_kill_9_of_orch_leaves_no_process_and_frees_the_lock(tmp_path: Path) -> 
 def test_ctrl_c_records_interrupted_and_exits_130(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    proc = start(proj, proj / "protocol" / "r3_mini.yaml", home)
-    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 60, "the run directory")
-    run_dir = only_run(home)
-    wait_for(lambda: steps_done(run_dir, "train-A") >= 1, 240, "train-A to run")
+    proc, run_dir = start_until(proj, home, "train-A")
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 130

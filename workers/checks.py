@@ -4,7 +4,6 @@ diagnostic against its recorded digest, and the precision policy. Usage: python 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import platform
 import shutil
@@ -13,7 +12,7 @@ import sys
 
 from protocol.package import CommandSpec, PackageSpec
 from protocol.results import ChecksResult, Diagnostic
-from workers.common import WorkerFailed, fail, load_spec, write_json
+from workers.common import fail, run_entry_point
 
 ALLOWED_PRECISION = ("fp32", "bf16")
 
@@ -86,15 +85,7 @@ def run(spec: PackageSpec) -> ChecksResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workers.checks")
-    ap.add_argument("--spec", required=True)
-    opts = ap.parse_args(argv)
-    try:
-        spec = load_spec(opts.spec, "checks")
-        result = run(spec)
-    except WorkerFailed as exc:
-        fail(f"checks: {exc}")
-    write_json(spec.result_path, result)
+    spec, result = run_entry_point("checks", run, argv)
     failed = [d.name for d in [*result.prepare, *result.diagnostics] if not d.ok]
     if failed or not result.precision_ok:
         why = ", ".join(failed) if failed else result.precision_detail

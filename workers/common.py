@@ -5,16 +5,20 @@ A worker exits 0 with result.json written, or non-zero with one line on stderr s
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from protocol.package import PackageSpec
+
+R = TypeVar("R", bound=BaseModel)
 
 
 class WorkerFailed(Exception):
@@ -52,6 +56,22 @@ def write_json(path: str | Path, doc: BaseModel | dict[str, Any], mode: int | No
     if mode is not None:
         os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def run_entry_point(
+    kind: str, run: Callable[[PackageSpec], R], argv: list[str] | None
+) -> tuple[PackageSpec, R]:
+    """`python -m workers.<kind> --spec package.json`: validate the spec, run, write result.json atomically."""
+    ap = argparse.ArgumentParser(prog=f"python -m workers.{kind}")
+    ap.add_argument("--spec", required=True)
+    opts = ap.parse_args(argv)
+    try:
+        spec = load_spec(opts.spec, kind)
+        result = run(spec)
+    except WorkerFailed as exc:
+        fail(f"{kind}: {exc}")
+    write_json(spec.result_path, result)
+    return spec, result
 
 
 def fail(message: str) -> NoReturn:

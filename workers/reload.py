@@ -5,14 +5,13 @@ Usage: python -m workers.reload --spec package.json -> result.json (orch.reload/
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 from protocol.package import PackageSpec
 from protocol.results import ReloadRank, ReloadResult
-from workers.common import WorkerFailed, fail, load_spec, sha256_file, write_json
+from workers.common import WorkerFailed, run_entry_point, sha256_file
 from workers.digest import combined_digest, digest_many
 
 
@@ -68,15 +67,7 @@ def run(spec: PackageSpec) -> ReloadResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workers.reload")
-    ap.add_argument("--spec", required=True)
-    opts = ap.parse_args(argv)
-    try:
-        spec = load_spec(opts.spec, "reload")
-        result = run(spec)
-    except WorkerFailed as exc:
-        fail(f"reload: {exc}")
-    write_json(spec.result_path, result)
+    spec, result = run_entry_point("reload", run, argv)
     print(f"reload {spec.arm_label}: {len(result.ranks)} checkpoints digested, result {spec.result_path}")
     return 0
 

@@ -5,7 +5,6 @@ Only the sealed file's SHA256 leaves; no metric value is printed. Usage: python 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -15,7 +14,7 @@ from typing import Any
 
 from protocol.package import PackageSpec, ScoreTarget
 from protocol.results import ScoreResult
-from workers.common import WorkerFailed, fail, load_spec, sha256_file, write_json
+from workers.common import WorkerFailed, run_entry_point, sha256_file, write_json
 
 
 def score_target(spec: PackageSpec, target: ScoreTarget) -> dict[str, Any]:
@@ -53,15 +52,7 @@ def run(spec: PackageSpec) -> ScoreResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workers.score")
-    ap.add_argument("--spec", required=True)
-    opts = ap.parse_args(argv)
-    try:
-        spec = load_spec(opts.spec, "score")
-        result = run(spec)
-    except WorkerFailed as exc:
-        fail(f"score: {exc}")
-    write_json(spec.result_path, result)
+    _, result = run_entry_point("score", run, argv)
     print(f"score: metrics sealed, sha256 {result.sealed_sha256}")
     return 0
 

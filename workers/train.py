@@ -5,7 +5,6 @@ Usage: python -m workers.train --spec package.json  (cwd = the arm's sealed copy
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
@@ -18,7 +17,7 @@ import psutil
 
 from protocol.package import PackageSpec
 from protocol.results import ObservedRecipe, RankSummary, StepRecord, TrainResult
-from workers.common import WorkerFailed, fail, load_spec, sha256_file, write_json
+from workers.common import WorkerFailed, run_entry_point, sha256_file
 
 _PR_SET_PDEATHSIG = 1
 
@@ -145,15 +144,7 @@ def run(spec: PackageSpec) -> TrainResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workers.train")
-    ap.add_argument("--spec", required=True)
-    opts = ap.parse_args(argv)
-    try:
-        spec = load_spec(opts.spec, "train")
-        result = run(spec)
-    except WorkerFailed as exc:
-        fail(f"train: {exc}")
-    write_json(spec.result_path, result)
+    spec, _ = run_entry_point("train", run, argv)
     print(f"train {spec.arm_label}: {spec.nproc} ranks x {spec.steps} steps, result {spec.result_path}")
     return 0
 
