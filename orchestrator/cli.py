@@ -143,17 +143,25 @@ def launch(
     lock_dir: Annotated[Path | None, typer.Option("--lock-dir", help="host-wide lock directory of gpu-run")] = None,
 ) -> None:
     """Run the protocol: verified sources, one GPU lock, sealed packages, ledger, then the audit."""
+    from orchestrator.launch import LaunchResult, RunFailedError, RunInterruptedError
     from orchestrator.launch import launch as launch_run
     from orchestrator.progress import plain_say
 
-    say = plain_say
-    try:
-        result = _call(lambda: launch_run(protocol, home, say=say, lock_timeout=lock_timeout, lock_dir=lock_dir))
-    except typer.Exit as stop:
-        if json_out:
-            _echo_json({"status": "refused" if stop.exit_code == EXIT_REFUSED else "failed",
-                        "exit_code": stop.exit_code})
-        raise
+    def run() -> LaunchResult:
+        try:
+            return launch_run(protocol, home, say=plain_say, lock_timeout=lock_timeout, lock_dir=lock_dir)
+        except (RunFailedError, RunInterruptedError) as err:
+            typer.echo(err.result.run_id)
+            if json_out:
+                _echo_json(err.result.as_json())
+            raise
+        except OrchError as err:
+            if json_out:
+                _echo_json({"status": "refused" if err.exit_code == EXIT_REFUSED else "failed",
+                            "exit_code": err.exit_code, "error": err.message})
+            raise
+
+    result = _call(run)
     typer.echo(result.run_id)
     if json_out:
         _echo_json(result.as_json())

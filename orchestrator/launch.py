@@ -89,6 +89,20 @@ class LaunchResult:
         }
 
 
+class RunFailedError(FailedError):
+    """A run that stopped before it was complete (exit 1); carries what was recorded for --json."""
+
+    def __init__(self, message: str, result: LaunchResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class RunInterruptedError(InterruptedRunError):
+    def __init__(self, message: str, result: LaunchResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 def new_run_id(protocol_id: str) -> str:
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{protocol_id[:8]}-{secrets.token_hex(2)}"
 
@@ -144,6 +158,8 @@ class RunContext:
     sealed: dict[str, SealedArm] = field(default_factory=dict)
     grant: gpu_lock.Grant | None = None
     doc: dict[str, Any] = field(default_factory=dict)
+    opened: set[str] = field(default_factory=set)
+    closed: set[str] = field(default_factory=set)
 
     @property
     def gpus(self) -> int:
@@ -155,6 +171,7 @@ class RunContext:
         os.replace(tmp, self.run_dir / "run.json")
 
     def record(self, pkg: PlannedPackage, status: str, **fields: Any) -> None:
+        (self.opened if status == "open" else self.closed).add(pkg.name)
         arm = pkg.arm
         sources_root = self.arms[arm].sources_root if arm else None
         self.ledger.append(
@@ -377,16 +394,19 @@ def launch(
                             _clean_scratch(scratch)
         except KeyboardInterrupt:
             status = "interrupted"
+            for pkg in PLAN:  # an interrupt outside a package (e.g. while sealing): close every record
+                if pkg.name not in ctx.closed and ctx.grant is not None:
+                    ctx.record(pkg, "interrupted" if pkg.name in ctx.opened else "not-run", note="interrupted")
         ctx.doc.update(status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         ctx.write_run_json()
     result = LaunchResult(run_id, run_dir, status, statuses)
     if status == "interrupted":
-        raise InterruptedRunError(f"run {run_id} interrupted; its packages are recorded in the ledger")
+        raise RunInterruptedError(f"run {run_id} interrupted; its packages are recorded in the ledger", result)
     if status != "complete":
         failed = next((n for n, s in statuses.items() if s not in ("ok", "not-run")), "?")
         note = next((p.get("note") for p in ctx.doc["packages"] if p["name"] == failed), None)
-        raise FailedError(f"run {run_id}: package {failed} {statuses.get(failed)}" + (f" ({note})" if note else "")
-                          + "; later packages not run, no audit written")
+        raise RunFailedError(f"run {run_id}: package {failed} {statuses.get(failed)}" + (f" ({note})" if note else "")
+                             + "; later packages not run, no audit written", result)
     # the evidence is complete: the audit is computed and written now, before anyone reads a quality metric
     from ledger.audit import audit_run
 
