@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -527,7 +528,7 @@ def compute_audit(ev: RunEvidence, head: tuple[int, str], audited_at: str) -> di
         "noisy": sp.noisy,
         "reasons": reasons,
         "scope": scope_sentence(m.digest_first, m.digest_last, ex.ranks),
-        "measurement": m.model_dump(),
+        "measurement": m.model_dump(exclude_unset=True),  # as recorded: fields added later stay out
         "precision": ev.protocol.precision,
         "speedup": _speedup_doc(sp, times),
         "exactness": _exactness_doc(ex),
@@ -663,7 +664,8 @@ def audit_command(run_ids: Sequence[str], home: Path | None, as_json: bool) -> N
 
     if len(run_ids) != 1:
         raise UsageError(f"audit takes exactly one RUN_ID, got {len(run_ids)}: {MIX_REFUSAL}")
-    console = Console(highlight=False, soft_wrap=True)
+    # in a log (not a terminal) tables get room for every column instead of rich's 80-column default
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
     try:
         result = audit_run(home, run_ids[0])
     except IncompleteRunError as err:
