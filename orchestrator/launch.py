@@ -30,7 +30,7 @@ from orchestrator.sealing import SealedArm, check_seal, seal_arm, unseal_for_rem
 from protocol.errors import FailedError, InterruptedRunError, RefusedError
 from protocol.home import Home, resolve_home
 from protocol.package import CommandSpec, PackageSpec, ScoreTarget
-from protocol.results import TrainResult
+from protocol.results import ChecksResult, TrainResult
 from protocol.schema import Arm, LoadedProtocol, canonical_json, load_protocol
 
 RUN_SCHEMA = "orch.run/1"
@@ -244,6 +244,41 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def last_passing_checks(runs_dir: Path, protocol_id: str, exclude: str) -> tuple[str, dict[str, str]] | None:
+    """(run id, versions) of the latest earlier run of this protocol whose checks package passed."""
+    best: tuple[str, str, dict[str, str]] | None = None
+    for run_json in runs_dir.glob("*/run.json"):
+        try:
+            doc = json.loads(run_json.read_text())
+            if doc.get("protocol_id") != protocol_id or doc.get("run_id") == exclude:
+                continue
+            if not any(p.get("name") == "checks" and p.get("status") == "ok" for p in doc.get("packages", [])):
+                continue
+            versions = ChecksResult.model_validate_json(
+                (run_json.parent / "packages" / "checks" / "result.json").read_bytes()
+            ).versions
+        except (OSError, ValueError):
+            continue
+        if best is None or doc.get("started", "") > best[0]:
+            best = (doc.get("started", ""), doc["run_id"], dict(versions))
+    return None if best is None else (best[1], best[2])
+
+
+def _announce_version_changes(ctx: RunContext, result: Any, say: Callable[[str], None]) -> None:
+    """The owner's rule: rerun the GPU diagnostics after upgrades; the checks always run, so say what changed."""
+    if not isinstance(result, ChecksResult):
+        return
+    previous = last_passing_checks(ctx.home.runs, ctx.loaded.id, ctx.run_id)
+    if previous is None:
+        return
+    changed = {k: (previous[1].get(k), v) for k, v in result.versions.items() if previous[1].get(k) != v}
+    if changed:
+        listed = "; ".join(f"{k}: {old} -> {new}" for k, (old, new) in sorted(changed.items()))
+        say(f"environment changed since the last passing checks of this protocol (run {previous[0]}): {listed}; "
+            "the GPU diagnostics were rerun by this run's checks package")
+        ctx.doc["versions_changed"] = {"since_run": previous[0], "changes": {k: list(v) for k, v in changed.items()}}
+
+
 def _peaks(result: Any) -> dict[str, int | None]:
     if not isinstance(result, TrainResult):
         return {"peak_allocated": None, "peak_reserved": None}
@@ -289,6 +324,7 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if outcome.status == "ok" and pkg.kind == "checks":
             init = ctx.scratch / "init.safetensors"
             init_digest = sha256_file(init) if init.is_file() else None
+            _announce_version_changes(ctx, outcome.result, progress.say)
         result_digest = outcome.result_sha256
         if pkg.kind == "score" and outcome.status == "ok":
             result_digest = sha256_file(ctx.run_dir / "score.sealed.json")  # the ledger holds the sealed digest only

@@ -1,0 +1,56 @@
+"""Pieces of the launch pipeline that need no run: the last passing checks of a protocol, placeholders, sealing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.launch import _substitute, last_passing_checks
+from orchestrator.sealing import check_seal, seal_arm
+from protocol.errors import FailedError
+
+
+def _run(runs: Path, run_id: str, protocol_id: str, started: str, checks: str, torch: str) -> None:
+    d = runs / run_id
+    (d / "packages" / "checks").mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"run_id": run_id, "protocol_id": protocol_id, "started": started,
+                                            "packages": [{"name": "checks", "status": checks}]}))
+    (d / "packages" / "checks" / "result.json").write_text(json.dumps(
+        {"schema": "orch.checks/1", "versions": {"torch": torch}, "diagnostics": [], "precision_ok": True}))
+
+
+def test_last_passing_checks_of_the_same_protocol(tmp_path: Path) -> None:
+    _run(tmp_path, "r1", "p", "2026-01-01T00:00:00Z", "ok", "2.9.1")
+    _run(tmp_path, "r2", "p", "2026-02-01T00:00:00Z", "ok", "2.11.0")
+    _run(tmp_path, "r3", "p", "2026-03-01T00:00:00Z", "failed", "2.12.0")
+    _run(tmp_path, "r4", "q", "2026-04-01T00:00:00Z", "ok", "2.13.0")
+    assert last_passing_checks(tmp_path, "p", exclude="r9") == ("r2", {"torch": "2.11.0"})
+    assert last_passing_checks(tmp_path, "p", exclude="r2") == ("r1", {"torch": "2.9.1"})
+    assert last_passing_checks(tmp_path, "z", exclude="r9") is None
+
+
+def test_placeholders_are_substituted_everywhere_in_an_argument() -> None:
+    assert _substitute(["--out", "{scratch}/init.safetensors", "{x}"], {"scratch": "/s"}) == [
+        "--out", "/s/init.safetensors", "{x}"]
+
+
+def test_seal_is_read_only_and_a_forced_write_is_named(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "train").mkdir(parents=True)
+    (src / "train" / "loss.py").write_text("x = 1\n")
+    (src / "README.md").write_text("notes\n")
+    from manifests.core import hash_tree
+
+    root = hash_tree(src, ["train/**/*.py"]).root
+    sealed = seal_arm("candidate", src, ["train/**/*.py"], root, tmp_path / "sealed")
+    target = sealed.path / "train" / "loss.py"
+    assert not os.access(target, os.W_OK) or os.geteuid() == 0  # root may write anyway: the re-hash catches it
+    assert oct(target.stat().st_mode & 0o222) == "0o0"
+    check_seal(sealed)
+    target.chmod(0o644)
+    target.write_text("x = 2\n")
+    with pytest.raises(FailedError, match=r"1 changed \(train/loss.py\)"):
+        check_seal(sealed)
