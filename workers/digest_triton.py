@@ -1,11 +1,13 @@
-"""The tx128 digest as a Triton kernel: one memory-bound pass, 16-byte loads, per-program lane partials.
+"""The tx128 digest as Triton kernels: one memory-bound pass, 16-byte loads; many tensors in two launches.
 
 Integer-exact and defined by workers/digest.py (tx128_lanes_reference); any BLOCK or grid gives the same value.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -118,8 +120,8 @@ def _word_parts(t: torch.Tensor) -> tuple[list[tuple[torch.Tensor, int]], int]:
     return parts, nbytes
 
 
-def tx128_cuda_many(tensors: list[Any], block: int | None = None, programs: int | None = None) -> list[str]:
-    """tx128 digests of device tensors: every launch queued first, then one copy of all partials to the host."""
+def tx128_cuda_many_per_tensor(tensors: list[Any], block: int | None = None, programs: int | None = None) -> list[str]:
+    """The former per-tensor path (launches per tensor part): kept as the comparison of tests and bench."""
     block = block or int(os.environ.get("ORCH_TX128_BLOCK", DEFAULT_BLOCK))
     partials: list[torch.Tensor] = []
     spans: list[tuple[int, int]] = []
@@ -138,6 +140,169 @@ def tx128_cuda_many(tensors: list[Any], block: int | None = None, programs: int 
         lanes = np.sum(host[rows[lo] : rows[hi]], axis=0, dtype=np.uint64)  # wraps mod 2^64
         out.append(tx128_finalize((int(lanes[0]), int(lanes[1])), dtype, shape, nbytes))
     return out
+
+
+@triton.jit
+def _tx128_segments_kernel(
+    anchor_ptr,  # int32: every segment's words are addressed relative to this tensor (one pointer argument)
+    seg_byte_off,  # int64 [segments]: segment address - anchor address
+    main_seg,  # int32 [M]: segment id of each segment that has whole chunks
+    main_chunks,  # int64 [M]: its whole chunks
+    main_first_block,  # int32 [M + 1]: its first block in the global block order, then the block total
+    prog_first_block,  # int32 [programs + 1]: each program's contiguous block range, then the block total
+    prog_first_main,  # int32 [programs]: index into main_* of the segment holding the program's first block
+    acc_ptr,  # int64 [segments, 2]: lane sums (uint64 bits), wrapping atomic adds
+    BLOCK: tl.constexpr,
+    WIDE: tl.constexpr,  # int64 chunk arithmetic for a segment of 2^29 chunks or more
+    ALIGNED: tl.constexpr,  # every segment starts on 16 bytes: 16-byte vector loads are allowed
+):
+    pid = tl.program_id(0)
+    lo = tl.load(prog_first_block + pid)
+    hi = tl.load(prog_first_block + pid + 1)
+    m = tl.load(prog_first_main + pid)
+    rows = tl.arange(0, BLOCK)
+    cols = tl.arange(0, 4)
+    slot = tl.arange(0, 2).to(tl.uint32)[None, :]
+    k_ae = _KAE0 + slot * _KAE1
+    k_ao = _KAO0 + slot * _KAO1
+    k_bo = _KBO0 + slot * _KBO1
+    k_be = _KBE0 + slot * _KBE1
+    acc_a = tl.zeros([BLOCK, 2], dtype=tl.uint64)
+    acc_b = tl.zeros([BLOCK, 2], dtype=tl.uint64)
+    for blk in range(lo, hi):
+        if blk == tl.load(main_first_block + m + 1):  # the next segment starts: flush this one's sums
+            seg = tl.load(main_seg + m)
+            tl.atomic_add(acc_ptr + seg * 2, tl.sum(tl.sum(acc_a, axis=1), axis=0).to(tl.int64, bitcast=True))
+            tl.atomic_add(acc_ptr + seg * 2 + 1, tl.sum(tl.sum(acc_b, axis=1), axis=0).to(tl.int64, bitcast=True))
+            acc_a = tl.zeros([BLOCK, 2], dtype=tl.uint64)
+            acc_b = tl.zeros([BLOCK, 2], dtype=tl.uint64)
+            m += 1
+        word_off = tl.load(seg_byte_off + tl.load(main_seg + m)) // 4
+        if ALIGNED:
+            word_off = tl.multiple_of(word_off, 4)
+        n_chunks = tl.load(main_chunks + m)
+        if WIDE:
+            c = (blk - tl.load(main_first_block + m)).to(tl.int64) * BLOCK + rows
+        else:
+            c = (blk - tl.load(main_first_block + m)) * BLOCK + rows
+        valid = c < n_chunks
+        offs = c[:, None] * 4 + cols[None, :]
+        w = tl.load(anchor_ptr + word_off + offs, mask=valid[:, None], other=0).to(tl.uint32, bitcast=True)
+        even, odd = tl.split(tl.reshape(w, [BLOCK, 2, 2]))  # (w0, w2) and (w1, w3)
+        base = (c.to(tl.uint32) * _GOLD)[:, None]  # the chunk index inside its own segment
+        va = (even + base + k_ae).to(tl.uint64)
+        ma = ((odd + base + k_ao) | 1).to(tl.uint64)
+        vb = (odd + base + k_bo).to(tl.uint64)
+        mb = ((even + base + k_be) | 1).to(tl.uint64)
+        keep = valid[:, None]
+        acc_a += tl.where(keep, va * ma, 0)
+        acc_b += tl.where(keep, vb * mb, 0)
+    if hi > lo:
+        seg = tl.load(main_seg + m)
+        tl.atomic_add(acc_ptr + seg * 2, tl.sum(tl.sum(acc_a, axis=1), axis=0).to(tl.int64, bitcast=True))
+        tl.atomic_add(acc_ptr + seg * 2 + 1, tl.sum(tl.sum(acc_b, axis=1), axis=0).to(tl.int64, bitcast=True))
+
+
+@triton.jit
+def _tx128_tails_kernel(
+    anchor_ptr,  # uint8: byte addressing relative to this tensor
+    seg_byte_off,  # int64 [segments]
+    tail_seg,  # int32 [T]: segment id of each segment whose length is not a multiple of 16
+    tail_chunk,  # int64 [T]: index of its last, partial chunk (= its whole chunks)
+    tail_len,  # int32 [T]: bytes in that chunk (1..15); the rest is the zero padding
+    acc_ptr,  # int64 [segments, 2]
+):
+    i = tl.program_id(0)
+    seg = tl.load(tail_seg + i)
+    chunk = tl.load(tail_chunk + i)
+    b = tl.arange(0, 16)
+    src = anchor_ptr + tl.load(seg_byte_off + seg) + chunk * 16
+    x = tl.load(src + b, mask=b < tl.load(tail_len + i), other=0).to(tl.uint32)
+    w = tl.sum(tl.reshape(x, [4, 4]) << (tl.arange(0, 4).to(tl.uint32) * 8)[None, :], axis=1)  # little-endian
+    even, odd = tl.split(tl.reshape(w, [2, 2]))
+    slot = tl.arange(0, 2).to(tl.uint32)
+    base = chunk.to(tl.uint32) * _GOLD
+    va = (even + base + (_KAE0 + slot * _KAE1)).to(tl.uint64)
+    ma = ((odd + base + (_KAO0 + slot * _KAO1)) | 1).to(tl.uint64)
+    vb = (odd + base + (_KBO0 + slot * _KBO1)).to(tl.uint64)
+    mb = ((even + base + (_KBE0 + slot * _KBE1)) | 1).to(tl.uint64)
+    tl.atomic_add(acc_ptr + seg * 2, tl.sum(va * ma, axis=0).to(tl.int64, bitcast=True))
+    tl.atomic_add(acc_ptr + seg * 2 + 1, tl.sum(vb * mb, axis=0).to(tl.int64, bitcast=True))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Launch tables that depend only on the byte lengths (the same every step): built once, kept on the device."""
+
+    main: tuple[torch.Tensor, ...]  # main_seg, main_chunks, main_first_block, prog_first_block, prog_first_main
+    grid: int
+    wide: bool
+    main_ids: tuple[int, ...]  # segments with whole chunks (their start must be 4-byte aligned)
+    tails: tuple[torch.Tensor, ...]  # tail_seg, tail_chunk, tail_len
+    n_tails: int
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(nbytes: tuple[int, ...], block: int, programs: int, device: torch.device) -> _Layout:
+    nb = np.asarray(nbytes, dtype=np.int64).reshape(-1)
+    whole = nb // 16
+    if whole.size and int(whole.max()) >= 2**32:
+        raise ValueError("tx128 is defined for fewer than 2^32 chunks (64 GiB) per tensor")
+    main_ids = np.flatnonzero(whole > 0)
+    main_chunks = whole[main_ids]
+    first_block = np.concatenate([[0], np.cumsum(-(-main_chunks // block))])
+    n_blocks = int(first_block[-1])
+    grid = min(n_blocks, programs)
+    prog_first = (np.arange(grid + 1, dtype=np.int64) * n_blocks) // max(grid, 1)  # contiguous, balanced ranges
+    prog_main = np.searchsorted(first_block, prog_first[:-1], side="right") - 1
+    tail_ids = np.flatnonzero(nb % 16)
+
+    def dev(a: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(a, dtype=np.int64)).to(device=device, dtype=dtype)
+
+    i32 = torch.int32
+    return _Layout(
+        main=(dev(main_ids, i32), dev(main_chunks, torch.int64), dev(first_block, i32), dev(prog_first, i32),
+              dev(prog_main, i32)),
+        grid=grid, wide=bool(main_chunks.size) and int(main_chunks.max()) * 4 >= 2**31,
+        main_ids=tuple(int(i) for i in main_ids),
+        tails=(dev(tail_ids, i32), dev(whole[tail_ids], torch.int64), dev(nb[tail_ids] % 16, i32)),
+        n_tails=int(tail_ids.size),
+    )  # fmt: skip
+
+
+def tx128_cuda_many(tensors: list[Any], block: int | None = None, programs: int | None = None) -> list[str]:
+    """tx128 digests of device tensors, read in place: two kernel launches and one host copy for any count."""
+    if not tensors:
+        return []
+    block = block or int(os.environ.get("ORCH_TX128_BLOCK", DEFAULT_BLOCK))
+    device = tensors[0].device
+    if any(t.device != device for t in tensors):
+        raise ValueError("tx128_cuda_many needs tensors on one device; call it once per device")
+    flat: list[torch.Tensor] = []
+    for t in tensors:
+        flat.append(t if t.is_contiguous() else t.contiguous())  # a strided view: hash its logical order
+    nbytes = tuple(t.numel() * t.element_size() for t in flat)
+    lay = _layout(nbytes, block, programs or _max_programs(device, DEFAULT_PROGRAMS_PER_SM), device)
+    for i in lay.main_ids:
+        if flat[i].data_ptr() % 4:
+            flat[i] = flat[i].clone()  # int32 loads need 4-byte alignment (a view at an odd offset)
+    acc = torch.zeros((len(flat), 2), dtype=torch.int64, device=device)
+    anchor = acc.data_ptr()  # addresses travel as offsets from one real pointer argument
+    seg_off = torch.tensor([t.data_ptr() - anchor if n else 0 for t, n in zip(flat, nbytes, strict=True)],
+                           dtype=torch.int64).to(device)  # fmt: skip
+    if lay.grid:
+        aligned = anchor % 16 == 0 and all(flat[i].data_ptr() % 16 == 0 for i in lay.main_ids)
+        _tx128_segments_kernel[(lay.grid,)](
+            acc.view(torch.int32), seg_off, *lay.main, acc, BLOCK=block, WIDE=lay.wide, ALIGNED=aligned, num_warps=8
+        )
+    if lay.n_tails:
+        _tx128_tails_kernel[(lay.n_tails,)](acc.view(torch.uint8), seg_off, *lay.tails, acc, num_warps=1)
+    lanes = acc.cpu().numpy().view(np.uint64)
+    return [
+        tx128_finalize((int(a), int(b)), str(t.dtype), tuple(t.shape), n)
+        for (a, b), t, n in zip(lanes, tensors, nbytes, strict=True)
+    ]
 
 
 def tx128_tensor(t: Any, block: int | None = None, programs: int | None = None) -> str:
