@@ -1,5 +1,5 @@
-"""Digest throughput: tx128 (Triton) against the HBM read bandwidth of torch.sum on the same GPU, and the CPU
-digest against hashlib SHA256 on one core. Prints a table, writes the figures as JSON (--out)."""
+"""Digest throughput: tx128 (Triton) against the HBM read bandwidth of torch.sum on the same GPU, a probe step's
+300 tensors batched vs per-tensor, and the CPU digest against hashlib SHA256. Prints a table, writes JSON (--out)."""
 
 from __future__ import annotations
 
@@ -84,12 +84,33 @@ def cuda_figures(gib: float, reps: int) -> dict[str, object]:
     }  # fmt: skip
 
 
+def many_tensor_figures(n: int, reps: int) -> dict[str, object]:
+    """One probe digest step's shape on r3-mini: n tensors (matrices 64 KiB..4 MiB, small vectors, 0-dim steps),
+    the per-tensor launches against the batched path, end to end (host copy and finalisation included)."""
+    from workers.digest_triton import tx128_cuda_many, tx128_cuda_many_per_tensor
+
+    g = torch.Generator().manual_seed(0)
+    n_vec, n_step = n // 5, n // 10
+    sizes = [int(2 ** (16 + 6 * float(u))) // 4 for u in torch.rand(n - n_vec - n_step, generator=g)]  # log-uniform
+    sizes += [int(v) for v in torch.randint(64, 4096, (n_vec,), generator=g)] + [1] * n_step
+    tensors = [torch.empty(k, dtype=torch.float32, device="cuda").uniform_() for k in sizes]
+    tensors[n - n_step :] = [t.reshape(()) for t in tensors[n - n_step :]]  # Adam's 0-dim step counters
+    if tx128_cuda_many(tensors) != tx128_cuda_many_per_tensor(tensors):
+        raise SystemExit("batched and per-tensor tx128 differ: not timing a wrong result")
+    per_tensor_s = _time_cuda(lambda: tx128_cuda_many_per_tensor(tensors), reps)
+    batched_s = _time_cuda(lambda: tx128_cuda_many(tensors), reps)
+    nbytes = sum(t.numel() * 4 for t in tensors)
+    return {"tensors": n, "bytes": nbytes, "per_tensor_median_s": per_tensor_s, "batched_median_s": batched_s,
+            "speedup": per_tensor_s / batched_s, "batched_Bps": nbytes / batched_s}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".orch/bench/digest.json")
     ap.add_argument("--gib", type=float, default=4.5, help="GPU tensor size (>= 4 GiB for the HBM reference)")
     ap.add_argument("--cpu-mib", type=int, default=256)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--many", type=int, default=300, help="tensors in the many-tensor case (a probe digest step)")
     args = ap.parse_args()
     doc: dict[str, object] = {
         "schema": "orch.bench.digest/1", "python": platform.python_version(), "torch": torch.__version__,
@@ -115,6 +136,12 @@ def main() -> int:
         print(f"{label:44} {float(best['Bps']) / 1e9:10.1f}")
         print(f"{'GPU tx128 / HBM read':44} {float(gpu['tx128_best_fraction_of_sum']):10.3f}")  # type: ignore[arg-type]
         print(f"{'GPU tx128 end to end (one tensor)':44} {float(gpu['tx128_end_to_end_Bps']) / 1e9:10.1f}")  # type: ignore[arg-type]
+        many = many_tensor_figures(args.many, max(args.reps, 20))
+        doc["cuda_many"] = many
+        print(f"{'GPU many tensors: ' + str(many['tensors']) + ' tensors, MiB':44} {int(many['bytes']) / 2**20:10.1f}")  # type: ignore[call-overload]
+        print(f"{'GPU many: per-tensor launches, median ms':44} {float(many['per_tensor_median_s']) * 1e3:10.3f}")  # type: ignore[arg-type]
+        print(f"{'GPU many: batched (2 launches), median ms':44} {float(many['batched_median_s']) * 1e3:10.3f}")  # type: ignore[arg-type]
+        print(f"{'GPU many: speedup per-tensor / batched':44} {float(many['speedup']):10.2f}")  # type: ignore[arg-type]
     else:
         print("no CUDA device: CPU figures only")
     out = Path(args.out)

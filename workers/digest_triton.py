@@ -154,7 +154,7 @@ def _tx128_segments_kernel(
     acc_ptr,  # int64 [segments, 2]: lane sums (uint64 bits), wrapping atomic adds
     BLOCK: tl.constexpr,
     WIDE: tl.constexpr,  # int64 chunk arithmetic for a segment of 2^29 chunks or more
-    ALIGNED: tl.constexpr,  # every segment starts on 16 bytes: 16-byte vector loads are allowed
+    UNIT: tl.constexpr,  # 16 when every segment starts on 16 bytes (vector loads), else 4
 ):
     pid = tl.program_id(0)
     lo = tl.load(prog_first_block + pid)
@@ -169,25 +169,32 @@ def _tx128_segments_kernel(
     k_be = _KBE0 + slot * _KBE1
     acc_a = tl.zeros([BLOCK, 2], dtype=tl.uint64)
     acc_b = tl.zeros([BLOCK, 2], dtype=tl.uint64)
+    # the current segment's facts travel with the loop; UNIT-byte offsets tell the compiler their alignment
+    seg = tl.load(main_seg + m)
+    first = tl.load(main_first_block + m)
+    nxt = tl.load(main_first_block + m + 1)
+    n_chunks = tl.load(main_chunks + m)
+    unit_off = tl.load(seg_byte_off + seg) // UNIT
     for blk in range(lo, hi):
-        if blk == tl.load(main_first_block + m + 1):  # the next segment starts: flush this one's sums
-            seg = tl.load(main_seg + m)
+        if blk == nxt:  # the next segment starts: flush this one's sums
             tl.atomic_add(acc_ptr + seg * 2, tl.sum(tl.sum(acc_a, axis=1), axis=0).to(tl.int64, bitcast=True))
             tl.atomic_add(acc_ptr + seg * 2 + 1, tl.sum(tl.sum(acc_b, axis=1), axis=0).to(tl.int64, bitcast=True))
             acc_a = tl.zeros([BLOCK, 2], dtype=tl.uint64)
             acc_b = tl.zeros([BLOCK, 2], dtype=tl.uint64)
             m += 1
-        word_off = tl.load(seg_byte_off + tl.load(main_seg + m)) // 4
-        if ALIGNED:
-            word_off = tl.multiple_of(word_off, 4)
-        n_chunks = tl.load(main_chunks + m)
+            seg = tl.load(main_seg + m)
+            first = nxt
+            nxt = tl.load(main_first_block + m + 1)
+            n_chunks = tl.load(main_chunks + m)
+            unit_off = tl.load(seg_byte_off + seg) // UNIT
         if WIDE:
-            c = (blk - tl.load(main_first_block + m)).to(tl.int64) * BLOCK + rows
+            c = (blk - first).to(tl.int64) * BLOCK + rows
         else:
-            c = (blk - tl.load(main_first_block + m)) * BLOCK + rows
+            c = (blk - first) * BLOCK + rows
         valid = c < n_chunks
         offs = c[:, None] * 4 + cols[None, :]
-        w = tl.load(anchor_ptr + word_off + offs, mask=valid[:, None], other=0).to(tl.uint32, bitcast=True)
+        src = anchor_ptr + unit_off * (UNIT // 4)  # the segment's first word
+        w = tl.load(src + offs, mask=valid[:, None], other=0).to(tl.uint32, bitcast=True)
         even, odd = tl.split(tl.reshape(w, [BLOCK, 2, 2]))  # (w0, w2) and (w1, w3)
         base = (c.to(tl.uint32) * _GOLD)[:, None]  # the chunk index inside its own segment
         va = (even + base + k_ae).to(tl.uint64)
@@ -198,7 +205,6 @@ def _tx128_segments_kernel(
         acc_a += tl.where(keep, va * ma, 0)
         acc_b += tl.where(keep, vb * mb, 0)
     if hi > lo:
-        seg = tl.load(main_seg + m)
         tl.atomic_add(acc_ptr + seg * 2, tl.sum(tl.sum(acc_a, axis=1), axis=0).to(tl.int64, bitcast=True))
         tl.atomic_add(acc_ptr + seg * 2 + 1, tl.sum(tl.sum(acc_b, axis=1), axis=0).to(tl.int64, bitcast=True))
 
@@ -289,12 +295,13 @@ def tx128_cuda_many(tensors: list[Any], block: int | None = None, programs: int 
             flat[i] = flat[i].clone()  # int32 loads need 4-byte alignment (a view at an odd offset)
     acc = torch.zeros((len(flat), 2), dtype=torch.int64, device=device)
     anchor = acc.data_ptr()  # addresses travel as offsets from one real pointer argument
-    seg_off = torch.tensor([t.data_ptr() - anchor if n else 0 for t, n in zip(flat, nbytes, strict=True)],
+    ptrs = [t.data_ptr() for t in flat]
+    seg_off = torch.tensor([p - anchor if n else 0 for p, n in zip(ptrs, nbytes, strict=True)],
                            dtype=torch.int64).to(device)  # fmt: skip
     if lay.grid:
-        aligned = anchor % 16 == 0 and all(flat[i].data_ptr() % 16 == 0 for i in lay.main_ids)
+        unit = 16 if anchor % 16 == 0 and all(ptrs[i] % 16 == 0 for i in lay.main_ids) else 4
         _tx128_segments_kernel[(lay.grid,)](
-            acc.view(torch.int32), seg_off, *lay.main, acc, BLOCK=block, WIDE=lay.wide, ALIGNED=aligned, num_warps=8
+            acc.view(torch.int32), seg_off, *lay.main, acc, BLOCK=block, WIDE=lay.wide, UNIT=unit, num_warps=8
         )
     if lay.n_tails:
         _tx128_tails_kernel[(lay.n_tails,)](acc.view(torch.uint8), seg_off, *lay.tails, acc, num_warps=1)
