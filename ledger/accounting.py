@@ -1,6 +1,6 @@
 """GPU-seconds accounting over the ledger: group close records by run, arm, kind, day or protocol.
 
-Vectorised with pyarrow compute, so a summary of a million records takes well under a second.
+Strings become integer codes (dictionary encoding) and figures NumPy bincounts: 1M records in well under 1 s.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import date
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
@@ -60,15 +61,49 @@ def _as_table(records: pa.Table | Sequence[LedgerRecord]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _unclosed(t: pa.Table) -> pa.Array:
-    """True for open records with no later close of the same (run_id, package)."""
-    is_open = pc.equal(t["status"], "open")
-    keys = pa.table({"run_id": t["run_id"], "package": t["package"], "seq": t["seq"], "row": pa.array(range(len(t)))})
-    closes = keys.filter(pc.invert(is_open)).group_by(["run_id", "package"]).aggregate([("seq", "max")])
-    opens = keys.filter(is_open).join(closes, keys=["run_id", "package"], join_type="left outer")
-    later = pc.fill_null(pc.greater(opens["seq_max"], opens["seq"]), False)
-    rows = opens.filter(pc.invert(later))["row"]
-    return pc.is_in(keys["row"], value_set=rows.combine_chunks() if rows.num_chunks else pa.array([], pa.int64()))
+def encode(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
+    """Integer codes (-1 for null) into distinct values: grouping on integers, never on Python strings."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(arr.type):
+        arr = pc.dictionary_encode(arr)
+    codes = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    # a given dictionary may repeat a value: re-encode the (small) dictionary so equal values share a code
+    unique = pc.dictionary_encode(arr.dictionary)
+    remap = np.append(unique.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), -1)
+    return remap[codes], unique.dictionary
+
+
+def _coalesced(first: pa.Array | pa.ChunkedArray, second: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
+    """Codes of coalesce(first, second), computed on the codes of each."""
+    a, va = encode(first)
+    b, vb = encode(second)
+    codes, values = encode(pa.concat_arrays([va.cast(pa.string()), vb.cast(pa.string())]))
+    lookup = np.append(codes, -1)
+    return np.where(a >= 0, lookup[a], lookup[np.where(b >= 0, b + len(va), -1)]), values
+
+
+def _compact(key: np.ndarray, other: np.ndarray, other_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Dense ids of the (key, other) pairs, and the key of each pair id."""
+    pair = key * max(other_count, 1) + other
+    ids, inverse = np.unique(pair, return_inverse=True)
+    return inverse.reshape(-1), ids // max(other_count, 1)
+
+
+def unclosed(run: np.ndarray, package: np.ndarray, n_packages: int, is_open: np.ndarray,
+             seq: np.ndarray) -> np.ndarray:
+    """True for open records with no later close (any other status) of the same (run_id, package)."""
+    if not is_open.any():
+        return np.zeros(len(run), dtype=bool)
+    pair, _ = _compact(run, package, n_packages)
+    last_close = np.full(int(pair.max()) + 1, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last_close, pair[~is_open], seq[~is_open])
+    result: np.ndarray = is_open & ~(last_close[pair] > seq)
+    return result
+
+
+def _floats(t: pa.Table, name: str) -> np.ndarray:
+    values: np.ndarray = t[name].combine_chunks().fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+    return values
 
 
 def summarize(
@@ -78,55 +113,79 @@ def summarize(
 
     GPU and wall seconds come from close records; lock wait is counted once per run (every record of a run
     carries the run's single lock wait); `since` keeps records started (or ended) at or after it.
+    Strings (plain or dictionary-encoded) become integer codes and every figure is a NumPy bincount.
     """
     if by not in BY_CHOICES:
         raise UsageError(f"--by {by!r} is not one of {', '.join(BY_CHOICES)}")
     t = _as_table(records)
     cutoff = parse_since(since)
-    if cutoff is not None:
-        when = pc.coalesce(t["started"], t["ended"])
-        t = t.filter(pc.fill_null(pc.greater_equal(when, cutoff), False))
     if t.num_rows == 0:
         return []
+    if cutoff is not None:
+        when, values = _coalesced(t["started"], t["ended"])
+        later = np.append(pc.fill_null(pc.greater_equal(values, cutoff), False).to_numpy(zero_copy_only=False), False)
+        t = t.filter(pa.array(later[when]))
+        if t.num_rows == 0:
+            return []
     if by == "day":
-        key = pc.fill_null(pc.utf8_slice_codeunits(pc.coalesce(t["started"], t["ended"]), 0, 10), "-")
-    elif by == "arm":
-        key = pc.fill_null(t["arm"], "-")
+        codes, values = _coalesced(t["started"], t["ended"])
+        codes, values = _relabel(codes, pc.utf8_slice_codeunits(values, 0, 10))
     else:
-        key = t[{"run": "run_id", "kind": "kind", "protocol": "protocol_id"}[by]]
-    status = t["status"]
-    closed = pc.not_equal(status, "open")
+        codes, values = encode(t[{"run": "run_id", "kind": "kind", "arm": "arm", "protocol": "protocol_id"}[by]])
+    if by in ("arm", "day"):
+        codes, values = _relabel(codes, values, null="-")
+    run, _ = encode(t["run_id"])
+    package, packages = encode(t["package"])
+    status, statuses = encode(t["status"])
+    seq = t["seq"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
+    names = statuses.to_pylist()
 
-    def count(mask: Any) -> Any:
-        return pc.cast(mask, pa.int64())
+    def flag(wanted: tuple[str, ...]) -> np.ndarray:
+        mask: np.ndarray = np.append(np.array([v in wanted for v in names], dtype=bool), False)[status]
+        return mask
 
-    def closed_sum(col: str) -> Any:
-        return pc.if_else(closed, pc.fill_null(t[col], 0.0), 0.0)
+    is_open = flag(("open",))
+    still_open = unclosed(run, package, len(packages), is_open, seq)
+    closed = ~is_open
+    gpu_s, wall_s, wait = _floats(t, "gpu_seconds"), _floats(t, "wall_s"), _floats(t, "lock_wait_s")
+    ok, failed, not_run = flag(("ok",)), flag(FAILURES), flag(("not-run",))
+    k = len(values)
 
-    work = pa.table({
-        "key": key, "run_id": t["run_id"],
-        "packages": count(closed), "ok": count(pc.equal(status, "ok")),
-        "failed": count(pc.is_in(status, value_set=pa.array(FAILURES))),
-        "not_run": count(pc.equal(status, "not-run")), "open": count(_unclosed(t)),
-        "gpu_seconds": closed_sum("gpu_seconds"), "wall_s": closed_sum("wall_s"),
-        "lock_wait_s": pc.fill_null(t["lock_wait_s"], 0.0),
-    })
-    sums = work.group_by("key").aggregate(
-        [(c, "sum") for c in ("packages", "ok", "failed", "not_run", "open", "gpu_seconds", "wall_s")]
-        + [("run_id", "count_distinct")]
-    )
-    waits = (work.group_by(["key", "run_id"]).aggregate([("lock_wait_s", "max")])
-             .group_by("key").aggregate([("lock_wait_s_max", "sum")]))
-    wait_of = dict(zip(waits["key"].to_pylist(), waits["lock_wait_s_max_sum"].to_pylist(), strict=True))
+    def counts(mask: np.ndarray) -> list[Any]:
+        return list(np.bincount(codes[mask], minlength=k).tolist())
+
+    def sums(x: np.ndarray) -> list[Any]:
+        return list(np.bincount(codes, weights=np.where(closed, x, 0.0), minlength=k).tolist())
+
+    pair, pair_key = _compact(codes, run, int(run.max()) + 1 if len(run) else 1)
+    runs: list[Any] = np.bincount(pair_key, minlength=k).tolist()
+    per_run_wait = np.full(len(pair_key), -np.inf)
+    np.maximum.at(per_run_wait, pair, wait)
+    waits: list[Any] = np.bincount(pair_key, weights=per_run_wait, minlength=k).tolist()
+    present = np.bincount(codes, minlength=k) > 0
+    figures: dict[str, list[Any]] = {
+        "packages": counts(closed), "ok": counts(ok), "failed": counts(failed), "not_run": counts(not_run),
+        "open": counts(still_open), "gpu_seconds": sums(gpu_s), "wall_s": sums(wall_s),
+    }
+    labels = values.to_pylist()
     rows = []
-    for r in sums.to_pylist():
+    for g in np.flatnonzero(present).tolist():
         rows.append({
-            by: r["key"], "runs": r["run_id_count_distinct"], "packages": r["packages_sum"], "ok": r["ok_sum"],
-            "failed": r["failed_sum"], "not_run": r["not_run_sum"], "open": r["open_sum"],
-            "gpu_seconds": round(r["gpu_seconds_sum"], 6), "wall_s": round(r["wall_s_sum"], 6),
-            "lock_wait_s": round(wait_of[r["key"]], 6),
+            by: labels[g], "runs": runs[g], "packages": figures["packages"][g], "ok": figures["ok"][g],
+            "failed": figures["failed"][g], "not_run": figures["not_run"][g], "open": figures["open"][g],
+            "gpu_seconds": round(figures["gpu_seconds"][g], 6), "wall_s": round(figures["wall_s"][g], 6),
+            "lock_wait_s": round(waits[g], 6),
         })
     return sorted(rows, key=lambda row: str(row[by]))
+
+
+def _relabel(codes: np.ndarray, values: pa.Array, null: str | None = None) -> tuple[np.ndarray, pa.Array]:
+    """Codes into re-encoded values (equal values merged), nulls labelled `null` when given."""
+    if null is not None:
+        values = pa.concat_arrays([values.cast(pa.string()), pa.array([null], pa.string())])
+        codes = np.where(codes >= 0, codes, len(values) - 1)
+    merged, distinct = encode(values)
+    return np.append(merged, -1)[codes], distinct
 
 
 def total(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

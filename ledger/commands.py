@@ -27,7 +27,7 @@ def summary_command(home: Path | None, by: str, since: str | None, fmt: str) -> 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     ledger = _ledger(home)
-    rows = summarize(ledger.table(columns_for(by, since)), by=by, since=since)
+    rows = summarize(ledger.table(columns_for(by, since), dictionary=True), by=by, since=since)
     if fmt == "json":
         typer.echo(render_json(rows, by, since))
     elif fmt == "csv":

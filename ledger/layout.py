@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ledger.record import ARROW_FIELDS, GENESIS, NON_NULL, LedgerRecord, canonical_json, record_message
 
@@ -22,6 +23,10 @@ _I64 = struct.Struct("<q")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _U16 = struct.Struct("<H")
+# messages gathered per step: temporaries of a few MB that the allocator reuses; fresh pages cost ~1 ms/MB here
+CHUNK = 1 << 15
+# _BYTE_MASKS[k] keeps the first k bytes of a little-endian word
+_BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [-1], dtype="<i8")
 
 
 def _field_pos(meta: bytes, table: int, index: int) -> int | None:
@@ -141,6 +146,8 @@ class Columns:
     """
 
     def __init__(self, buf: Any, size: int, starts: np.ndarray, lay: Layout) -> None:
+        self.buf = buf
+        self.size = size
         self.bytes = np.frombuffer(buf, dtype=np.uint8, count=size)
         self.words = np.frombuffer(buf, dtype="<i8", count=size // 8)
         self.starts = starts
@@ -148,11 +155,15 @@ class Columns:
         self.n = len(starts)
         self.body = starts + lay.body_at
 
+    def part(self, lo: int, hi: int) -> Columns:
+        """The same columns for messages lo..hi-1 only."""
+        return Columns(self.buf, self.size, self.starts[lo:hi], self.lay)
+
     def extract(self, names: list[str]) -> dict[str, Any]:
         """For each column: ('num', values, valid) or ('str', value starts, lengths, valid).
 
         Reads only the buffer-table words a column needs (validity only for nullable columns; for strings the
-        data buffer's offset and length, which the writer records unpadded), in one row-major gather.
+        data buffer's offset and length, which the writer records unpadded), row-major, CHUNK messages at a time.
         """
         want: list[int] = []
         plan: dict[str, tuple[int | None, int, int | None]] = {}
@@ -170,20 +181,75 @@ class Columns:
                 lpos = len(want)
                 want.append(entry[-1] + 1)
             plan[name] = (vpos, dpos, lpos)
-        table = self.words[(self.starts >> 3)[:, None] + np.asarray(want, dtype=np.int64)[None, :]]
+        n = self.n
+        wanted = np.asarray(want, dtype=np.int64)
+        base = self.starts >> 3
+        valid = {name: np.ones(n, dtype=bool) for name in plan}
+        first = {name: np.empty(n, dtype=np.int64) for name in plan}  # numbers, or string value starts
+        lengths = {name: np.empty(n, dtype=np.int64) for name, p in plan.items() if p[2] is not None}
+        for lo in range(0, n, CHUNK):
+            hi = min(n, lo + CHUNK)
+            table = self.words[base[lo:hi, None] + wanted]
+            body = self.body[lo:hi]
+            for name, (vpos, dpos, lpos) in plan.items():
+                if vpos is not None:
+                    has = table[:, vpos + 1] > 0
+                    if has.any():
+                        valid[name][lo:hi][has] = (self.bytes[body[has] + table[has, vpos]] & 1).astype(bool)
+                start = body + table[:, dpos]
+                if lpos is None:
+                    first[name][lo:hi] = self.words[start >> 3]
+                else:
+                    first[name][lo:hi] = start
+                    lengths[name][lo:hi] = table[:, lpos]
         out: dict[str, Any] = {}
-        for name, (vpos, dpos, lpos) in plan.items():
-            valid = np.ones(self.n, dtype=bool)
-            if vpos is not None:
-                has = table[:, vpos + 1] > 0
-                if has.any():
-                    valid[has] = (self.bytes[self.body[has] + table[has, vpos]] & 1).astype(bool)
-            start = self.body + table[:, dpos]
-            if lpos is None:
-                out[name] = ("num", self.words[start >> 3], valid)
+        for name in plan:
+            if name in lengths:
+                out[name] = ("str", first[name], lengths[name], valid[name])
             else:
-                out[name] = ("str", start, table[:, lpos], valid)
+                out[name] = ("num", first[name], valid[name])
         return out
+
+    def dictionary(self, name: str, got: tuple[Any, ...] | None = None) -> pa.DictionaryArray:
+        """A string column dictionary-encoded without Python strings: values are hashed as fixed-width rows.
+
+        Each value becomes its zero-padded words plus its length (so padding never merges two values); pyarrow's
+        hash kernel encodes those rows and only the distinct ones are turned back into strings.
+        """
+        _, start, length, valid = got if got is not None else self.extract([name])[name]
+        length = np.where(valid, length, 0)
+        width = int(length.max()) if self.n else 0
+        if (start[valid] & 7).any() or width > 1024:
+            encoded: pa.DictionaryArray = pc.dictionary_encode(self.arrow(name))
+            return encoded
+        if ((start + length)[valid] > self.size).any():
+            raise ValueError(f"a {name} value runs past the end of the ledger file")
+        nw = (width + 7) // 8
+        rows = np.zeros((self.n, nw + 1), dtype="<i8")
+        word = np.arange(nw, dtype=np.int64)
+        for lo in range(0, self.n, CHUNK):
+            hi = min(self.n, lo + CHUNK)
+            at = np.where(valid[lo:hi], start[lo:hi] >> 3, 0)
+            keep = np.clip(length[lo:hi, None] - 8 * word, 0, 8)
+            # words past a value's end are masked off; clipping keeps the shortest values near the file's end in range
+            at_words = np.minimum(at[:, None] + word, len(self.words) - 1)
+            rows[lo:hi, :nw] = self.words[at_words] & _BYTE_MASKS[keep]
+            rows[lo:hi, nw] = length[lo:hi]
+        fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(8 * (nw + 1)), self.n,
+                                                     [_bitmap(valid), pa.py_buffer(rows)])
+        enc = pc.dictionary_encode(fixed)
+        distinct = enc.dictionary
+        d = len(distinct)
+        words = np.frombuffer(distinct.buffers()[1], dtype="<i8")[distinct.offset * (nw + 1):]
+        words = words[: d * (nw + 1)].reshape(d, nw + 1)
+        dlen = words[:, nw]
+        offsets = np.zeros(d + 1, dtype=np.int64)
+        np.cumsum(dlen, out=offsets[1:])
+        chars = np.ascontiguousarray(words[:, :nw]).view(np.uint8).reshape(d, 8 * nw)
+        data = chars[np.arange(8 * nw)[None, :] < dlen[:, None]]
+        values = pa.Array.from_buffers(pa.large_string(), d, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        values.validate(full=True)  # the bytes must be UTF-8, as pyarrow's own reader would require
+        return pa.DictionaryArray.from_arrays(enc.indices, values.cast(pa.string()))
 
     def hex64(self, *gots: tuple[Any, ...]) -> list[np.ndarray]:
         """(n, 8) int64 words of each 64-character string column (hex digests), gathered in one pass.
@@ -197,12 +263,18 @@ class Columns:
         words = self.words[at]
         return [words[:, 8 * i : 8 * i + 8] for i in range(len(gots))]
 
-    def arrows(self, names: list[str]) -> dict[str, pa.Array]:
-        """The named columns as Arrow arrays (strings gathered, numbers viewed), nulls from the validity bits."""
+    def arrows(self, names: list[str], dictionary: bool = False) -> dict[str, pa.Array]:
+        """The named columns as Arrow arrays (strings gathered, numbers viewed), nulls from the validity bits.
+
+        With `dictionary`, string columns come dictionary-encoded (what grouping wants, and much faster).
+        """
         types = dict(ARROW_FIELDS)
         out: dict[str, pa.Array] = {}
         for name, got in self.extract(names).items():
             typ = types[name]
+            if dictionary and got[0] == "str":
+                out[name] = self.dictionary(name, got)
+                continue
             if got[0] == "num":
                 _, raw, valid = got
                 values = raw.view(np.float64) if pa.types.is_floating(typ) else raw

@@ -14,8 +14,10 @@ import json
 import mmap
 import os
 import secrets
+import signal
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +29,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ledger import merkle
+from ledger.accounting import encode, unclosed
 from ledger.layout import CONTINUATION, Columns, frame, index_valid, layout
 from ledger.record import (
     ASSIGNED,
@@ -49,6 +52,8 @@ SALT_FILE = "host.salt"
 # what pyarrow and the decoding below raise on bytes that are not a ledger record
 _UNPARSEABLE = (pa.ArrowException, OSError, ValueError, EOFError, KeyError, TypeError, IndexError)
 MAX_PROBLEMS = 20  # a broken chain repeats; the first problems say where it broke
+VERIFY_CHUNK = 8192  # records per hashing task: small enough to balance two processes, large enough to be cheap
+MAX_CHUNKS = 16_000  # chunk ids travel through a pipe, 4 bytes each: they fit its 64 KiB buffer
 
 
 class VerifyReport(BaseModel):
@@ -192,11 +197,15 @@ def _scan(buf: Any, size: int) -> _Scan:
 
 
 class Ledger:
-    """The ledger file at `path` (normally Home.ledger_path); `fsync=False` only for tests that need speed."""
+    """The ledger file at `path` (normally Home.ledger_path); `fsync=False` only for tests that need speed.
 
-    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+    `verify_chunk` (records per hashing task of verify) is a parameter so tests can exercise the two-process path.
+    """
+
+    def __init__(self, path: Path, *, fsync: bool = True, verify_chunk: int = VERIFY_CHUNK) -> None:
         self.path = Path(path)
         self.fsync = fsync
+        self.verify_chunk = verify_chunk
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.tail_path = self.path.with_name(self.path.name + ".tail")
         self.index_path = self.path.with_name(self.path.name + ".idx")  # int64 message offsets: a checked cache
@@ -394,13 +403,18 @@ class Ledger:
                 os.replace(tmp, self.index_path)
         return Columns(buf, size, starts, lay)
 
-    def table(self, columns: list[str] | None = None) -> pa.Table:
-        """The complete records as an Arrow table of the named columns (all when None)."""
+    def table(self, columns: list[str] | None = None, *, dictionary: bool = False) -> pa.Table:
+        """The complete records as an Arrow table of the named columns (all when None).
+
+        `dictionary=True` may return string columns dictionary-encoded (same values): what accounting groups on.
+        """
         names = columns or SCHEMA.names
         with self._mapped() as (buf, size):
             cols = self._columns(buf, size) if size else None
             if cols is not None:
-                arrays = cols.arrows(names)
+                arrays = cols.arrows(names, dictionary=dictionary)
+                if dictionary:
+                    return pa.table([arrays[n] for n in names], names=names)
                 return pa.table([arrays[n] for n in names], schema=pa.schema([SCHEMA.field(n) for n in names]))
             scan = _scan(buf, size)
             if not scan.spans or scan.schema_problem:
@@ -436,8 +450,10 @@ class Ledger:
         with self._mapped() as (buf, size):
             fast = self._verify_fast(buf, size) if size else None
             if fast is not None:
-                n, record_hashes, keys = fast
+                n, keys = fast
                 report: dict[str, Any] = {"ok": True, "size": n, "problems": []}
+                # leaves only for a consistency proof: 1M digests are not free
+                record_hashes = self._record_hashes_of(buf, size) if against is not None else []
             else:
                 report, record_hashes, keys = self._verify_slow(buf, size)
         report["bytes"] = size
@@ -461,54 +477,49 @@ class Ledger:
         report["problems"] = report["problems"][:MAX_PROBLEMS]
         return VerifyReport(**report)
 
-    def _verify_fast(self, buf: Any, size: int) -> tuple[int, list[bytes], pa.Table] | None:
-        """Vectorised verification; None unless every check passes (the slow path then says what is wrong)."""
+    def _verify_fast(self, buf: Any, size: int) -> tuple[int, pa.Table] | None:
+        """Vectorised verification; None unless every check passes (the slow path then says what is wrong).
+
+        Each record's canonical JSON and Arrow message are hashed once (hashlib over the map, no copies), in
+        chunks shared by this process and a forked child; the orphan keys are gathered while the child hashes.
+        """
         cols = self._columns(buf, size)
         if cols is None:
             return None
         n = cols.n
+        if n == 0:
+            return 0, _keys_empty()
         try:
-            got = cols.extract(["seq", "record_hash", "prev_hash", "prev_message_sha256", "canonical"])
-            _, seq, seq_valid = got["seq"]
-            if not np.array_equal(seq, np.arange(n)) or not seq_valid.all():
-                return None
-            rh, ph, pm = cols.hex64(got["record_hash"], got["prev_hash"], got["prev_message_sha256"])
-            _, c_start, c_len, c_valid = got["canonical"]
+            got = cols.part(0, 1).extract(["prev_hash", "prev_message_sha256"])
+            ph0, pm0 = cols.part(0, 1).hex64(got["prev_hash"], got["prev_message_sha256"])
         except (ValueError, IndexError):
             return None
-        if n == 0:
-            return 0, [], _keys_empty()
-        view = memoryview(buf)
-        starts = cols.starts
-        ends = np.append(starts[1:], size)
-        digests = _hex_digests(view, np.concatenate([c_start, starts]), np.concatenate([c_start + c_len, ends]))
-        if len(digests) != 2 * n * 64:
-            return None
-        words = np.frombuffer(digests, dtype="<i8").reshape(2 * n, 8)
-        canon, msgs = words[:n], words[n:]
-        genesis = np.frombuffer(GENESIS.encode(), dtype="<i8")
-        first_msg = np.frombuffer(hashlib.sha256(schema_message()).hexdigest().encode(), dtype="<i8")
-        chain_ok = (
-            bool(c_valid.all())
-            and np.array_equal(canon, rh)
-            and np.array_equal(ph[0], genesis)
-            and np.array_equal(ph[1:], rh[:-1])
-            and np.array_equal(pm[0], first_msg)
-            and np.array_equal(pm[1:], msgs[:-1])
-        )
-        if not chain_ok:
+        if ph0.tobytes() != GENESIS.encode() or pm0.tobytes() != hashlib.sha256(schema_message()).hexdigest().encode():
             return None
         # the last message is pinned by no later digest: it must be the canonical serialization of its record
-        last_raw = view[int(starts[-1]) : size]
         try:
-            canonical = bytes(view[int(c_start[-1]) : int(c_start[-1] + c_len[-1])])
-            last = LedgerRecord.model_validate({**json.loads(canonical), "record_hash": rh[-1].tobytes().decode()})
-        except (ValueError, ValidationError):
+            last = cols.part(n - 1, n).extract(["canonical", "record_hash"])
+            rh_last = cols.part(n - 1, n).hex64(last["record_hash"])[0].tobytes().decode()
+            _, c_start, c_len, _ = last["canonical"]
+            canonical = bytes(buf[int(c_start[0]) : int(c_start[0] + c_len[0])])
+            record = LedgerRecord.model_validate({**json.loads(canonical), "record_hash": rh_last})
+        except (ValueError, IndexError, ValidationError):
             return None
-        if record_message(last) != last_raw:
+        if record_message(record) != bytes(buf[int(cols.starts[-1]) : size]):
             return None
-        keys = pa.table({"seq": pa.array(np.arange(n)), **cols.arrows(["run_id", "package", "status"])})
-        return n, _hashes(rh), keys
+        chunk = max(self.verify_chunk, -(-n // MAX_CHUNKS))
+        view = memoryview(buf)
+        keys: list[pa.Table] = []
+
+        def gather_keys() -> None:
+            arrays = cols.arrows(["run_id", "package", "status"], dictionary=True)
+            keys.append(pa.table({"seq": pa.array(np.arange(n)), **arrays}))
+
+        def job(i: int) -> bool:
+            return _chain_chunk(view, cols, size, i * chunk, min(n, (i + 1) * chunk))
+
+        ok = _shared_chunks(-(-n // chunk), job, gather_keys)
+        return (n, keys[0]) if ok else None
 
     def _verify_slow(self, buf: Any, size: int) -> tuple[dict[str, Any], list[bytes], pa.Table]:
         """Record by record, with pyarrow: the reference check that locates and explains every problem."""
@@ -577,12 +588,15 @@ class Ledger:
 
     def _record_hashes(self) -> list[bytes]:
         with self._mapped() as (buf, size):
-            cols = self._columns(buf, size) if size else None
-            if cols is not None:
-                with contextlib.suppress(ValueError):
-                    return _hashes(cols.hex64(cols.extract(["record_hash"])["record_hash"])[0])
-            return [bytes.fromhex(str(_decode_or_fail(buf, s, e, i)["record_hash"]))
-                    for i, (s, e) in enumerate(_scan(buf, size).spans)]
+            return self._record_hashes_of(buf, size)
+
+    def _record_hashes_of(self, buf: Any, size: int) -> list[bytes]:
+        cols = self._columns(buf, size) if size else None
+        if cols is not None:
+            with contextlib.suppress(ValueError):
+                return _hashes(cols.hex64(cols.extract(["record_hash"])["record_hash"])[0])
+        return [bytes.fromhex(str(_decode_or_fail(buf, s, e, i)["record_hash"]))
+                for i, (s, e) in enumerate(_scan(buf, size).spans)]
 
     def head(self) -> TreeHead:
         """RFC 6962 tree head over the record hashes of the complete records."""
@@ -661,38 +675,92 @@ def _complete_message_after(buf: Any, start: int, size: int) -> int | None:
     return None
 
 
-def _hex_digests(view: memoryview, starts: np.ndarray, ends: np.ndarray) -> bytes:
-    """Concatenated hex SHA256 of view[start:end] for each span; half of them in a forked child on 2+ cores."""
-    a, b = starts.tolist(), ends.tolist()
-    n = len(a)
+def _chain_chunk(view: memoryview, cols: Columns, size: int, lo: int, hi: int) -> bool:
+    """Records lo..hi-1: seq, record_hash = SHA256(canonical), and the next record's prev_hash and
+    prev_message_sha256 equal to this record's hash and message digest (the ledger's last message excepted)."""
+    top = min(hi + 1, cols.n)  # one record past the chunk holds the digests that pin its last message
+    part = cols.part(lo, top)
+    try:
+        got = part.extract(["seq", "record_hash", "prev_hash", "prev_message_sha256", "canonical"])
+        _, seq, _ = got["seq"]
+        rh, ph, pm = part.hex64(got["record_hash"], got["prev_hash"], got["prev_message_sha256"])
+        _, c_start, c_len, c_valid = got["canonical"]
+    except (ValueError, IndexError):
+        return False
+    if not np.array_equal(seq, np.arange(lo, top)) or not c_valid.all():
+        return False
+    sha = hashlib.sha256
+    c_lo = c_start[: hi - lo].tolist()
+    c_hi = (c_start + c_len)[: hi - lo].tolist()
+    canon = b"".join([sha(view[a:b]).digest() for a, b in zip(c_lo, c_hi, strict=True)])
+    if canon.hex().encode() != rh[: hi - lo].tobytes():
+        return False
+    bounds = part.starts.tolist() if top > hi else [*part.starts.tolist(), size]
+    m_lo, m_hi = bounds[:-1][: top - lo - 1], bounds[1:][: top - lo - 1]
+    msgs = b"".join([sha(view[a:b]).digest() for a, b in zip(m_lo, m_hi, strict=True)])
+    return msgs.hex().encode() == pm[1:].tobytes() and ph[1:].tobytes() == rh[:-1].tobytes()
 
-    def run(lo: int, hi: int) -> bytes:
-        sha = hashlib.sha256
-        return "".join([sha(view[x:y]).hexdigest() for x, y in zip(a[lo:hi], b[lo:hi], strict=True)]).encode()
 
-    if n < 20_000 or (os.cpu_count() or 1) < 2:
-        return run(0, n)
-    mid = n // 2
+def _shared_chunks(count: int, job: Callable[[int], bool], meanwhile: Callable[[], None]) -> bool:
+    """True when job(i) holds for every chunk i; chunks are taken from a pipe by this process and, on 2+ cores,
+    a forked child (which only reads the shared map), after this process has run `meanwhile`.
+
+    Chunk states live in a shared anonymous map; any chunk the child did not finish is done here.
+    """
+    if count < 4 or (os.cpu_count() or 1) < 2:
+        meanwhile()
+        return all(job(i) for i in range(count))
+    state = mmap.mmap(-1, count + 1)  # per chunk 0 = not done, 1 = ok, 2 = bad; the last byte: stop
     r, w = os.pipe()
-    pid = os.fork()  # the child only hashes the shared read-only map: no locks of other threads are needed
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            data = run(mid, n)
-            with os.fdopen(w, "wb") as f:
-                f.write(data)
-            code = 0
-        finally:
-            os._exit(code)
+    os.set_blocking(w, False)
+    with contextlib.suppress(BlockingIOError):
+        os.write(w, np.arange(count, dtype="<u4").tobytes())  # ids the pipe cannot hold are done below
     os.close(w)
-    first = run(0, mid)
-    with os.fdopen(r, "rb") as reader:
-        second = reader.read()
-    _, status = os.waitpid(pid, 0)
-    if status != 0 or len(second) != (n - mid) * 64:
-        second = run(mid, n)  # the child failed: do its half here
-    return first + second
+    hashlib.sha256(b"").digest()  # OpenSSL's digest lookup happens here, not first in the child
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _take_chunks(r, job, state, count)
+        finally:
+            os._exit(0)
+    try:
+        meanwhile()
+        _take_chunks(r, job, state, count)
+    finally:
+        os.close(r)
+        _reap(pid)
+    for i in range(count):
+        if state[count] == 0 and state[i] == 0:
+            state[i] = 1 if job(i) else 2
+    ok = state[count] == 0 and all(state[i] == 1 for i in range(count))
+    state.close()
+    return ok
+
+
+def _take_chunks(fd: int, job: Callable[[int], bool], state: mmap.mmap, count: int) -> None:
+    """Run the chunks whose ids this process reads from the pipe (4 bytes each, reads are atomic) until it is empty."""
+    while state[count] == 0:
+        raw = os.read(fd, 4)
+        if len(raw) != 4:
+            return
+        i = int.from_bytes(raw, "little")
+        good = job(i)
+        state[i] = 1 if good else 2
+        if not good:
+            state[count] = 1  # one bad chunk fails the fast path: stop both processes early
+
+
+def _reap(pid: int, grace_s: float = 60.0) -> None:
+    """Wait for the hashing child; kill it if it is stuck (its unfinished chunks are then redone here)."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return
+        time.sleep(0.002)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
 
 
 def _hashes(hex_rows: np.ndarray) -> list[bytes]:
@@ -724,12 +792,12 @@ def _orphans(keys: pa.Table) -> list[tuple[str, str]]:
     """(run_id, package) of open records with no later close of the same package in the same run."""
     if keys.num_rows == 0:
         return []
-    is_open = pc.equal(keys["status"], "open")
-    opens = keys.filter(is_open)
-    if opens.num_rows == 0:
-        return []
-    closes = keys.filter(pc.invert(is_open)).group_by(["run_id", "package"]).aggregate([("seq", "max")])
-    joined = opens.join(closes, keys=["run_id", "package"], join_type="left outer")
-    later = pc.fill_null(pc.greater(joined["seq_max"], joined["seq"]), False)
-    left = joined.filter(pc.invert(later)).sort_by("seq")
-    return list(zip(left["run_id"].to_pylist(), left["package"].to_pylist(), strict=True))
+    run, runs = encode(keys["run_id"])
+    package, packages = encode(keys["package"])
+    status, statuses = encode(keys["status"])
+    is_open = np.append(np.array([v == "open" for v in statuses.to_pylist()], dtype=bool), False)[status]
+    seq = keys["seq"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
+    left = np.flatnonzero(unclosed(run, package, len(packages), is_open, seq))
+    left = left[np.argsort(seq[left], kind="stable")]
+    return list(zip(runs.take(pa.array(run[left])).to_pylist(), packages.take(pa.array(package[left])).to_pylist(),
+                    strict=True))

@@ -162,6 +162,32 @@ def test_any_flip_truncation_or_reorder_names_the_first_bad_seq(tmp_path: Path, 
     assert report.first_bad_seq == want, (action, report.problems)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(4, 12), data=st.data())
+def test_two_process_verify_names_the_first_bad_seq(tmp_path: Path, n: int, data: st.DataObject) -> None:
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "ledger.arrows"
+    fill(Ledger(path, fsync=False), n)
+    ledger = Ledger(path, verify_chunk=1)  # one record per hashing task: the forked child takes some of them
+    report = ledger.verify()
+    assert report.ok and report.size == n and report.orphaned == Ledger(path).verify().orphaned
+    original, starts = path.read_bytes(), offsets(path)
+    pos = data.draw(st.integers(0, len(original) - 1))
+    damaged = bytearray(original)
+    damaged[pos] ^= 1 << data.draw(st.integers(0, 7))
+    path.write_bytes(bytes(damaged))
+    report = ledger.verify()
+    assert not report.ok and report.first_bad_seq == expected_bad_seq(starts, pos), report.problems
+
+
+def test_dictionary_table_has_the_same_values(ledger: Ledger) -> None:
+    fill(ledger, 9)
+    plain = ledger.table()
+    encoded = ledger.table(dictionary=True)
+    assert pa.types.is_dictionary(encoded["arm"].type) and encoded["arm"].null_count == plain["arm"].null_count
+    for name in plain.column_names:
+        assert encoded[name].cast(plain[name].type).equals(plain[name]), name
+
+
 def test_torn_tail_is_reported_refused_and_repaired(ledger: Ledger) -> None:
     fill(ledger, 3)
     good = ledger.path.read_bytes()
