@@ -511,9 +511,13 @@ class Ledger:
         view = memoryview(buf)
         keys: list[pa.Table] = []
 
-        def gather_keys() -> None:
-            arrays = cols.arrows(["run_id", "package", "status"], dictionary=True)
+        def gather_keys() -> bool:
+            try:
+                arrays = cols.arrows(["run_id", "package", "status"], dictionary=True)
+            except _UNPARSEABLE:
+                return False  # damaged offsets: the slow path says where
             keys.append(pa.table({"seq": pa.array(np.arange(n)), **arrays}))
+            return True
 
         def job(i: int) -> bool:
             return _chain_chunk(view, cols, size, i * chunk, min(n, (i + 1) * chunk))
@@ -701,15 +705,14 @@ def _chain_chunk(view: memoryview, cols: Columns, size: int, lo: int, hi: int) -
     return msgs.hex().encode() == pm[1:].tobytes() and ph[1:].tobytes() == rh[:-1].tobytes()
 
 
-def _shared_chunks(count: int, job: Callable[[int], bool], meanwhile: Callable[[], None]) -> bool:
+def _shared_chunks(count: int, job: Callable[[int], bool], meanwhile: Callable[[], bool]) -> bool:
     """True when job(i) holds for every chunk i; chunks are taken from a pipe by this process and, on 2+ cores,
-    a forked child (which only reads the shared map), after this process has run `meanwhile`.
+    a forked child (which only reads the shared map), after this process has run `meanwhile` (it must hold too).
 
     Chunk states live in a shared anonymous map; any chunk the child did not finish is done here.
     """
     if count < 4 or (os.cpu_count() or 1) < 2:
-        meanwhile()
-        return all(job(i) for i in range(count))
+        return meanwhile() and all(job(i) for i in range(count))
     state = mmap.mmap(-1, count + 1)  # per chunk 0 = not done, 1 = ok, 2 = bad; the last byte: stop
     r, w = os.pipe()
     os.set_blocking(w, False)
@@ -724,7 +727,8 @@ def _shared_chunks(count: int, job: Callable[[int], bool], meanwhile: Callable[[
         finally:
             os._exit(0)
     try:
-        meanwhile()
+        if not meanwhile():
+            state[count] = 1
         _take_chunks(r, job, state, count)
     finally:
         os.close(r)
