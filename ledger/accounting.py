@@ -84,9 +84,32 @@ def _coalesced(first: pa.Array | pa.ChunkedArray, second: pa.Array | pa.ChunkedA
 
 def _compact(key: np.ndarray, other: np.ndarray, other_count: int) -> tuple[np.ndarray, np.ndarray]:
     """Dense ids of the (key, other) pairs, and the key of each pair id."""
-    pair = key * max(other_count, 1) + other
+    width = max(other_count, 1)
+    pair = key * width + other
+    span = (int(key.max()) + 1) * width if len(key) else 0
+    if span <= 4 * len(key) + 1024:  # a small product space: mark and count instead of sorting
+        seen = np.zeros(span, dtype=bool)
+        seen[pair] = True
+        dense = np.cumsum(seen) - 1
+        return dense[pair], np.flatnonzero(seen) // width
     ids, inverse = np.unique(pair, return_inverse=True)
-    return inverse.reshape(-1), ids // max(other_count, 1)
+    return inverse.reshape(-1), ids // width
+
+
+def round6(values: list[float] | np.ndarray) -> list[float]:
+    """Python's round(x, 6) of each value (correctly rounded), vectorised wherever that gives the same float.
+
+    rint(x * 1e6) / 1e6 equals it unless x * 1e6 lies within its own rounding error of a tie (or is huge):
+    those few are rounded by Python.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    scaled = x * 1e6
+    with np.errstate(invalid="ignore"):
+        unsafe = ~(np.abs(scaled) < 2.0**52) | (np.abs(scaled - np.floor(scaled) - 0.5) <= np.abs(scaled) * 2.0**-50)
+    out: list[float] = (np.rint(scaled) / 1e6).tolist()
+    for i in np.flatnonzero(unsafe).tolist():
+        out[i] = round(float(x[i]), 6)
+    return out
 
 
 def unclosed(run: np.ndarray, package: np.ndarray, n_packages: int, is_open: np.ndarray,
@@ -157,7 +180,10 @@ def summarize(
     def sums(x: np.ndarray) -> list[Any]:
         return list(np.bincount(codes, weights=np.where(closed, x, 0.0), minlength=k).tolist())
 
-    pair, pair_key = _compact(codes, run, int(run.max()) + 1 if len(run) else 1)
+    if by == "run":
+        pair, pair_key = codes, np.arange(k)  # one run per group
+    else:
+        pair, pair_key = _compact(codes, run, int(run.max()) + 1 if len(run) else 1)
     runs: list[Any] = np.bincount(pair_key, minlength=k).tolist()
     per_run_wait = np.full(len(pair_key), -np.inf)
     np.maximum.at(per_run_wait, pair, wait)
@@ -167,15 +193,14 @@ def summarize(
         "packages": counts(closed), "ok": counts(ok), "failed": counts(failed), "not_run": counts(not_run),
         "open": counts(still_open), "gpu_seconds": sums(gpu_s), "wall_s": sums(wall_s),
     }
+    figures["runs"], figures["lock_wait_s"] = runs, waits
     labels = values.to_pylist()
-    rows = []
-    for g in np.flatnonzero(present).tolist():
-        rows.append({
-            by: labels[g], "runs": runs[g], "packages": figures["packages"][g], "ok": figures["ok"][g],
-            "failed": figures["failed"][g], "not_run": figures["not_run"][g], "open": figures["open"][g],
-            "gpu_seconds": round(figures["gpu_seconds"][g], 6), "wall_s": round(figures["wall_s"][g], 6),
-            "lock_wait_s": round(waits[g], 6),
-        })
+    shown = np.flatnonzero(present)
+    columns = [[labels[g] for g in shown.tolist()]]
+    for name in FIGURES:
+        picked = np.asarray(figures[name])[shown]
+        columns.append(round6(picked) if picked.dtype.kind == "f" else picked.tolist())
+    rows = [dict(zip((by, *FIGURES), values, strict=True)) for values in zip(*columns, strict=True)]
     return sorted(rows, key=lambda row: str(row[by]))
 
 

@@ -225,19 +225,21 @@ class Columns:
         if ((start + length)[valid] > self.size).any():
             raise ValueError(f"a {name} value runs past the end of the ledger file")
         nw = (width + 7) // 8
-        rows = np.zeros((self.n, nw + 1), dtype="<i8")
         word = np.arange(nw, dtype=np.int64)
-        for lo in range(0, self.n, CHUNK):
+        pieces = []
+        for lo in range(0, self.n, CHUNK):  # chunk by chunk: the fixed-width rows stay small and reused
             hi = min(self.n, lo + CHUNK)
+            rows = np.zeros((hi - lo, nw + 1), dtype="<i8")
             at = np.where(valid[lo:hi], start[lo:hi] >> 3, 0)
             keep = np.clip(length[lo:hi, None] - 8 * word, 0, 8)
             # words past a value's end are masked off; clipping keeps the shortest values near the file's end in range
             at_words = np.minimum(at[:, None] + word, len(self.words) - 1)
-            rows[lo:hi, :nw] = self.words[at_words] & _BYTE_MASKS[keep]
-            rows[lo:hi, nw] = length[lo:hi]
-        fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(8 * (nw + 1)), self.n,
-                                                     [_bitmap(valid), pa.py_buffer(rows)])
-        enc = pc.dictionary_encode(fixed)
+            rows[:, :nw] = self.words[at_words] & _BYTE_MASKS[keep]
+            rows[:, nw] = length[lo:hi]
+            fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(8 * (nw + 1)), hi - lo,
+                                                         [_bitmap(valid[lo:hi]), pa.py_buffer(rows)])
+            pieces.append(pc.dictionary_encode(fixed))
+        enc = pa.concat_arrays(pieces)  # unifies the chunks' dictionaries
         distinct = enc.dictionary
         d = len(distinct)
         words = np.frombuffer(distinct.buffers()[1], dtype="<i8")[distinct.offset * (nw + 1):]
