@@ -205,6 +205,9 @@ class Columns:
         out: dict[str, Any] = {}
         for name in plan:
             if name in lengths:
+                length, start = lengths[name], first[name]
+                if (valid[name] & ((length < 0) | (start + length > self.size))).any():
+                    raise ValueError(f"a {name} value lies outside the ledger file (damaged lengths)")
                 out[name] = ("str", first[name], lengths[name], valid[name])
             else:
                 out[name] = ("num", first[name], valid[name])
@@ -222,8 +225,6 @@ class Columns:
         if (start[valid] & 7).any() or width > 1024:
             encoded: pa.DictionaryArray = pc.dictionary_encode(self.arrow(name))
             return encoded
-        if ((start + length)[valid] > self.size).any():
-            raise ValueError(f"a {name} value runs past the end of the ledger file")
         nw = (width + 7) // 8
         word = np.arange(nw, dtype=np.int64)
         pieces = []

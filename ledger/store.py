@@ -717,7 +717,7 @@ def _shared_chunks(count: int, job: Callable[[int], bool], meanwhile: Callable[[
     Chunk states live in a shared anonymous map; any chunk the child did not finish is done here.
     """
     if count < 4 or (os.cpu_count() or 1) < 2:
-        return meanwhile() and all(job(i) for i in range(count))
+        return meanwhile() and all(_holds(job, i) for i in range(count))
     state = mmap.mmap(-1, count + 1)  # per chunk 0 = not done, 1 = ok, 2 = bad; the last byte: stop
     r, w = os.pipe()
     os.set_blocking(w, False)
@@ -740,10 +740,18 @@ def _shared_chunks(count: int, job: Callable[[int], bool], meanwhile: Callable[[
         _reap(pid)
     for i in range(count):
         if state[count] == 0 and state[i] == 0:
-            state[i] = 1 if job(i) else 2
+            state[i] = 1 if _holds(job, i) else 2
     ok = state[count] == 0 and all(state[i] == 1 for i in range(count))
     state.close()
     return ok
+
+
+def _holds(job: Callable[[int], bool], i: int) -> bool:
+    """job(i), False when damaged bytes make it raise: the fast path then gives way to the slow one."""
+    try:
+        return job(i)
+    except (ValueError, IndexError, OverflowError, TypeError):
+        return False
 
 
 def _take_chunks(fd: int, job: Callable[[int], bool], state: mmap.mmap, count: int) -> None:
@@ -753,7 +761,7 @@ def _take_chunks(fd: int, job: Callable[[int], bool], state: mmap.mmap, count: i
         if len(raw) != 4:
             return
         i = int.from_bytes(raw, "little")
-        good = job(i)
+        good = _holds(job, i)
         state[i] = 1 if good else 2
         if not good:
             state[count] = 1  # one bad chunk fails the fast path: stop both processes early
