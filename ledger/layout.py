@@ -220,6 +220,8 @@ class Columns:
         hash kernel encodes those rows and only the distinct ones are turned back into strings.
         """
         _, start, length, valid = got if got is not None else self.extract([name])[name]
+        if self.n == 0:
+            return pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
         length = np.where(valid, length, 0)
         width = int(length.max()) if self.n else 0
         if (start[valid] & 7).any() or width > 1024:

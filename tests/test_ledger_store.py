@@ -186,6 +186,9 @@ def test_dictionary_table_has_the_same_values(ledger: Ledger) -> None:
     assert pa.types.is_dictionary(encoded["arm"].type) and encoded["arm"].null_count == plain["arm"].null_count
     for name in plain.column_names:
         assert encoded[name].cast(plain[name].type).equals(plain[name]), name
+    empty = Ledger(ledger.path.with_name("empty.arrows"))
+    empty.path.write_bytes(schema_message())  # a ledger whose records were never written
+    assert empty.table(["run_id", "arm"], dictionary=True).num_rows == 0
 
 
 def test_torn_tail_is_reported_refused_and_repaired(ledger: Ledger) -> None:
