@@ -85,10 +85,11 @@ _CREDENTIALS: list[tuple[str, re.Pattern[str]]] = [
 ]
 _NOT_PATH_BEFORE = r"(?<![\w.~%/\\-])"
 _PRIVATE_PATHS: list[tuple[str, re.Pattern[str]]] = [
-    ("home directory path", re.compile(_NOT_PATH_BEFORE + r"/home/[A-Za-z0-9._-]+")),
-    ("macOS home path", re.compile(_NOT_PATH_BEFORE + r"/Users/[A-Za-z0-9._-]+")),
-    ("root home path", re.compile(_NOT_PATH_BEFORE + r"/root/[A-Za-z0-9._-]+")),
-    ("machine work path", re.compile(_NOT_PATH_BEFORE + r"/work/[A-Za-z0-9._-]+")),
+    # each top folder in a (?:...) group, so that these patterns are not themselves such paths to a plain grep
+    ("home directory path", re.compile(_NOT_PATH_BEFORE + r"/(?:home)/[A-Za-z0-9._-]+")),
+    ("macOS home path", re.compile(_NOT_PATH_BEFORE + r"/(?:Users)/[A-Za-z0-9._-]+")),
+    ("root home path", re.compile(_NOT_PATH_BEFORE + r"/(?:root)/[A-Za-z0-9._-]+")),
+    ("machine work path", re.compile(_NOT_PATH_BEFORE + r"/(?:work)/[A-Za-z0-9._-]+")),
     ("Windows home path", re.compile(r"\b[A-Za-z]:\\\\?Users\\\\?[A-Za-z0-9._ -]+")),
 ]
 _GENERIC_HOSTS = frozenset({"localhost", "localhost.localdomain", "localdomain", "ip6-localhost"})

@@ -29,7 +29,7 @@ ASSIGNED = ("seq", "prev_hash", "prev_message_sha256", "record_hash")
 
 HEX64 = r"^[0-9a-f]{64}$"
 TOKEN = r"^[A-Za-z0-9._:+-]{1,128}$"  # ids and digests: no spaces, no slashes, no paths
-_HOME_PATH = re.compile(r"(/home/|/Users/|/root/?)[^\s/'\"]*")
+_HOME_PATH = re.compile(r"(/(?:home|Users)/|/(?:root)(?:/|\b))[^\s/'\"]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # column order of the Arrow schema; `canonical` (the hashed JSON) comes last
