@@ -18,14 +18,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from protocol.recipe import recipe_flags  # noqa: E402
+
 SOURCE = REPO / "examples" / "r3_mini"
 SWITCHES = ("CUDA_GRAPH", "ROLLOUT_UNSHARD", "VIT_CACHE", "REF_GATHER_ONCE", "TRITON_TOPK")
-RECIPE = [
-    "--group_size", "16", "--policy_group_size", "4", "--rounds", "2", "--global_seed", "4396",
-    "--data_seed", "42", "--lr", "5e-6", "--warmup_steps", "10", "--beta1", "0.9", "--beta2", "0.95",
-    "--eps", "1e-8", "--weight_decay", "0", "--max_grad_norm", "1.0", "--kl_weight_text", "0.001",
-    "--kl_weight_image", "0.001", "--freeze_vit", "True", "--total_steps", "1000", "--debug", "True",
-]  # fmt: skip
+RECIPE = [*recipe_flags(), "--debug", "True"]  # the frozen recipe; --debug skips the step-0 evaluation
 STEPS, WARMUP, WINDOW = 16, 10, 2
 
 

@@ -34,6 +34,11 @@ ALLOWED_PRECISIONS: Final = ("fp32", "bf16")
 FORBIDDEN_PRECISIONS: Final = ("fp16", "fp8", "int8")
 
 
+def recipe_flags() -> list[str]:
+    """The recipe as upstream-style trainer flags (`--lr 5e-06 ...`): one source for benches and tests."""
+    return [x for key, value in UPSTREAM_RECIPE.items() for x in (f"--{key}", str(value))]
+
+
 def flag_value_equal(expected: object, given: str) -> bool:
     """Whether a command-line flag value `given` denotes the recipe value `expected`."""
     if isinstance(expected, bool):

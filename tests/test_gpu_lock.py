@@ -18,6 +18,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lockutil import gone, is_free
 
 from orchestrator import gpu_lock as gl
 from protocol.errors import EXIT_LOCK_TIMEOUT, LockTimeoutError, UsageError
@@ -35,24 +36,6 @@ def _gpus(tmp: Path, devices: list[list[dict[str, object]]]) -> gl.FakeProbe:
     path = tmp / "gpus.json"
     path.write_text(json.dumps({"devices": [{"processes": p} for p in devices]}))
     return gl.FakeProbe(path)
-
-
-def _is_free(path: Path) -> bool:
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.fixture
@@ -80,10 +63,10 @@ def test_lowest_free_slots_holder_info_and_release(tmp_path: Path) -> None:
             assert env["GPU_RUN_SLOTS_GRANTED"] == "0,2"
             info = json.loads((locks / "slot0.lock").read_text())
             assert info["pid"] == os.getpid() and info["cmd"] == "train x" and info["devices"] == [0, 2]
-            assert not _is_free(locks / "slot0.lock") and not _is_free(locks / "slot2.lock")
+            assert not is_free(locks / "slot0.lock") and not is_free(locks / "slot2.lock")
         assert grant.released
         assert (locks / "slot0.lock").read_text() == ""  # holder info cleared before the unlock
-        assert _is_free(locks / "slot0.lock") and _is_free(locks / "slot2.lock")
+        assert is_free(locks / "slot0.lock") and is_free(locks / "slot2.lock")
         held = grant.held_s()
         assert grant.held_s() == held  # frozen at release
     finally:
@@ -103,7 +86,7 @@ def test_all_or_none_timeout_names_holder_and_keeps_nothing(tmp_path: Path) -> N
         assert [(h.label, h.pid, h.command) for h in err.holders] == [("slot2", os.getpid(), "holder cmd")]
         assert f"slot2: lock held by pid {os.getpid()}" in err.message
         assert len(seen) == 1  # one status line: the holders did not change while waiting
-        assert _is_free(locks / "slot0.lock") and _is_free(locks / "slot1.lock")  # the partial take was undone
+        assert is_free(locks / "slot0.lock") and is_free(locks / "slot1.lock")  # the partial take was undone
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -128,7 +111,7 @@ def test_grants_are_the_lowest_free_or_nothing(tmp_path: Path, ops: list[int]) -
             else:
                 with pytest.raises(LockTimeoutError):
                     gl.acquire(gpus=k, slots=4, lock_dir=locks, probe=probe, timeout=0)
-                assert {i for i in range(4) if not _is_free(locks / f"slot{i}.lock")} == held
+                assert {i for i in range(4) if not is_free(locks / f"slot{i}.lock")} == held
     finally:
         for g in grants:
             g.release()
@@ -203,7 +186,7 @@ def test_terminate_group_reaches_grandchildren(tmp_path: Path) -> None:
     grandchild = int(pidfile.read_text())
     assert os.getpgid(grandchild) == proc.pid != os.getpgid(0)
     assert gl.terminate_group(proc, grace_s=5) == -15
-    assert _gone(grandchild)
+    assert gone(grandchild)
 
 
 def test_terminate_group_kills_after_grace(tmp_path: Path) -> None:
@@ -219,7 +202,7 @@ def test_wait_group_removes_leftovers(tmp_path: Path) -> None:
     pidfile = tmp_path / "left"
     proc = gl.spawn_in_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; exit 4"])
     assert gl.wait_group(proc) == 4
-    assert _gone(int(pidfile.read_text()))
+    assert gone(int(pidfile.read_text()))
     assert gl.signal_group(proc, 15) is False  # reaped: its pid may be reused, so never signalled again
 
 

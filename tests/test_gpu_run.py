@@ -5,7 +5,6 @@ CPU slots stand in for GPUs (a fake NVML file with no devices); a fake NVML file
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -17,8 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
 import pytest
+from lockutil import gone, is_free
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,24 +65,6 @@ def _until(cond: Callable[[], bool], bound_s: float = 15.0) -> bool:
     return cond()
 
 
-def _is_free(path: Path) -> bool:
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # reparented, not yet reaped by init
-    except psutil.NoSuchProcess:
-        return True
-
-
 def _read_pid(path: Path) -> Callable[[], bool]:
     return lambda: path.exists() and path.read_text().strip().isdigit()
 
@@ -105,7 +86,7 @@ def flock_holder(env: dict[str, str]) -> Iterator[Callable[[str], subprocess.Pop
         assert FLOCK is not None
         proc = subprocess.Popen([FLOCK, str(lock), "sleep", "60"], start_new_session=True)
         started.append(proc)
-        assert _until(lambda: not _is_free(lock))
+        assert _until(lambda: not is_free(lock))
         return proc
 
     yield start
@@ -128,7 +109,7 @@ def test_foreign_flock_holder_is_named_and_never_killed_on_timeout(
     rec = json.loads(record.read_text())
     assert rec["exit_status"] == 75 and rec["devices"] == [] and rec["gpu_seconds"] == 0
     assert 2.0 <= rec["lock_wait_s"] < 3.0  # the acceptance bound: gave up within 3 s
-    assert holder.poll() is None and not _is_free(Path(env["GPU_RUN_LOCK_DIR"]) / "slot0.lock")
+    assert holder.poll() is None and not is_free(Path(env["GPU_RUN_LOCK_DIR"]) / "slot0.lock")
 
 
 @needs_flock
@@ -154,12 +135,12 @@ def test_kill9_of_gpu_run_kills_its_child_and_frees_the_lock(env: dict[str, str]
     proc = _gpu_run(["--slots", "1", "--", "sh", "-c", script], env)
     assert _until(_read_pid(child_pid)) and _until(_read_pid(grandchild_pid))
     lock = Path(env["GPU_RUN_LOCK_DIR"]) / "slot0.lock"
-    assert not _is_free(lock)
+    assert not is_free(lock)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     child, grandchild = int(child_pid.read_text()), int(grandchild_pid.read_text())
-    assert _until(lambda: _gone(child) and _gone(grandchild), bound_s=2.0)
-    assert _is_free(lock)
+    assert _until(lambda: gone(child) and gone(grandchild), bound_s=2.0)
+    assert is_free(lock)
 
 
 def test_two_concurrent_requests_for_two_of_three_slots(env: dict[str, str], tmp_path: Path) -> None:
@@ -205,7 +186,7 @@ def test_sigterm_is_forwarded_to_the_group(env: dict[str, str], tmp_path: Path) 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 7  # the child's own exit status
     assert (tmp_path / "got-term").exists()
-    assert _gone(int((tmp_path / "side").read_text()))  # the rest of the group got it too
+    assert gone(int((tmp_path / "side").read_text()))  # the rest of the group got it too
 
 
 def test_sigkill_after_grace_when_the_child_ignores_sigterm(env: dict[str, str], tmp_path: Path) -> None:

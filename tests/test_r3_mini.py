@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from protocol.recipe import recipe_flags
+
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "examples" / "r3_mini"
 PY = sys.executable
@@ -29,12 +31,7 @@ SMALL = [
     "--max_output_token_n_gen", "5", "--max_output_token_n_edit", "5",
     "--num_timesteps_gen", "4", "--num_timesteps_edit", "4", "--num_dev_prompts", "8",
 ]  # fmt: skip
-RECIPE = [
-    "--group_size", "16", "--policy_group_size", "4", "--rounds", "2", "--global_seed", "4396",
-    "--data_seed", "42", "--lr", "5e-6", "--warmup_steps", "10", "--beta1", "0.9", "--beta2", "0.95",
-    "--eps", "1e-8", "--weight_decay", "0", "--max_grad_norm", "1.0", "--kl_weight_text", "0.001",
-    "--kl_weight_image", "0.001", "--freeze_vit", "True", "--total_steps", "1000", "--debug", "True",
-]  # fmt: skip
+RECIPE = [*recipe_flags(), "--debug", "True"]  # the frozen recipe; --debug skips the step-0 evaluation
 
 
 # ---- the test-only checkpoint writer (runs inside each torchrun rank) ------------------------------------------
