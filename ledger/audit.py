@@ -508,6 +508,7 @@ def compute_audit(ev: RunEvidence, head: tuple[int, str], audited_at: str) -> di
         n_steps=m.steps,
         digest_first=m.digest_first,
         digest_last=m.digest_last,
+        model=ev.protocol.model.model_dump() if ev.protocol.model is not None else None,
     )
     if not ex.exact:
         verdict = "not exact"

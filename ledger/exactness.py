@@ -224,6 +224,22 @@ def recipe_differences(observed: ObservedRecipe, recipe: Mapping[str, Any], labe
     return diffs
 
 
+def model_differences(observed: ObservedRecipe, model: Mapping[str, Any], label: str) -> list[str]:
+    """The declared model against the one the probe saw: a flag that shrinks the model is named here."""
+    diffs: list[str] = []
+    prefix, want = str(model["layer_prefix"]), int(model["layers"])
+    seen = observed.layers.get(prefix)
+    if seen is None:
+        stacks = ", ".join(f"{k} {v}" for k, v in observed.layers.items()) or "none"
+        diffs.append(f"arm {label}: declared {want} layers under {prefix}, the probe saw no such stack ({stacks})")
+    elif seen != want:
+        diffs.append(f"arm {label}: declared {want} layers under {prefix}, the trainer built {seen}")
+    total = observed.trainable_params + observed.frozen_params
+    if model.get("min_params") and total < int(model["min_params"]):
+        diffs.append(f"arm {label}: {total:,} parameters, the declared model has at least {int(model['min_params']):,}")
+    return diffs
+
+
 def exactness(
     steps: Steps,
     trains: Mapping[str, TrainResult],
@@ -234,6 +250,7 @@ def exactness(
     digest_first: int,
     digest_last: int,
     labels: Sequence[str] = ("A", "C", "B"),
+    model: Mapping[str, Any] | None = None,
 ) -> Exactness:
     """Every exactness check of DESIGN.md section 1 over one run's three train and three reload results."""
     problems: list[str] = []
@@ -263,6 +280,8 @@ def exactness(
     diffs: list[str] = []
     for label in labels:
         diffs += recipe_differences(trains[label].observed_recipe, recipe, label)
+        if model is not None:
+            diffs += model_differences(trains[label].observed_recipe, model, label)
     problems += [f"recipe: {d}" for d in diffs]
     forbidden = [
         ForbiddenSeen(label, rank, op.step, op.op, op.dtype)

@@ -23,6 +23,7 @@ from ledger.store import Ledger, host_hash
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from manifests.sources import arm_source_dir
 from orchestrator import gpu_lock
+from orchestrator.blinding import quarantine, seal_outputs
 from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
 from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, sha256_file
 from orchestrator.progress import Progress
@@ -181,10 +182,20 @@ class RunContext:
         )
 
 
+def trainer_dir(ctx: RunContext, pkg: PlannedPackage) -> Path:
+    """`{trainer_dir}`: the trainer's own output folder (its --log_dir), in scratch, sealed after the package."""
+    return ctx.scratch / "trainer" / pkg.name
+
+
+def _placeholders(ctx: RunContext, pkg: PlannedPackage) -> dict[str, str]:
+    return {"scratch": str(ctx.scratch), "init": str(ctx.scratch / "init.safetensors"),
+            "package_dir": str(ctx.run_dir / "packages" / pkg.name), "trainer_dir": str(trainer_dir(ctx, pkg))}
+
+
 def _spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> PackageSpec:
     p = ctx.loaded.protocol
     pkg_dir = ctx.run_dir / "packages" / pkg.name
-    values = {"scratch": str(ctx.scratch), "init": str(ctx.scratch / "init.safetensors"), "package_dir": str(pkg_dir)}
+    values = _placeholders(ctx, pkg)
     common: dict[str, Any] = {
         "run_id": ctx.run_id, "name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
         "package_dir": str(pkg_dir), "scratch_dir": str(ctx.scratch), "result_path": str(pkg_dir / "result.json"),
@@ -297,8 +308,12 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         spec = _spec(ctx, pkg, init_digest)
         arm_spec: Arm | None = getattr(ctx.loaded.protocol.arms, pkg.arm) if pkg.arm else None
         assert ctx.grant is not None
-        env = package_env(os.environ, ctx.grant.env({}), ctx.loaded.protocol.launcher.env,
+        values = _placeholders(ctx, pkg)
+        launcher_env = {k: _substitute([v], values)[0] for k, v in ctx.loaded.protocol.launcher.env.items()}
+        env = package_env(os.environ, ctx.grant.env({}), launcher_env,
                           arm_spec.switches if arm_spec else {}, ctx.run_id)
+        if pkg.kind == "train":
+            trainer_dir(ctx, pkg).mkdir(parents=True, exist_ok=True)
         ctx.record(pkg, "open", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         entry: dict[str, Any] = {"name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
                  "env": env_summary(env), "status": "running"}
@@ -321,6 +336,9 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                         raise FailedError("the shared initial state changed during the run")
             except FailedError as err:
                 outcome.status, outcome.note = "failed", err.message
+        if pkg.kind == "train":  # blinding: the trainer's own outputs never stay in the run folder
+            moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
+            entry["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}
         if outcome.status == "ok" and pkg.kind == "checks":
             init = ctx.scratch / "init.safetensors"
             init_digest = sha256_file(init) if init.is_file() else None

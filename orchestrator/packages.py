@@ -72,8 +72,10 @@ def package_env(
     env.update(switches)
     env.update(ENV_FIXED)
     # orch's own root first, so `-m workers.<kind>` resolves from the sealed cwd; then what orch itself runs with
+    # the protocol's own entries next (e.g. "." for a trainer that imports its top-level packages from its root)
     inherited = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([str(ORCH_ROOT), *inherited])
+    declared = [p for p in launcher_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(ORCH_ROOT), *declared, *inherited])
     # `python` in a protocol command is the interpreter that runs orch (its venv), whatever PATH says first
     path = [p for p in env.get("PATH", "").split(os.pathsep) if p]
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), *path])

@@ -58,6 +58,7 @@ class ObservedRecipe(_Strict):
     frozen: list[str] = []  # names of parameters with requires_grad=False (e.g. the ViT)
     trainable_params: int = 0
     frozen_params: int = 0
+    layers: dict[str, int] = {}  # '<prefix>.layers' -> distinct layer indices seen in the trained module's names
 
 
 class RankSummary(_Strict):

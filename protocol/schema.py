@@ -115,6 +115,27 @@ class Scorer(_Frozen):
     command: list[str] = Field(min_length=1)
 
 
+class Model(_Frozen):
+    """The model the protocol declares it trains; the audit compares it with what the probe observed."""
+
+    layers: int = Field(ge=1, description="decoder layers of the language model, e.g. 28 for BAGEL-7B-MoT")
+    layer_prefix: str = Field(
+        "language_model.model.layers", description="parameter-name prefix of the decoder layers ('<prefix>.<i>.')"
+    )
+    min_params: int | None = Field(None, ge=1, description="fewest parameters (trainable + frozen) the model has")
+
+
+class Rehearsal(_Frozen):
+    """A rehearsal of the real trainer at tiny size (orch rehearse): never evidence of a speedup."""
+
+    upstream: str = Field(description="the upstream snapshot rehearsed (commit or manifest root)")
+    recipe_overrides: dict[str, int] = Field(
+        default_factory=dict,
+        description="recipe keys a smaller host forces (only policy_group_size: it must divide the ranks)",
+    )
+    reason: str = ""
+
+
 class Timeouts(_Frozen):
     checks: int = 900
     train: int = 1800
@@ -135,6 +156,8 @@ class Protocol(_Frozen):
     checks: Checks = Checks()
     scorer: Scorer
     timeouts: Timeouts = Timeouts()
+    model: Model | None = None
+    rehearsal: Rehearsal | None = None
 
     @field_validator("precision")
     @classmethod
@@ -161,8 +184,16 @@ class LoadedProtocol(BaseModel):
         return (self.base / relative).resolve()
 
 
+# top-level fields added after orch.protocol/1 was first published: left out of the canonical JSON while
+# unset, so the id of every protocol written before them is unchanged
+LATER_FIELDS = ("model", "rehearsal")
+
+
 def canonical_json(protocol: Protocol) -> bytes:
     data = protocol.model_dump(mode="json", by_alias=True)
+    for key in LATER_FIELDS:
+        if data.get(key) is None:
+            data.pop(key, None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -194,10 +225,36 @@ def _field(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc if not (isinstance(p, str) and p in ("tree", "GitSource")))
 
 
-def recipe_differences(recipe: Recipe) -> list[tuple[str, object, object]]:
-    """(key, given, upstream) for every recipe key that differs from the frozen upstream recipe."""
+REHEARSAL_OVERRIDABLE = ("policy_group_size",)
+# flags of the upstream trainer that shrink the model it trains (train/online_rl.py: debug mode sets
+# llm_config.num_hidden_layers = 1, skips FSDPCheckpoint.try_load_ckpt and swaps in stub rewards)
+SHRINKING_FLAGS = {"--debug": "upstream debug mode cuts the LLM to 1 layer, loads no weights and stubs the rewards"}
+
+
+def recipe_differences(recipe: Recipe, overrides: dict[str, int] | None = None) -> list[tuple[str, object, object]]:
+    """(key, given, upstream) for every recipe key that differs from the frozen upstream recipe (or its override)."""
     given = recipe.model_dump()
-    return [(k, given[k], v) for k, v in UPSTREAM_RECIPE.items() if given[k] != v]
+    expected = {**UPSTREAM_RECIPE, **(overrides or {})}
+    return [(k, given[k], v) for k, v in expected.items() if given[k] != v]
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "y", "t", "on")
+
+
+def shrinking_flags(protocol: Protocol) -> list[str]:
+    """Launcher flags that would make a protocol that declares its model time a smaller one."""
+    args = list(protocol.launcher.args)
+    found = []
+    for flag, why in SHRINKING_FLAGS.items():
+        for i, a in enumerate(args):
+            key, eq, inline = a.partition("=")
+            if key != flag:
+                continue
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else "1")
+            if _truthy(value):
+                found.append(f"{flag} {value} ({why})")
+    return found
 
 
 def launch_flag_differences(protocol: Protocol) -> list[str]:
@@ -240,7 +297,18 @@ def load_protocol(path: str | Path) -> LoadedProtocol:
         more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
         msg = first["msg"].removeprefix("Value error, ")
         raise RefusedError(f"{path}:{line}: {_field(loc)}: {msg}{more}; see `orch schema`") from None
-    diffs = recipe_differences(protocol.recipe)
+    overrides = protocol.rehearsal.recipe_overrides if protocol.rehearsal is not None else {}
+    bad_override = sorted(set(overrides) - set(REHEARSAL_OVERRIDABLE))
+    if bad_override:
+        line = _line(_node_at(root_node, ("rehearsal", "recipe_overrides")))
+        raise RefusedError(
+            f"{path}:{line}: rehearsal.recipe_overrides: {', '.join(bad_override)} may not be overridden "
+            f"(only {', '.join(REHEARSAL_OVERRIDABLE)}); remove it"
+        )
+    if overrides.get("policy_group_size") and protocol.launcher.nproc % overrides["policy_group_size"]:
+        line = _line(_node_at(root_node, ("rehearsal", "recipe_overrides")))
+        raise RefusedError(f"{path}:{line}: rehearsal.recipe_overrides.policy_group_size must divide launcher.nproc")
+    diffs = recipe_differences(protocol.recipe, overrides)
     if diffs:
         line = _line(_node_at(root_node, ("recipe", diffs[0][0])))
         listed = ", ".join(f"recipe.{k} = {g!r} (upstream {u!r})" for k, g, u in diffs)
@@ -250,6 +318,13 @@ def load_protocol(path: str | Path) -> LoadedProtocol:
         line = _line(_node_at(root_node, ("launcher", "args")))
         raise RefusedError(
             f"{path}:{line}: launcher.args do not carry the recipe: {'; '.join(flags)}; pass every recipe value"
+        )
+    shrink = shrinking_flags(protocol) if protocol.model is not None else []
+    if shrink:
+        line = _line(_node_at(root_node, ("launcher", "args")))
+        raise RefusedError(
+            f"{path}:{line}: launcher.args shrink the declared model ({protocol.model.layers} layers): "  # type: ignore[union-attr]
+            f"{'; '.join(shrink)}; remove the flag (blinding covers the trainer's step-0 evaluation)"
         )
     m = protocol.measurement
     if not (0 <= m.digest_first <= m.digest_last < m.steps and m.warmup < m.steps and m.window >= 1):

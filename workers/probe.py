@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.digest import combined_digest, digest_many, local_tensor
+from workers.model_shape import layer_counts
 
 # the trainer's own cleanup after the stop may take this long before the rank exits anyway
 STOP_GRACE_S = float(os.environ.get("ORCH_PROBE_STOP_GRACE_S", "20"))
@@ -216,6 +217,7 @@ class Probe:
             "frozen": frozen,
             "trainable_params": int(trainable_n),
             "frozen_params": int(frozen_n),
+            "layers": layer_counts(self.param_names.values()),
         }
 
     def _collapse_frozen(self, module: Any, prefix: str) -> list[str]:
