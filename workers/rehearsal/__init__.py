@@ -1,0 +1,3 @@
+"""What a rehearsal of the unmodified upstream R3 trainer needs besides the upstream sources: tiny generated
+inputs (`make_inputs`), a deterministic loopback reward judge (`judge`) and a flash_attn stand-in (`shim/`).
+"""
