@@ -126,9 +126,9 @@ def test_chat_rewards_are_deterministic_per_content_and_counted_per_port(
              for im in images]  # fmt: skip
     assert first == again  # same content, same reward, whichever server answers
     assert set(first) == {0, 1}  # the reward depends on the content
-    expected = [hashlib.sha256(json.dumps(chat_request(im, "a red bus")["messages"], sort_keys=True,
-                                          separators=(",", ":")).encode()).digest()[0] & 1 for im in images]  # fmt: skip
-    assert first == expected
+    canonical = [json.dumps(chat_request(im, "a red bus")["messages"], sort_keys=True, separators=(",", ":"))
+                 for im in images]  # fmt: skip
+    assert first == [hashlib.sha256(c.encode()).digest()[0] & 1 for c in canonical]
     status, _ = post(p1, "/v1/chat/completions", json.dumps({"model": "m", "messages": [
         {"role": "user", "content": "no image here"}]}).encode())  # fmt: skip
     assert status == 400
@@ -151,8 +151,8 @@ def test_listens_on_loopback_only_and_ends_on_sigint(judge: tuple[subprocess.Pop
 
 def test_geneval_pickle_protocol_and_refused_globals(judge: tuple[subprocess.Popen[str], list[int], Path]) -> None:
     proc, (p1, _), tmp = judge
-    batch = {"images": [b"\xff\xd8jpeg-one", b"\xff\xd8jpeg-two"], "only_strict": False,
-             "meta_datas": [{"tag": "counting", "prompt": "two cats"}, {"tag": "colors", "prompt": "a red bus"}]}  # fmt: skip
+    metas = [{"tag": "counting", "prompt": "two cats"}, {"tag": "colors", "prompt": "a red bus"}]
+    batch = {"images": [b"\xff\xd8jpeg-one", b"\xff\xd8jpeg-two"], "only_strict": False, "meta_datas": metas}
     status, body = post(p1, "/v1", pickle.dumps(batch), "application/octet-stream")
     assert status == 200
     answer = pickle.loads(body)  # the test's own judge on loopback

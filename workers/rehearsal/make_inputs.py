@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -431,8 +432,8 @@ def check_upstream_dir(upstream: Path) -> None:
 
 def generate(upstream: Path, out: Path, s: Sizes, seed: int) -> RehearsalInputs:
     s.check()
-    check_upstream_dir(upstream)
     prepare_out(out)
+    check_upstream_dir(upstream)
     checks = [check_trainer_defaults(upstream)]
     up = import_upstream(upstream)
     model_dir, data_dir = out / "model", out / "data"
@@ -517,7 +518,8 @@ def parse_args(argv: list[str] | None) -> tuple[Path, Path, Sizes, int]:
 def main(argv: list[str] | None = None) -> int:
     upstream, out, sizes, seed = parse_args(argv)
     try:
-        doc = generate(upstream, out, sizes, seed)
+        with contextlib.redirect_stdout(sys.stderr):  # stdout holds the one document; upstream's prints go to stderr
+            doc = generate(upstream, out, sizes, seed)
     except Refused as exc:
         sys.stderr.write(f"make_inputs: {exc}\n")
         return 2
