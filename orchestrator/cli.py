@@ -167,6 +167,42 @@ def launch(
         _echo_json(result.as_json())
 
 
+@app.command()
+def rehearse(
+    protocol: Annotated[Path, typer.Argument(help="the real trainer's protocol, e.g. protocol/r3_bagel7b_8xh100.yaml")],
+    upstream: Annotated[Path, typer.Option("--upstream", help="the unmodified upstream R3 source tree")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs to rehearse on (policy groups sized to fit)")] = 1,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+    lock_timeout: Annotated[
+        float | None, typer.Option("--lock-timeout", help="give up waiting for the GPU lock after S seconds (exit 75)")
+    ] = None,
+) -> None:
+    """Rehearse before you spend eight GPUs: tiny inputs, loopback judge, the protocol's packages, the audit.
+
+    Example: orch rehearse protocol/r3_bagel7b_8xh100.yaml --upstream ../R3 --gpus 1
+    """
+    from orchestrator.launch import RunFailedError, RunInterruptedError
+    from orchestrator.progress import plain_say
+    from orchestrator.rehearse import Rehearsal
+    from orchestrator.rehearse import rehearse as rehearse_run
+
+    def run() -> Rehearsal:
+        try:
+            return rehearse_run(protocol, upstream, gpus, home, say=plain_say, lock_timeout=lock_timeout)
+        except (RunFailedError, RunInterruptedError) as err:
+            typer.echo(err.result.run_id)
+            if json_out:
+                _echo_json(err.result.as_json())
+            raise
+
+    result = _call(run)
+    assert result.launch is not None
+    typer.echo(result.launch.run_id)
+    if json_out:
+        _echo_json({**result.launch.as_json(), "rehearsal": str(result.work.name), "judge": result.judge})
+
+
 ByOpt = Annotated[str, typer.Option("--by", help="group by run|arm|kind|day|protocol")]
 SinceOpt = Annotated[str | None, typer.Option("--since", help="only records started at or after DATE (UTC)")]
 FormatOpt = Annotated[str, typer.Option("--format", help="table|json|csv")]

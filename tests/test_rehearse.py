@@ -1,0 +1,112 @@
+"""orch rehearse on CPU: the upstream snapshot is checked against the commitment, the derived protocol is valid."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from manifests.core import hash_tree
+from orchestrator.cli import app
+from orchestrator.rehearse import check_upstream, derive_protocol
+from protocol.errors import RefusedError
+from protocol.rehearsal_inputs import RehearsalInputs
+from protocol.schema import load_protocol
+
+REPO = Path(__file__).resolve().parents[1]
+BAGEL = REPO / "protocol" / "r3_bagel7b_8xh100.yaml"
+INCLUDE = ["modeling/**/*.py", "train/**/*.py", "data/**/*.py"]
+runner = CliRunner()
+
+
+def _fake_upstream(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in tree laid out like upstream, its commitment, and the real protocol pointed at that commitment."""
+    up = tmp_path / "R3"
+    for rel in ("train/online_rl.py", "train/fsdp2_utils.py", "modeling/bagel/bagel.py", "data/data_utils.py"):
+        (up / rel).parent.mkdir(parents=True, exist_ok=True)
+        (up / rel).write_text(f"# {rel}\n")
+    manifest = tmp_path / "manifests" / "upstream.json"
+    manifest.parent.mkdir()
+    manifest.write_text(hash_tree(up, INCLUDE).to_json())
+    text = BAGEL.read_text().replace("commitment: manifests/r3_bagel7b_baseline.json", f"commitment: {manifest}")
+    protocol = tmp_path / "protocol" / "p.yaml"
+    protocol.parent.mkdir()
+    protocol.write_text(text)
+    return up, protocol
+
+
+def _inputs() -> RehearsalInputs:
+    model = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "intermediate": 128, "vocab": 526,
+             "vit_layers": 3, "vit_layers_built": 2, "vit_hidden": 64, "vit_heads": 4, "vit_intermediate": 128,
+             "layer_module": "Qwen2MoTDecoderLayer", "bagel_parameters": 1247424, "ae_parameters": 83819683,
+             "ema_dtype": "bf16", "ema_tensors": 111, "all_zero_tensors": []}
+    return RehearsalInputs.model_validate({
+        "schema": "orch.rehearsal-inputs/1", "seed": 0, "sizes": {"layers": 2}, "model": model,
+        "tokenizer": {"bpe_vocab": 512, "special_tokens": [], "length": 526, "ids": {}},
+        "data": {"source": "data/rl_test/test_geneval++.jsonl", "source_sha256": "0" * 64, "train_lines": 48,
+                 "val_lines": 1},
+        "assumed_trainer_flags": {}, "files": [], "upstream_checks": [],
+        "trainer_args": ["--llm_path", "model/llm_config.json", "--vit_path", "model/vit_config.json",
+                         "--vae_path", "model/ae.safetensors", "--resume_from", "model",
+                         "--train_data_path", "data/train.jsonl", "--val_data_path", "data/val.jsonl"],
+    })
+
+
+def test_the_unmodified_snapshot_passes_and_a_changed_byte_is_refused(tmp_path: Path) -> None:
+    up, protocol = _fake_upstream(tmp_path)
+    root = check_upstream(protocol, up)
+    assert len(root) == 64
+    (up / "train" / "online_rl.py").write_text("# patched\n")
+    with pytest.raises(RefusedError) as err:
+        check_upstream(protocol, up)
+    assert "differ from upstream.json" in str(err.value) and "train/online_rl.py" in str(err.value)
+
+
+def test_the_derived_protocol_is_a_valid_declared_null_rehearsal(tmp_path: Path) -> None:
+    up, protocol = _fake_upstream(tmp_path)
+    inputs_dir = tmp_path / "inputs"
+    for rel in ("model/llm_config.json", "model/vit_config.json", "model/ae.safetensors", "data/train.jsonl",
+                "data/val.jsonl"):
+        (inputs_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (inputs_dir / rel).write_text("{}")
+    data = derive_protocol(protocol, up, inputs_dir, _inputs(), 1, [18008, 18009], "f" * 64, ["python", "s.py"])
+    path = tmp_path / "rehearsal.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    p = load_protocol(path).protocol
+    args = p.launcher.args
+    assert p.launcher.nproc == 1 and p.recipe.policy_group_size == 1
+    assert p.rehearsal is not None and p.rehearsal.recipe_overrides == {"policy_group_size": 1}
+    assert p.model is not None and p.model.layers == 2  # the tiny model's depth is declared and checked
+    assert args[args.index("--llm_path") + 1] == str(inputs_dir / "model/llm_config.json")
+    assert args[args.index("--resume_from") + 1] == str(inputs_dir / "model")
+    assert args[args.index("--reward_server_port") + 1] == "18008,18009"
+    assert "--debug" not in args and args[args.index("--log_dir") + 1] == "{trainer_dir}"
+    assert p.arms.baseline == p.arms.candidate  # a null rehearsal: exactness on real code is the question
+    assert p.launcher.env["PYTHONPATH"].split(":")[-1] == "."
+    # every recipe value other than the declared override is still the frozen one
+    frozen = load_protocol(BAGEL).protocol.recipe.model_dump()
+    assert {k: v for k, v in p.recipe.model_dump().items() if v != frozen[k]} == {"policy_group_size": 1}
+
+
+def test_an_override_of_anything_but_policy_groups_is_refused(tmp_path: Path) -> None:
+    up, protocol = _fake_upstream(tmp_path)
+    inputs_dir = tmp_path / "inputs"
+    inputs_dir.mkdir()
+    data = derive_protocol(protocol, up, inputs_dir, _inputs(), 1, [1, 2], "f" * 64, ["python", "s.py"])
+    data["rehearsal"]["recipe_overrides"]["lr"] = 1
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(RefusedError, match="lr may not be overridden"):
+        load_protocol(path)
+
+
+def test_rehearse_refuses_a_tree_that_is_not_upstream_in_one_line(tmp_path: Path) -> None:
+    not_upstream = tmp_path / "elsewhere"
+    shutil.copytree(REPO / "examples" / "r3_mini" / "modeling", not_upstream / "modeling")
+    result = runner.invoke(app, ["rehearse", str(BAGEL), "--upstream", str(not_upstream), "--home",
+                                 str(tmp_path / "h")])
+    assert result.exit_code == 3
+    assert "no train/online_rl.py" in result.output and len(result.output.strip().splitlines()) == 1
