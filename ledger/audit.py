@@ -375,6 +375,11 @@ def _exactness_doc(ex: Exactness) -> dict[str, Any]:
         "recipe_equal": ex.recipe_ok,
         "recipe_differences": ex.recipe_differences,
         "forbidden": [asdict(f) for f in ex.forbidden],
+        "watch": {
+            "watched_steps": ex.watched_steps,
+            "passed_through": ex.watch_passed,
+            "uninspected": ex.watch_uninspected,
+        },
         "problems": ex.problems,
     }
 

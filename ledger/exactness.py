@@ -63,6 +63,9 @@ class Exactness:
     recipe_differences: list[str]
     forbidden: list[ForbiddenSeen]
     problems: list[str] = field(default_factory=list)  # every reason the run is not exact, in words
+    watched_steps: int = 0  # (arm, rank, step) lines recorded with the forbidden-dtype watch on
+    watch_passed: dict[str, int] = field(default_factory=dict)  # HOPs / compiled regions let through -> calls
+    watch_uninspected: list[str] = field(default_factory=list)  # what the watch could not look into
 
 
 def _by_step(records: Sequence[StepRecord]) -> dict[int, StepRecord]:
@@ -296,6 +299,16 @@ def exactness(
             f"forbidden dtype: {f0.op} in {f0.dtype} at step {f0.step} (arm {f0.arm}, rank {f0.rank})"
             + (f" and {len(forbidden) - 1} more" if len(forbidden) > 1 else "")
         )
+    passed: dict[str, int] = {}
+    uninspected: set[str] = set()
+    watched = 0
+    for label in labels:
+        for recs in steps[label].values():
+            for rec in recs:
+                watched += rec.watched
+                for name, n in rec.hops.items():
+                    passed[name] = passed.get(name, 0) + n
+                uninspected.update(rec.uninspected)
     return Exactness(
         exact=not problems,
         ranks=n_ranks,
@@ -312,4 +325,7 @@ def exactness(
         recipe_differences=diffs,
         forbidden=forbidden,
         problems=problems,
+        watched_steps=watched,
+        watch_passed=dict(sorted(passed.items())),
+        watch_uninspected=sorted(uninspected),
     )

@@ -91,6 +91,12 @@ def exactness_lines(doc: Mapping[str, Any]) -> list[str]:
         )
     else:
         lines.append("forbidden dtype: none seen")
+    watch = ex.get("watch")  # absent from audits written before the watch said what it let through
+    if watch is not None:
+        passed = ", ".join(f"{name} x{n}" for name, n in watch["passed_through"].items()) or "none"
+        lines.append(f"watch: {watch['watched_steps']} watched step line(s); passed through: {passed}")
+        for what in watch["uninspected"]:
+            lines.append(f"watch could not inspect: {what}")
     return lines
 
 

@@ -43,6 +43,9 @@ class StepRecord(_Strict):
     digests: dict[str, str] | None = None  # name -> 128-bit hex, after optimizer.step(), digest steps only
     combined: str | None = None  # digest over sorted (name, digest) pairs
     forbidden: list[ForbiddenOp] = []
+    watched: bool = False  # the forbidden-dtype watch was on during this step
+    hops: dict[str, int] = {}  # higher-order operators / compiled regions the watch let through -> calls
+    uninspected: list[str] = []  # what the watch could not look into during this step, in words
 
 
 class ObservedRecipe(_Strict):

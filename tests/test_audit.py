@@ -71,6 +71,7 @@ class RunSpec:
     crash_open: bool = False  # with stop_at: the killed package has only its open record (kill -9)
     versions: dict[str, str] = field(default_factory=dict)  # extra entries of the checks' versions
     reload_differs: str | None = None  # label whose reload recomputes other final digests
+    watch: bool = False  # steps 0-9 watched, each letting a compiled region through
 
 
 def _protocol() -> Protocol:
@@ -117,6 +118,9 @@ def _steps(spec: RunSpec, label: str, rank: int) -> list[StepRecord]:
                 digests=digests,
                 combined=_h(sorted(digests.items())) if digests else None,
                 forbidden=forbidden,
+                watched=spec.watch and step < 10,
+                hops={"compiled:m.py:attn": 2, "higher_order.cond": 1} if spec.watch and step < 10 else {},
+                uninspected=["compiled:m.py:attn: backend-generated kernels"] if spec.watch and step < 10 else [],
             )
         )
     return lines
@@ -409,6 +413,21 @@ def test_fp16_op_is_named(tmp_path: Path) -> None:
     doc = audit_run(tmp_path, "run1").document
     assert doc["verdict"] == "not exact"
     assert any("aten::mm in torch.float16 at step 7 (arm C" in r for r in doc["reasons"])
+
+
+def test_what_the_watch_let_through_and_could_not_inspect_is_shown(tmp_path: Path) -> None:
+    from ledger.report import exactness_lines
+
+    make_run(tmp_path, spec=RunSpec(watch=True))
+    doc = audit_run(tmp_path, "run1").document
+    watch = doc["exactness"]["watch"]
+    assert doc["verdict"] == "accepted"  # letting a region through is reported, not a failure
+    assert watch["watched_steps"] == 3 * 2 * 10
+    assert watch["passed_through"] == {"compiled:m.py:attn": 3 * 2 * 10 * 2, "higher_order.cond": 3 * 2 * 10}
+    assert watch["uninspected"] == ["compiled:m.py:attn: backend-generated kernels"]
+    lines = exactness_lines(doc)
+    assert "watch: 60 watched step line(s); passed through: compiled:m.py:attn x120, higher_order.cond x60" in lines
+    assert "watch could not inspect: compiled:m.py:attn: backend-generated kernels" in lines
 
 
 def test_recipe_observed_differently_is_not_exact(tmp_path: Path) -> None:

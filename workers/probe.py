@@ -24,11 +24,10 @@ from typing import Any
 
 from workers.digest import combined_digest, digest_many, local_tensor
 from workers.model_shape import layer_counts
+from workers.watch import WatchLog, inspect_compiled_graphs, make_watch
 
 # the trainer's own cleanup after the stop may take this long before the rank exits anyway
 STOP_GRACE_S = float(os.environ.get("ORCH_PROBE_STOP_GRACE_S", "20"))
-_FORBIDDEN_MM = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "dot", "conv")
-_INT8_OPS = ("_int_mm", "_weight_int8pack_mm", "_weight_int4pack_mm", "_scaled_mm", "_scaled_grouped_mm")
 
 
 class ProbeStop(SystemExit):
@@ -54,38 +53,11 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _forbidden_dtype(dtype: Any) -> bool:
-    import torch
-
-    name = str(dtype)
-    return dtype == torch.float16 or "float8" in name or name.startswith("torch.qu") or name.startswith("torch.qi")
-
-
-def _make_watch(probe: Probe) -> Any:
-    """A TorchDispatchMode recording ops on fp16 / fp8 / quantized tensors and int8 matmuls (this thread)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    class ForbiddenWatch(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            if probe.watching:
-                flat, _ = tree_flatten((args, kwargs, out))
-                op = str(func)
-                base = op.split(".")[1] if op.startswith("aten.") else op
-                for t in flat:
-                    if not isinstance(t, torch.Tensor):
-                        continue
-                    d = t.dtype
-                    int8_math = d in (torch.int8, torch.uint8) and (
-                        base in _INT8_OPS or base.startswith(_FORBIDDEN_MM)
-                    )
-                    if _forbidden_dtype(d) or int8_math:
-                        probe.forbidden.add((op, str(d).removeprefix("torch.")))
-            return out
-
-    return ForbiddenWatch()
+def _is_module(obj: Any, module_type: type) -> bool:
+    try:
+        return isinstance(obj, module_type)
+    except ReferenceError:  # a weakref.proxy (torch.compile keeps some) whose object is gone
+        return False
 
 
 class Probe:
@@ -110,7 +82,8 @@ class Probe:
         self.recipe: dict[str, Any] | None = None
         self.lr0: list[float] = []
         self.peaks: list[tuple[int | None, int | None]] = []
-        self.forbidden: set[tuple[str, str]] = set()
+        self.log = WatchLog()  # what the watch saw in the current step
+        self.watch_note: str | None = None  # why compiled graphs cannot be inspected, when they cannot
         self.watch: Any = None
         self.watching = False
         self.final_digests: dict[str, str] | None = None
@@ -147,7 +120,8 @@ class Probe:
         torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
         torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
         if self.watch_steps:
-            self.watch = _make_watch(self)
+            self.watch = make_watch(self.log, lambda: self.watching)
+            self.watch_note = inspect_compiled_graphs(self.log, lambda: self.watching)
             if 0 in self.watch_steps:
                 self._watch_on()
 
@@ -177,7 +151,7 @@ class Probe:
         opt_ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # isinstance on deprecated torch objects warns
-            modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+            modules = [o for o in gc.get_objects() if _is_module(o, torch.nn.Module)]
         inner: set[int] = set()
         for m in modules:
             inner.update(id(s) for s in m.modules() if s is not m)
@@ -315,8 +289,11 @@ class Probe:
                 self.final_digests = digests
             if k not in self.digest_steps:
                 digests = None
-        forbidden = [{"op": op, "dtype": dt, "step": k} for op, dt in sorted(self.forbidden)]
-        self.forbidden.clear()
+        watched = self.watching
+        seen, hops, uninspected = self.log.take()
+        if watched and self.watch_note:
+            uninspected.append(self.watch_note)
+        forbidden = [{"op": op, "dtype": dt, "step": k} for op, dt in seen]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
         record = {
@@ -333,6 +310,9 @@ class Probe:
             "digests": digests,
             "combined": combined_digest(digests) if digests is not None else None,
             "forbidden": forbidden,
+            "watched": watched,
+            "hops": hops,
+            "uninspected": uninspected,
         }
         self.steps_file.write(json.dumps(record, sort_keys=True) + "\n")
         self.steps_file.flush()

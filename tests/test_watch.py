@@ -1,0 +1,185 @@
+"""The forbidden-dtype watch and higher-order operators: flex_attention (eager, and compiled as upstream compiles
+it) passes through with bit-identical results, and a float16 inside it (inputs, a score_mod cast) is named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from workers.watch import WatchLog, graph_findings, inspect_compiled_graphs, make_watch
+
+REPO = Path(__file__).resolve().parents[1]
+# as upstream modeling/bagel/qwen2_navit.py does at import: a module-level compiled flex_attention
+compiled_flex = torch.compile(flex_attention)
+S, H, KV, D = 256, 4, 2, 16
+
+
+def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
+    return q >= kv
+
+
+def half_score(score: Any, b: Any, h: Any, q: Any, kv: Any) -> Any:
+    return score.to(torch.float16).to(score.dtype)  # a float16 round trip hidden in a score_mod
+
+
+def qkv(dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(4396)
+    q = torch.randn(1, H, S, D, generator=g).to(dtype)
+    k = torch.randn(1, KV, S, D, generator=g).to(dtype)
+    v = torch.randn(1, KV, S, D, generator=g).to(dtype)
+    return q, k, v
+
+
+def block_mask() -> Any:
+    # as upstream modeling/bagel/bagel.py builds it
+    return create_block_mask(causal, B=1, H=H, Q_LEN=S, KV_LEN=S, device="cpu", BLOCK_SIZE=128, _compile=True)
+
+
+def call(fn: Any, dtype: torch.dtype = torch.bfloat16, **kw: Any) -> torch.Tensor:
+    q, k, v = qkv(dtype)
+    out: torch.Tensor = fn(q, k, v, enable_gqa=True, block_mask=block_mask(), **kw)
+    return out
+
+
+@pytest.fixture(scope="module")
+def unwatched() -> dict[str, torch.Tensor]:
+    """Outputs with no watch and no compile hook installed yet (this module installs them afterwards)."""
+    out = {
+        "eager": call(flex_attention),
+        "compiled": call(compiled_flex),
+        "compiled_half_score": call(compiled_flex, score_mod=half_score),
+    }
+    torch._dynamo.reset()  # compiled again under the hook: the probe installs it before the trainer compiles
+    return out
+
+
+@pytest.fixture(scope="module")
+def watch(unwatched: dict[str, torch.Tensor]) -> tuple[Any, WatchLog]:
+    log = WatchLog()
+    assert inspect_compiled_graphs(log, lambda: True) is None
+    return make_watch(log, lambda: True), log
+
+
+def test_eager_flex_attention_passes_through_bit_identical(unwatched: Any, watch: Any) -> None:
+    mode, log = watch
+    log.take()
+    with mode:
+        out = call(flex_attention)
+    forbidden, hops, _ = log.take()
+    assert torch.equal(out, unwatched["eager"])
+    assert hops.get("higher_order.flex_attention") == 1 and forbidden == []
+
+
+def test_compiled_flex_attention_stays_compiled_and_bit_identical(unwatched: Any, watch: Any) -> None:
+    mode, log = watch
+    log.take()
+    with mode:
+        out = call(compiled_flex)
+        again = call(compiled_flex)
+    forbidden, hops, uninspected = log.take()
+    assert torch.equal(out, unwatched["compiled"]) and torch.equal(again, unwatched["compiled"])
+    # compiled, not the eager fallback: eager flex_attention gives other bits for the same inputs
+    assert not torch.equal(unwatched["eager"], unwatched["compiled"])
+    region = "compiled:flex_attention.py:flex_attention"
+    assert hops.get(region) == 2 and "higher_order.flex_attention" not in hops and forbidden == []
+    assert f"{region}: backend-generated kernels (inspected as the graph handed to the backend)" in uninspected
+
+
+def test_float16_inputs_are_named_eager_and_compiled(watch: Any) -> None:
+    mode, log = watch
+    log.take()
+    with mode:
+        call(flex_attention, torch.float16)
+    assert ("higher_order.flex_attention", "float16") in log.take()[0]
+    with mode:
+        call(compiled_flex, torch.float16)
+    forbidden = log.take()[0]
+    assert ("compiled:flex_attention.py:flex_attention:higher_order.flex_attention", "float16") in forbidden
+
+
+def test_score_mod_cast_to_float16_is_seen(unwatched: Any, watch: Any) -> None:
+    mode, log = watch
+    log.take()
+    with mode:
+        call(flex_attention, score_mod=half_score)
+    assert ("higher_order.flex_attention/graph0:to", "float16") in log.take()[0]
+    with mode:
+        out = call(compiled_flex, score_mod=half_score)
+    assert ("compiled:flex_attention.py:flex_attention/score_mod_0:to", "float16") in log.take()[0]
+    assert torch.equal(out, unwatched["compiled_half_score"])
+
+
+def test_inactive_watch_records_nothing_and_changes_nothing(unwatched: Any) -> None:
+    log = WatchLog()
+    with make_watch(log, lambda: False):
+        out = call(compiled_flex, torch.float16)
+        eager = call(flex_attention)
+    assert log.take() == ([], {}, []) and torch.equal(eager, unwatched["eager"]) and out.dtype == torch.float16
+
+
+def test_other_higher_order_operators_pass_through() -> None:
+    """torch.cond (a HOP with two subgraphs) under the watch: same result; a float16 branch is seen statically."""
+    log = WatchLog()
+    x = torch.randn(4, 4)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda t: t.half().float() * 2, lambda t: t - 1, (x,))
+
+    want = f(x)
+    with make_watch(log, lambda: True):
+        got = f(x)
+    forbidden, hops, _ = log.take()
+    assert torch.equal(got, want) and hops.get("higher_order.cond") == 1
+    assert any(op.startswith("higher_order.cond/graph0:") and dt == "float16" for op, dt in forbidden)
+
+
+def test_graph_findings_int8_matmul_and_untyped_graphs() -> None:
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._int_mm(a, b)
+
+    gm = torch.fx.symbolic_trace(f)  # no dtype metadata: only dtype constants could be seen
+    found = graph_findings(gm, "g")
+    assert found.forbidden == frozenset() and any("without dtype metadata" in u for u in found.uninspected)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    typed = make_fx(f)(torch.zeros(32, 32, dtype=torch.int8), torch.zeros(32, 32, dtype=torch.int8))
+    assert ("g:aten._int_mm.default", "int8") in graph_findings(typed, "g").forbidden
+
+
+def _probe_flex(out: Path, watch_steps: str) -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FLEX_FP16_STEP": "1", "FLEX_HALF_SCORE_STEP": "2"}
+    cmd = [
+        sys.executable, "-m", "workers.probe", "--out", str(out), "--steps", "4", "--digest-steps", "0-3",
+        "--watch-steps", watch_steps, "--", "flex_trainer.py",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO / "tests" / "fixtures", env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(x) for x in (out / "steps.rank0.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_probe_records_compiled_flex_attention_per_step_and_changes_no_bits(tmp_path: Path) -> None:
+    """The probe on a trainer with upstream's compiled flex_attention: per step, what the watch let through and
+    could not inspect; the float16 inputs (step 1) and the float16 score_mod (step 2) named; digests of every
+    step equal to a run with no watch at all."""
+    watched = _probe_flex(tmp_path / "watched", "0-2")
+    plain = _probe_flex(tmp_path / "plain", "none")
+    assert [r["digests"] for r in watched] == [r["digests"] for r in plain]
+    region = "compiled:flex_attention.py:flex_attention"
+    assert [r["watched"] for r in watched] == [True, True, True, False]
+    assert all(r["hops"].get(region) == 1 for r in watched[:3]) and watched[3]["hops"] == {}
+    assert all(f"{region}: backend-generated kernels (inspected as the graph handed to the backend)" in r["uninspected"]
+               for r in watched[:3])  # fmt: skip
+    seen = {(f["step"], f["op"], f["dtype"]) for r in watched for f in r["forbidden"]}
+    assert (1, f"{region}:higher_order.flex_attention", "float16") in seen
+    assert (2, f"{region}/score_mod_0:to", "float16") in seen
+    assert {s for s, _, _ in seen} == {1, 2}
+    assert all(r["forbidden"] == [] and r["hops"] == {} and not r["watched"] for r in plain)
