@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from protocol.rehearsal_inputs import JudgeCounts, JudgeReady, RehearsalInputs
 
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from orchestrator.launch import LaunchResult, launch
 from protocol.errors import FailedError, RefusedError
 from protocol.home import resolve_home
+from protocol.rehearsal_inputs import JudgeCounts, JudgeReady, RehearsalInputs
 from protocol.schema import load_protocol
 
 ORCH_ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +114,10 @@ def derive_protocol(
     env = dict(data["launcher"].get("env") or {})
     env["PYTHONPATH"] = os.pathsep.join([str(SHIM), *[p for p in env.get("PYTHONPATH", ".").split(os.pathsep) if p]])
     env.setdefault("WANDB_MODE", "offline")
+    # one compile cache for the run's launches, declared here, the same for every arm, deleted with the scratch:
+    # it shortens the warm-up steps of C and B (upstream compiles flex_attention), never a timed window
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", "{scratch}/compile-cache")
+    env.setdefault("TRITON_CACHE_DIR", "{scratch}/compile-cache/triton")
     data["launcher"]["env"] = env
     data["scorer"] = {"command": scorer}
     data["checks"] = {"prepare": [], "diagnostics": [], "static_graph": None}

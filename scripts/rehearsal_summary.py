@@ -42,8 +42,8 @@ def summarize(home: Path) -> dict[str, Any]:
         if entry["kind"] == "train":
             steps = _steps(pkg)
             summaries = [json.loads(p.read_text()) for p in sorted(pkg.glob("probe.rank*.json"))]
-            if steps:
-                n = min(len(v) for v in steps.values())
+            n = min(len(v) for v in steps.values()) if steps else 0
+            if n:
                 dur = [max(steps[r][k]["duration_s"] for r in steps) for k in range(n)]
                 probe = [max(steps[r][k]["probe_s"] for r in steps) for k in range(n)]
                 row.update(

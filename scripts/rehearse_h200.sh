@@ -27,3 +27,11 @@ for f in /tmp/trainer-logs/*.log; do
   echo "== $(basename "$f"): last lines"; grep -v "eval_log\|Eval_" "$f" | tail -n 25
 done
 python3 scripts/rehearsal_summary.py "$H" "$OUT" || true
+RUN=$(ls "$H/runs" | tail -n 1)
+if [ -f "$H/runs/$RUN/audit.json" ]; then
+  python3 -m orchestrator.cli audit "$RUN" --home "$H" > "$OUT/audit.txt" 2>&1; echo "audit exit $?"
+  cp "$H/runs/$RUN/audit.md" "$OUT/audit.md"
+  python3 -m orchestrator.cli publish "$RUN" --to docs/validation/rehearsal_h200x1.json --home "$H" \
+    && cp docs/validation/rehearsal_h200x1.json "$OUT/"
+  tail -n 60 "$OUT/audit.txt"
+fi

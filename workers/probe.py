@@ -54,10 +54,9 @@ def _sha256_file(path: Path) -> str:
 
 
 def _is_module(obj: Any, module_type: type) -> bool:
-    try:
-        return isinstance(obj, module_type)
-    except ReferenceError:  # a weakref.proxy (torch.compile keeps some) whose object is gone
-        return False
+    """By the object's real type: isinstance() reads `__class__`, which lazy proxies (weakref.proxy, openai's
+    module client) compute, and computing it can raise or load a client."""
+    return issubclass(type(obj), module_type)
 
 
 class Probe:
