@@ -336,6 +336,8 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                         raise FailedError("the shared initial state changed during the run")
             except FailedError as err:
                 outcome.status, outcome.note = "failed", err.message
+        if outcome.extra.get("stragglers"):
+            entry["stragglers"] = outcome.extra["stragglers"]
         if pkg.kind == "train":  # blinding: the trainer's own outputs never stay in the run folder
             moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
             entry["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}

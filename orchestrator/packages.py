@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.gpu_lock import exit_status, spawn_in_group, terminate_group, wait_group
+from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
 from protocol.package import PackageSpec
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, TrainResult
 
@@ -121,7 +122,22 @@ def load_result(kind: str, path: Path) -> tuple[BaseModel | None, str | None, st
 def run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None = None,
 ) -> PackageOutcome:
-    """Run the package to its end (or timeout / Ctrl-C) and validate its result document."""
+    """Run the package to its end (or timeout / Ctrl-C), end what it left running, validate its result."""
+    token = new_token()
+    try:
+        outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick)
+    finally:
+        left = end_stragglers(token)
+    if left:
+        outcome.extra["stragglers"] = left
+        note = f"ended {len(left)} process(es) left running outside its group: {', '.join(left)}"
+        outcome.note = f"{outcome.note}; {note}" if outcome.note else note
+    return outcome
+
+
+def _run_package(
+    spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None,
+) -> PackageOutcome:
     spec_path = write_spec(spec)
     pkg_dir = Path(spec.package_dir)
     cmd = [sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
