@@ -177,6 +177,9 @@ def rehearse(
     lock_timeout: Annotated[
         float | None, typer.Option("--lock-timeout", help="give up waiting for the GPU lock after S seconds (exit 75)")
     ] = None,
+    compile_cache: Annotated[
+        Path | None, typer.Option("--compile-cache", help="keep torch.compile's cache here across rehearsals")
+    ] = None,
 ) -> None:
     """Rehearse before you spend eight GPUs: tiny inputs, loopback judge, the protocol's packages, the audit.
 
@@ -189,7 +192,8 @@ def rehearse(
 
     def run() -> Rehearsal:
         try:
-            return rehearse_run(protocol, upstream, gpus, home, say=plain_say, lock_timeout=lock_timeout)
+            return rehearse_run(protocol, upstream, gpus, home, say=plain_say, lock_timeout=lock_timeout,
+                                compile_cache=compile_cache)
         except (RunFailedError, RunInterruptedError) as err:
             typer.echo(err.result.run_id)
             if json_out:

@@ -81,7 +81,7 @@ def _set_flag(args: list[str], flag: str, value: str) -> list[str]:
 
 def derive_protocol(
     source: Path, upstream: Path, inputs_dir: Path, inputs: RehearsalInputs, gpus: int, ports: Sequence[int],
-    root: str, scorer: list[str],
+    root: str, scorer: list[str], compile_cache: Path | None = None,
 ) -> dict[str, Any]:
     """The rehearsal protocol: the source's recipe, flags and measurement on tiny inputs; candidate = baseline."""
     loaded = load_protocol(source)
@@ -116,8 +116,10 @@ def derive_protocol(
     env.setdefault("WANDB_MODE", "offline")
     # one compile cache for the run's launches, declared here, the same for every arm, deleted with the scratch:
     # it shortens the warm-up steps of C and B (upstream compiles flex_attention), never a timed window
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", "{scratch}/compile-cache")
-    env.setdefault("TRITON_CACHE_DIR", "{scratch}/compile-cache/triton")
+    # (--compile-cache DIR keeps it across rehearsals: upstream's cold compile makes step 0 ~5 minutes on an H200)
+    cache = str(compile_cache.resolve()) if compile_cache is not None else "{scratch}/compile-cache"
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
+    env.setdefault("TRITON_CACHE_DIR", f"{cache}/triton")
     data["launcher"]["env"] = env
     data["scorer"] = {"command": scorer}
     data["checks"] = {"prepare": [], "diagnostics": [], "static_graph": None}
@@ -179,6 +181,7 @@ def make_inputs(upstream: Path, out: Path, size_args: Sequence[str] = ()) -> Reh
 def rehearse(
     protocol_path: Path, upstream: Path, gpus: int = 1, home_dir: Path | None = None,
     say: Callable[[str], None] = print, size_args: Sequence[str] = (), lock_timeout: float | None = None,
+    compile_cache: Path | None = None,
 ) -> Rehearsal:
     """Inputs -> judge -> derived protocol -> launch (checks, A, C, B, reloads, score) -> audit."""
     if gpus < 1:
@@ -195,7 +198,7 @@ def rehearse(
     say(f"inputs: {inputs.model.layers} layers x {inputs.model.hidden}, {inputs.model.bagel_parameters:,} parameters")
     ports = _free_ports(2)
     scorer = [sys.executable, "-m", "workers.rehearsal.dev_score", "--ckpt", "{ckpt}", "--out", "{out}"]
-    data = derive_protocol(protocol_path, upstream, work / "inputs", inputs, gpus, ports, root, scorer)
+    data = derive_protocol(protocol_path, upstream, work / "inputs", inputs, gpus, ports, root, scorer, compile_cache)
     path = work / "protocol.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False, width=200))
     result = Rehearsal(work, path, inputs)

@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 KEEP=$!
 t0=$(date +%s)
 timeout "${REHEARSE_TIMEOUT:-520}" python3 -m orchestrator.cli rehearse protocol/r3_bagel7b_8xh100.yaml \
-  --upstream .up --gpus 1 --home "$H" --json > "$OUT/rehearse.json" 2> "$OUT/rehearse.err"
+  --upstream .up --gpus 1 --home "$H" --json ${COMPILE_CACHE:+--compile-cache "$COMPILE_CACHE"} > "$OUT/rehearse.json" 2> "$OUT/rehearse.err"
 rc=$?
 kill $KEEP 2>/dev/null
 echo "rehearse exit $rc after $(( $(date +%s) - t0 )) s"
