@@ -120,6 +120,8 @@ def derive_protocol(
     cache = str(compile_cache.resolve()) if compile_cache is not None else "{scratch}/compile-cache"
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
     env.setdefault("TRITON_CACHE_DIR", f"{cache}/triton")
+    # named so that the derived protocol shows it; the shim folder's sitecustomize applies it (values unchanged)
+    env.setdefault("ORCH_TORCH_COMPAT", "fsdp_unshard_outside_inference_mode")
     data["launcher"]["env"] = env
     data["scorer"] = {"command": scorer}
     data["checks"] = {"prepare": [], "diagnostics": [], "static_graph": None}

@@ -53,7 +53,8 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def faulty(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("faulty")
     env = {"TINY_FAULT": "7:1", "TINY_EXTRA_RAND_FROM": "8", "TINY_FP16_STEP": "2"}
-    assert run_probe(out, 10, env) == 0
+    shim = str(REPO / "workers" / "rehearsal" / "shim")  # the rehearsal's torch shim: recorded, changes no bits
+    assert run_probe(out, 10, {**env, "PYTHONPATH": os.pathsep.join([str(REPO), shim])}) == 0
     return out
 
 
@@ -87,7 +88,9 @@ def test_adam_state_fault_is_located_exactly(baseline: Path, faulty: Path) -> No
     assert first_mismatch(base, bad) == (7, 1, "optim/head.weight/exp_avg_sq")
     at7 = {(r["rank"], r["step"]): r["digests"] for r in bad}
     ref7 = {(r["rank"], r["step"]): r["digests"] for r in base}
-    assert at7[(0, 7)] == ref7[(0, 7)]  # the other rank is untouched at that step
+    assert at7[(0, 7)] == ref7[(0, 7)]  # the other rank is untouched at that step (the torch shim changed nothing)
+    assert "wait_for_unshard outside inference mode" in summary(faulty, 0)["host_controls"]["torch_compat"]
+    assert "torch_compat" not in summary(baseline, 0)["host_controls"]
     differ = {n for n in ref7[(1, 7)] if ref7[(1, 7)][n] != at7[(1, 7)][n]}
     assert differ == {"optim/head.weight/exp_avg_sq", "param/head.weight"}  # the state and the update it fed
 

@@ -86,6 +86,8 @@ def test_the_derived_protocol_is_a_valid_declared_null_rehearsal(tmp_path: Path)
     assert "--debug" not in args and args[args.index("--log_dir") + 1] == "{trainer_dir}"
     assert p.arms.baseline == p.arms.candidate  # a null rehearsal: exactness on real code is the question
     assert p.launcher.env["PYTHONPATH"].split(":")[-1] == "."
+    assert p.launcher.env["PYTHONPATH"].split(":")[0].endswith("workers/rehearsal/shim")  # with its torch shim
+    assert p.launcher.env["ORCH_TORCH_COMPAT"] == "fsdp_unshard_outside_inference_mode"
     # every recipe value other than the declared override is still the frozen one
     frozen = load_protocol(BAGEL).protocol.recipe.model_dump()
     assert {k: v for k, v in p.recipe.model_dump().items() if v != frozen[k]} == {"policy_group_size": 1}

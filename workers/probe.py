@@ -364,6 +364,9 @@ class Probe:
         return {**self.recipe, "warmup_steps": warm}
 
     def write_summary(self, complete: bool) -> None:
+        compat = sys.modules.get("orch_torch_compat")  # the rehearsal's torch shim, when its folder is on the path
+        if compat is not None and getattr(compat, "applied", None):
+            self.applied_controls["torch_compat"] = "; ".join(f"{k}: {v}" for k, v in sorted(compat.applied.items()))
         ckpt_file, ckpt_sha = self._checkpoint() if complete else (None, None)
         self.steps_file.close()
         allocs = [a for a, _ in self.peaks if a is not None]
