@@ -141,6 +141,20 @@ def test_other_higher_order_operators_pass_through() -> None:
     assert any(op.startswith("higher_order.cond/graph0:") and dt == "float16" for op, dt in forbidden)
 
 
+def test_out_dtype_int8_matmul_and_float16_output_are_seen() -> None:
+    from torch._higher_order_ops.out_dtype import out_dtype
+
+    log = WatchLog()
+    a = torch.randint(-5, 5, (4, 4), dtype=torch.int8)
+    want = out_dtype(torch.ops.aten.mm.default, torch.int32, a, a)
+    with make_watch(log, lambda: True):
+        got = out_dtype(torch.ops.aten.mm.default, torch.int32, a, a)
+        out_dtype(torch.ops.aten.mm.default, torch.float16, a.float(), a.float())
+    forbidden, hops, _ = log.take()
+    assert torch.equal(got, want) and hops == {"higher_order.out_dtype": 2}
+    assert {("higher_order.out_dtype", "int8"), ("higher_order.out_dtype", "float16")} <= set(forbidden)
+
+
 def test_graph_findings_int8_matmul_and_untyped_graphs() -> None:
     def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._int_mm(a, b)

@@ -152,19 +152,38 @@ def see_op(log: WatchLog, func: Any, args: Any, kwargs: Any, out: Any) -> None:
             log.forbidden.add((op, _dt(t.dtype)))
 
 
+# higher-order operators that run code no FX graph describes: only their tensor inputs and outputs can be seen
+OPAQUE_HOPS = {
+    "inductor_compiled_code": "Inductor-generated code",
+    "aoti_call_delegate": "an AOTInductor module",
+    "executorch_call_delegate": "a delegated module",
+    "inline_asm_elementwise": "inline assembly",
+    "triton_kernel_wrapper_mutation": "a user Triton kernel",
+    "triton_kernel_wrapper_functional": "a user Triton kernel",
+}
+
+
 def see_hop(log: WatchLog, hop: Any, args: Any, kwargs: Any, out: Any) -> None:
     """A higher-order operator the watch let through (it ran with the watch popped, so its inner ops were not
-    dispatched to it): its tensor inputs and outputs, and its subgraphs read statically."""
+    dispatched to it): its tensor inputs and outputs, dtype constants among its arguments (out_dtype's), int8
+    tensors into a matmul-type op it applies, and its subgraphs read statically."""
     import torch
     from torch.utils._pytree import tree_leaves
 
     name = f"higher_order.{hop.name()}"
     log.hops[name] += 1
+    if hop.name() in OPAQUE_HOPS:
+        log.uninspected.add(f"{name}: {OPAQUE_HOPS[hop.name()]} (only its tensor inputs and outputs were seen)")
+    leaves = tree_leaves((args, kwargs, out))
+    applied = [str(x).split(".")[1] for x in leaves if isinstance(x, torch._ops.OpOverload) and "." in str(x)]
     graphs = 0  # subgraphs are named by their order among the arguments: flex_attention's graph0 is score_mod
-    for leaf in tree_leaves((args, kwargs, out)):
+    for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            if forbidden_dtype(leaf.dtype):
+            if forbidden_dtype(leaf.dtype) or any(_int8_math(base, leaf.dtype) for base in applied):
                 log.forbidden.add((name, _dt(leaf.dtype)))
+        elif isinstance(leaf, torch.dtype):
+            if forbidden_dtype(leaf):
+                log.forbidden.add((name, _dt(leaf)))
         elif isinstance(leaf, torch.fx.GraphModule):
             found = _cached_findings(leaf, f"{name}/graph{graphs}")
             graphs += 1
