@@ -29,7 +29,8 @@ from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord
 from protocol.schema import Protocol
 
 AUDIT_SCHEMA = "orch.audit/1"
-PACKAGES = ("checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "score")
+PACKAGES = ("checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C", "score")
+RUN_SCHEMA = "orch.run/2"
 ARM_OF_LABEL = {"A": "baseline", "C": "candidate", "B": "baseline"}
 ARMS = ("baseline", "candidate")
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
@@ -62,6 +63,8 @@ class RunEvidence:
     reloads: dict[str, ReloadResult]
     score: ScoreResult
     steps: dict[str, dict[int, list[StepRecord]]]
+    watch: TrainResult  # watch-C: the untimed replay of arm C with the forbidden-dtype watch on every step
+    watch_steps: dict[int, list[StepRecord]]
     records: list[LedgerRecord]  # this run's ledger records, in ledger order
     closes: dict[str, LedgerRecord]  # package -> its close record
     result_sha256: dict[str, str]  # package -> sha256 of its result.json bytes
@@ -195,8 +198,15 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     run_path = run_dir / "run.json"
     try:
         loaded = json.loads(run_path.read_text())
-        if not isinstance(loaded, dict) or loaded.get("schema") != "orch.run/1":
-            problems.append("run.json: not an orch.run/1 document")
+        if isinstance(loaded, dict) and loaded.get("schema") == "orch.run/1":
+            # one line, before anything else: such a run has no watched replay and no trainer numbers to compare
+            raise IncompleteRunError(
+                f"run {run_id} is an orch.run/1 run, recorded before the watched replay (watch-C) and the trainer's "
+                "own numbers were part of the evidence; it cannot be audited by this orch: relaunch the protocol",
+                ["run.json: orch.run/1 (before watch-C and trainer scalars); relaunch the protocol"],
+            )
+        if not isinstance(loaded, dict) or loaded.get("schema") != RUN_SCHEMA:
+            problems.append(f"run.json: not an {RUN_SCHEMA} document")
         else:
             run = loaded
     except FileNotFoundError:
@@ -253,12 +263,20 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
             if reload.arm != label:
                 problems.append(f"{rrel}/result.json: arm {reload.arm!r}, expected {label!r}")
             reloads[label] = reload
+    watch_rel = "packages/watch-C"
+    watch = _load_model(TrainResult, run_dir / watch_rel / "result.json", where("watch-C"), f"{watch_rel}/result.json")
+    watch_steps: dict[int, list[StepRecord]] = {}
+    if watch is not None:
+        if watch.arm != "C":
+            problems.append(f"{watch_rel}/result.json: arm {watch.arm!r}, expected 'C'")
+        if protocol is not None:
+            watch_steps = _read_steps(run_dir / watch_rel, watch, watch_rel, n_steps, problems)
     result_sha = {
         name: sha256_file(pkg_dir / name / "result.json")
         for name in PACKAGES
         if (pkg_dir / name / "result.json").is_file()
     }
-    if problems or bad or protocol is None or checks is None or score is None:
+    if problems or bad or protocol is None or checks is None or score is None or watch is None:
         raise IncompleteRunError(
             f"run {run_id} is not complete ({len(problems)} problem(s)); no audit was written and no score "
             "is shown; relaunch the protocol for a complete run",
@@ -275,6 +293,8 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         reloads=reloads,
         score=score,
         steps=steps,
+        watch=watch,
+        watch_steps=watch_steps,
         records=records,
         closes=closes,
         result_sha256=result_sha,
@@ -337,13 +357,12 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
         declared_sha = declared.get(name, {}).get("result_sha256")
         if declared_sha is not None and declared_sha not in allowed:
             problems.append(f"run.json: result_sha256 of {name} is not the digest of its result")
-    for label, train in ev.trains.items():
+    step_files = [(f"train-{label}", train) for label, train in ev.trains.items()] + [("watch-C", ev.watch)]
+    for name, train in step_files:
         for rank in train.ranks:
-            path = ev.run_dir / "packages" / f"train-{label}" / rank.steps_file
+            path = ev.run_dir / "packages" / name / rank.steps_file
             if sha256_file(path) != rank.steps_sha256:
-                problems.append(
-                    f"packages/train-{label}/{rank.steps_file}: sha256 is not the one train-{label} reported"
-                )
+                problems.append(f"packages/{name}/{rank.steps_file}: sha256 is not the one {name} reported")
     return problems
 
 
@@ -380,6 +399,13 @@ def _exactness_doc(ex: Exactness) -> dict[str, Any]:
             "passed_through": ex.watch_passed,
             "uninspected": ex.watch_uninspected,
         },
+        "watch_coverage": ex.watch_coverage,
+        "replay_equal": ex.replay_ok,
+        "replay_first_mismatch": _mismatch_doc(ex.replay_first_mismatch),
+        "scalars_equal": ex.scalars_equal,
+        "scalar_steps": list(ex.scalar_steps),
+        "scalars_compared": ex.scalars_compared,
+        "scalars_first_mismatch": _mismatch_doc(ex.scalars_first_mismatch),
         "problems": ex.problems,
     }
 
@@ -514,6 +540,8 @@ def compute_audit(ev: RunEvidence, head: tuple[int, str], audited_at: str) -> di
         digest_first=m.digest_first,
         digest_last=m.digest_last,
         model=ev.protocol.model.model_dump() if ev.protocol.model is not None else None,
+        watch=ev.watch,
+        watch_steps=ev.watch_steps,
     )
     if not ex.exact:
         verdict = "not exact"

@@ -6,6 +6,8 @@ Pure Python over the probe's step lines and the worker results; every check name
 from __future__ import annotations
 
 import math
+import re
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +35,7 @@ class Mismatch:
         if self.rank is not None:
             where.append(f"rank {self.rank}")
         if self.tensor is not None:
-            where.append(f"tensor {self.tensor}")
+            where.append(f"{'quantity' if self.check == 'scalars' else 'tensor'} {self.tensor}")
         return f"{self.check} mismatch at {', '.join(where) or 'run level'}: {self.detail}"
 
 
@@ -44,6 +46,7 @@ class ForbiddenSeen:
     step: int
     op: str
     dtype: str
+    package: str = ""  # train-X (the in-run watch of the warm-up) or watch-C (the watched replay)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,13 @@ class Exactness:
     watched_steps: int = 0  # (arm, rank, step) lines recorded with the forbidden-dtype watch on
     watch_passed: dict[str, int] = field(default_factory=dict)  # HOPs / compiled regions let through -> calls
     watch_uninspected: list[str] = field(default_factory=list)  # what the watch could not look into
+    scalars_equal: bool = True
+    scalars_compared: int = 0
+    scalars_first_mismatch: Mismatch | None = None
+    scalar_steps: tuple[int, int] = (0, 0)
+    replay_ok: bool | None = None  # watch-C replayed train-C bit for bit (None: no replay in the run)
+    replay_first_mismatch: Mismatch | None = None
+    watch_coverage: dict[str, list[int]] = field(default_factory=dict)  # package -> steps the watch covered
 
 
 def _by_step(records: Sequence[StepRecord]) -> dict[int, StepRecord]:
@@ -220,8 +230,15 @@ def recipe_differences(observed: ObservedRecipe, recipe: Mapping[str, Any], labe
     check("weight_decay", observed.weight_decay, recipe.get("weight_decay"))
     check("max_grad_norm", observed.max_grad_norm, recipe.get("max_grad_norm"))
     check("warmup_steps", observed.warmup_steps, recipe.get("warmup_steps"))
-    if recipe.get("freeze_vit") and not (observed.frozen and observed.frozen_params > 0):
-        diffs.append(f"arm {label}: freeze_vit is frozen true but no parameter was frozen")
+    if recipe.get("freeze_vit"):
+        vit_trainable = [n for n in observed.trainable if is_vit(n)]
+        if vit_trainable:
+            more = len(vit_trainable) - 3
+            shown = ", ".join(vit_trainable[:3]) + (f" and {more} more" if more > 0 else "")
+            diffs.append(f"arm {label}: freeze_vit is frozen true but {shown} trainable (requires_grad=True)")
+        elif not any(is_vit(n) for n in observed.frozen) or observed.frozen_params <= 0:
+            diffs.append(f"arm {label}: freeze_vit is frozen true but no frozen ViT was observed "
+                         f"(frozen: {observed.frozen[:3]})")
     if "adamw" not in observed.optimizer.lower():
         diffs.append(f"arm {label}: optimizer {observed.optimizer}, frozen AdamW")
     return diffs
@@ -243,6 +260,137 @@ def model_differences(observed: ObservedRecipe, model: Mapping[str, Any], label:
     return diffs
 
 
+_VIT = re.compile(r"(^|_)vit($|_|\d)", re.IGNORECASE)
+# what the recipe fixes about the parameters and the optimizer: equal in every arm
+STRUCTURE_FIELDS = ("frozen", "trainable", "frozen_params", "trainable_params", "optimizer_params", "param_groups")
+
+
+def is_vit(name: str) -> bool:
+    """A parameter or module path with a component named like the ViT (vit_model, vit, vit_pos_embed)."""
+    return any(_VIT.search(part) for part in re.split(r"[.:#]", name))
+
+
+def _listed(values: Sequence[str]) -> str:
+    return "[" + ", ".join(values[:4]) + (f", ... {len(values) - 4} more" if len(values) > 4 else "") + "]"
+
+
+def structure_differences(observed: Mapping[str, ObservedRecipe], reference: str = "A") -> list[str]:
+    """Frozen and trainable sets, parameter counts and optimizer groups of every arm against the baseline A's."""
+    diffs: list[str] = []
+    ref = observed[reference]
+    for label, obs in observed.items():
+        if label == reference:
+            continue
+        for name in STRUCTURE_FIELDS:
+            mine, theirs = getattr(obs, name), getattr(ref, name)
+            if mine == theirs:
+                continue
+            if name in ("frozen", "trainable"):
+                extra = sorted(set(mine) - set(theirs))
+                missing = sorted(set(theirs) - set(mine))
+                detail = (f"{_listed(mine)} vs {_listed(theirs)}" if not (extra or missing) else
+                          f"{_listed(extra)} only in arm {label}, {_listed(missing)} only in arm {reference}")
+                diffs.append(f"arm {label}: {name} parameters differ from arm {reference}: {detail}")
+            elif name == "param_groups":
+                diffs.append(f"arm {label}: optimizer parameter groups differ from arm {reference}: "
+                             + _groups_difference(obs.param_groups, ref.param_groups, label, reference))
+            else:
+                diffs.append(f"arm {label}: {name} {mine:,}, arm {reference} {theirs:,}")
+    return diffs
+
+
+def _groups_difference(mine: Sequence[Any], theirs: Sequence[Any], label: str, reference: str) -> str:
+    if len(mine) != len(theirs):
+        return f"{len(mine)} group(s) in arm {label}, {len(theirs)} in arm {reference}"
+    for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        if a.tensors != b.tensors or a.numel != b.numel:
+            return (f"group {i}: {a.tensors} tensors / {a.numel:,} elements in arm {label}, "
+                    f"{b.tensors} / {b.numel:,} in arm {reference}")
+        for key in sorted(set(a.hyper) | set(b.hyper)):
+            if a.hyper.get(key) != b.hyper.get(key):
+                return f"group {i}: {key} {a.hyper.get(key)} in arm {label}, {b.hyper.get(key)} in arm {reference}"
+    return "different"
+
+
+def decode_scalar(code: str | None) -> str:
+    """A recorded trainer number in readable form: floats as their repr, other codes as stored."""
+    if code is None:
+        return "absent"
+    dtype, _, raw = code.partition(":")
+    try:
+        if dtype == "float64":
+            return repr(struct.unpack("<d", bytes.fromhex(raw))[0])
+        if dtype == "float32":
+            return repr(struct.unpack("<f", bytes.fromhex(raw))[0])
+    except (ValueError, struct.error):
+        pass
+    return raw if dtype in ("text", "int", "bool") else code
+
+
+def first_scalar_mismatch(
+    steps: Steps, labels: Sequence[str], scalar_steps: Sequence[int], ranks: Sequence[int]
+) -> tuple[Mismatch | None, int, int]:
+    """The trainer's own numbers (losses at backward, grad norms, logged values) equal bit for bit across arms,
+    in (step, rank, quantity) order, like torchtitan's loss_compare. Returns (first, mismatches, compared)."""
+    first: Mismatch | None = None
+    count = compared = 0
+    indexed = {label: {rank: _by_step(steps[label].get(rank, ())) for rank in ranks} for label in labels}
+    for step in scalar_steps:
+        for rank in ranks:
+            recs = {label: indexed[label][rank].get(step) for label in labels}
+            scalars = {label: (rec.scalars if rec is not None else {}) for label, rec in recs.items()}
+            for name in sorted(set().union(*(d.keys() for d in scalars.values()))):
+                compared += 1
+                values = {label: scalars[label].get(name) for label in labels}
+                if len(set(values.values())) != 1:
+                    count += 1
+                    shown = ", ".join(f"{k}={decode_scalar(v)}" for k, v in values.items())
+                    first = first or Mismatch("scalars", step, rank, name, dict(values),
+                                              f"the trainer's {name} differs ({shown})")
+    return first, count, compared
+
+
+def logged_nothing(steps: Steps, labels: Sequence[str], scalar_steps: Sequence[int]) -> list[str]:
+    """Arms whose trainer logged no number at all (through wandb.log or logging) in the compared steps."""
+    wanted = set(scalar_steps)
+    silent = []
+    for label in labels:
+        logged = any(
+            name.startswith(("log", "wandb"))
+            for recs in steps[label].values()
+            for rec in recs
+            if rec.step in wanted
+            for name in rec.scalars
+        )
+        if not logged:
+            silent.append(label)
+    return silent
+
+
+def replay_mismatch(
+    train: TrainResult, train_steps: Mapping[int, Sequence[StepRecord]], watch: TrainResult,
+    watch_steps: Mapping[int, Sequence[StepRecord]], digest_steps: Sequence[int], n_steps: int,
+    scalar_steps: Sequence[int],
+) -> Mismatch | None:
+    """watch-C replayed train-C: the same digests, RNG states, trainer numbers and final state on every rank."""
+    pair: Steps = {"train-C": train_steps, "watch-C": watch_steps}
+    ranks = sorted({r.rank for r in train.ranks} | {r.rank for r in watch.ranks})
+    labels = ("train-C", "watch-C")
+    first, _, _ = first_digest_mismatch(pair, labels, digest_steps, ranks)
+    first = first or first_rng_mismatch(pair, labels, n_steps, ranks)
+    first = first or first_scalar_mismatch(pair, labels, scalar_steps, ranks)[0]
+    if first is None:
+        finals = {label: {r.rank: r.final_digests for r in res.ranks} for label, res in zip(labels, (train, watch),
+                                                                                             strict=True)}
+        for rank in ranks:
+            a, b = finals["train-C"].get(rank, {}), finals["watch-C"].get(rank, {})
+            for name in sorted(set(a) | set(b)):
+                if a.get(name) != b.get(name):
+                    values = {"train-C": a.get(name), "watch-C": b.get(name)}
+                    return Mismatch("final", None, rank, name, values, _differs(values, f"final digest of {name}"))
+    return first
+
+
 def exactness(
     steps: Steps,
     trains: Mapping[str, TrainResult],
@@ -254,8 +402,11 @@ def exactness(
     digest_last: int,
     labels: Sequence[str] = ("A", "C", "B"),
     model: Mapping[str, Any] | None = None,
+    watch: TrainResult | None = None,
+    watch_steps: Mapping[int, Sequence[StepRecord]] | None = None,
 ) -> Exactness:
-    """Every exactness check of DESIGN.md section 1 over one run's three train and three reload results."""
+    """Every exactness check of DESIGN.md section 1 over one run's three train and three reload results, the
+    trainer's own numbers, what the recipe fixes about parameters and optimizer, and the watched replay of C."""
     problems: list[str] = []
     worlds = {label: trains[label].world_size for label in labels}
     if len(set(worlds.values())) != 1:
@@ -285,18 +436,53 @@ def exactness(
         diffs += recipe_differences(trains[label].observed_recipe, recipe, label)
         if model is not None:
             diffs += model_differences(trains[label].observed_recipe, model, label)
-    problems += [f"recipe: {d}" for d in diffs]
+    diffs += structure_differences({label: trains[label].observed_recipe for label in labels}, labels[0])
+    problems += [f"recipe violation: {d}" for d in diffs]
+    # the trainer's numbers: record k+1 holds what step k logs after its optimizer step, so one step past the digests
+    scalar_steps = list(range(digest_first, min(n_steps - 1, digest_last + 1) + 1))
+    scalar_first, _, scalars_compared = first_scalar_mismatch(steps, labels, scalar_steps, ranks)
+    if scalar_first is not None:
+        problems.append(scalar_first.line())
+    for label in logged_nothing(steps, labels, scalar_steps):
+        problems.append(
+            f"arm {label}: its trainer logged no training step (no number through wandb.log or logging in steps "
+            f"{scalar_steps[0]}-{scalar_steps[-1]}); its own numbers cannot be compared"
+        )
     forbidden = [
-        ForbiddenSeen(label, rank, op.step, op.op, op.dtype)
+        ForbiddenSeen(label, rank, op.step, op.op, op.dtype, f"train-{label}")
         for label in labels
         for rank, recs in sorted(steps[label].items())
         for rec in recs
         for op in rec.forbidden
     ]
+    coverage = {f"train-{label}": list(trains[label].watched_steps) for label in labels}
+    replay_first: Mismatch | None = None
+    replay_ok: bool | None = None
+    if watch is not None and watch_steps is not None and "C" in trains:
+        coverage["watch-C"] = list(watch.watched_steps)
+        if list(watch.watched_steps) != list(range(n_steps)):
+            problems.append(f"watch-C: the watch covered steps {_span(watch.watched_steps)}, not every step "
+                            f"0-{n_steps - 1}")
+        in_run = set(trains["C"].watched_steps)
+        # what the in-run watch saw is listed once, from train-C; the replay adds the steps it alone watched
+        forbidden += [
+            ForbiddenSeen("C", rank, op.step, op.op, op.dtype, "watch-C")
+            for rank, recs in sorted(watch_steps.items())
+            for rec in recs
+            for op in rec.forbidden
+            if op.step not in in_run
+        ]
+        replay_first = replay_mismatch(trains["C"], steps["C"], watch, watch_steps, digest_steps, n_steps,
+                                       scalar_steps)
+        replay_ok = replay_first is None
+        if replay_first is not None:
+            problems.append(f"watch-C did not replay train-C (its forbidden-dtype watch proves nothing): "
+                            f"{replay_first.line()}")
     if forbidden:
         f0 = forbidden[0]
+        replayed = ", watched replay" if f0.package.startswith("watch") else ""
         problems.append(
-            f"forbidden dtype: {f0.op} in {f0.dtype} at step {f0.step} (arm {f0.arm}, rank {f0.rank})"
+            f"forbidden dtype: {f0.op} in {f0.dtype} at step {f0.step} (arm {f0.arm}{replayed}, rank {f0.rank})"
             + (f" and {len(forbidden) - 1} more" if len(forbidden) > 1 else "")
         )
     passed: dict[str, int] = {}
@@ -328,4 +514,15 @@ def exactness(
         watched_steps=watched,
         watch_passed=dict(sorted(passed.items())),
         watch_uninspected=sorted(uninspected),
+        scalars_equal=scalar_first is None,
+        scalars_compared=scalars_compared,
+        scalars_first_mismatch=scalar_first,
+        scalar_steps=(scalar_steps[0], scalar_steps[-1]),
+        replay_ok=replay_ok,
+        replay_first_mismatch=replay_first,
+        watch_coverage=coverage,
     )
+
+
+def _span(steps: Sequence[int]) -> str:
+    return f"{min(steps)}-{max(steps)}" if steps else "none"

@@ -80,24 +80,42 @@ def exactness_lines(doc: Mapping[str, Any]) -> list[str]:
     lines.append("RNG fingerprints: " + ("equal at every step" if ex["rng_equal"] else rng["text"]))
     lines.append(
         "observed recipe: "
-        + ("equals the frozen recipe" if ex["recipe_equal"] else "; ".join(ex["recipe_differences"]))
+        + ("equals the frozen recipe in every arm (frozen and trainable parameters, optimizer groups)"
+           if ex["recipe_equal"] else "; ".join(ex["recipe_differences"]))
     )
+    if "scalars_equal" in ex:
+        s_first, s_last = ex["scalar_steps"]
+        sm = ex["scalars_first_mismatch"]
+        lines.append(
+            f"trainer numbers (losses at backward, grad norms, logged values): equal across A, C, B at steps "
+            f"{s_first}-{s_last} ({ex['scalars_compared']} compared)" if ex["scalars_equal"]
+            else f"trainer numbers: {sm['text'] if sm else 'differ'}"
+        )
+    watched = ex.get("watch_coverage") or {}
     forbidden = ex["forbidden"]
     if forbidden:
         f = forbidden[0]
+        replayed = ", watched replay" if str(f.get("package", "")).startswith("watch") else ""
         lines.append(
-            f"forbidden dtype: {f['op']} in {f['dtype']} at step {f['step']} (arm {f['arm']}, rank {f['rank']})"
-            + (f", {len(forbidden) - 1} more" if len(forbidden) > 1 else "")
+            f"forbidden dtype: {f['op']} in {f['dtype']} at step {f['step']} (arm {f['arm']}{replayed}, "
+            f"rank {f['rank']})" + (f", {len(forbidden) - 1} more" if len(forbidden) > 1 else "")
         )
     else:
-        lines.append("forbidden dtype: none seen")
+        covered = ", ".join(f"{name} steps {_span(steps)}" for name, steps in watched.items() if steps)
+        lines.append("forbidden dtype: none seen" + (f" (watched: {covered})" if covered else ""))
     watch = ex.get("watch")  # absent from audits written before the watch said what it let through
     if watch is not None:
         passed = ", ".join(f"{name} x{n}" for name, n in watch["passed_through"].items()) or "none"
         lines.append(f"watch: {watch['watched_steps']} watched step line(s); passed through: {passed}")
         for what in watch["uninspected"]:
             lines.append(f"watch could not inspect: {what}")
+    if ex.get("replay_equal") is False and ex.get("replay_first_mismatch"):
+        lines.append(f"watched replay: not a replay of train-C: {ex['replay_first_mismatch']['text']}")
     return lines
+
+
+def _span(steps: Sequence[int]) -> str:
+    return f"{min(steps)}-{max(steps)}" if steps else "none"
 
 
 def memory_rows(doc: Mapping[str, Any]) -> list[list[str]]:

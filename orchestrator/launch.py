@@ -34,7 +34,7 @@ from protocol.package import CommandSpec, PackageSpec, ScoreTarget
 from protocol.results import ChecksResult, TrainResult
 from protocol.schema import Arm, LoadedProtocol, canonical_json, load_protocol
 
-RUN_SCHEMA = "orch.run/1"
+RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines
 ARM_OF_LABEL = {"A": "baseline", "C": "candidate", "B": "baseline"}
 
 
@@ -57,8 +57,11 @@ PLAN = (
     PlannedPackage("reload-C", "reload", "C"),
     PlannedPackage("train-B", "train", "B"),
     PlannedPackage("reload-B", "reload", "B"),
+    # untimed, after the triplet so that nothing sits between the timed launches: arm C again, every step watched
+    PlannedPackage("watch-C", "replay", "C"),
     PlannedPackage("score", "score"),
 )
+WATCH_TIMEOUT_FACTOR = 3  # the watched replay runs every op through the dispatch watch: slower than train
 
 
 @dataclass
@@ -217,21 +220,26 @@ def _spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> Pack
     if pkg.kind == "score":
         targets = []
         for label in ("A", "C"):
-            arm = ARM_OF_LABEL[label]
             ckpt = ctx.scratch / "ckpt" / label
             argv = _substitute(list(p.scorer.command), values)  # {ckpt} and {out} are the score worker's to fill
-            targets.append(ScoreTarget(arm_label=label, sealed_dir=str(ctx.sealed[arm].path), ckpt_dir=str(ckpt),
-                                       argv=argv + _arm_args_config(ctx.loaded, arm)))
+            # the scorer is the baseline's committed code and configuration for every arm: a candidate cannot
+            # change how it is scored; its checkpoint is the only input from arm C
+            targets.append(ScoreTarget(arm_label=label, sealed_dir=str(ctx.sealed["baseline"].path),
+                                       ckpt_dir=str(ckpt), argv=argv + _arm_args_config(ctx.loaded, "baseline")))
         return PackageSpec(**common, sealed_dir=str(ctx.sealed["baseline"].path), inputs=inputs,
                            score_targets=targets, sealed_metrics_path=str(ctx.run_dir / "score.sealed.json"))
     assert pkg.arm is not None and pkg.arm_label is not None
     arm_spec: Arm = getattr(p.arms, pkg.arm)
-    ckpt_dir = ctx.scratch / "ckpt" / pkg.arm_label
+    ckpt_dir: Path | None = ctx.scratch / "ckpt" / pkg.arm_label
+    if pkg.kind == "replay":
+        ckpt_dir = None  # the replay is checked by its digests; no second checkpoint of the candidate
+        common["watch_all"] = True
     if pkg.kind == "reload":
         train_result = ctx.run_dir / "packages" / f"train-{pkg.arm_label}" / "result.json"
         inputs = {**inputs, "train_result": sha256_file(train_result)}
     return PackageSpec(
-        **common, sealed_dir=str(ctx.sealed[pkg.arm].path), ckpt_dir=str(ckpt_dir), script=p.launcher.script,
+        **common, sealed_dir=str(ctx.sealed[pkg.arm].path), ckpt_dir=None if ckpt_dir is None else str(ckpt_dir),
+        script=p.launcher.script,
         args=_substitute(_arm_args(ctx.loaded, arm_spec), values), inputs=inputs,
     )
 
@@ -319,9 +327,11 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                  "env": env_summary(env), "status": "running"}
         ctx.doc["packages"].append(entry)
         ctx.write_run_json()
-        progress.start(pkg.name, pkg.kind, ctx.loaded.protocol.measurement.steps if pkg.kind == "train" else None)
+        steps = ctx.loaded.protocol.measurement.steps if pkg.kind in ("train", "replay") else None
+        progress.start(pkg.name, pkg.kind, steps)
         pkg_dir = Path(spec.package_dir)
-        timeout = float(getattr(ctx.loaded.protocol.timeouts, pkg.kind))
+        timeouts = ctx.loaded.protocol.timeouts
+        timeout = float(timeouts.train * WATCH_TIMEOUT_FACTOR if pkg.kind == "replay" else getattr(timeouts, pkg.kind))
 
         def tick(elapsed: float, pkg_dir: Path = pkg_dir) -> None:
             progress.tick(elapsed, probe_progress(pkg_dir), ctx.gpus)
@@ -354,7 +364,8 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                    exit_code=outcome.exit_code, note=outcome.note, **_peaks(outcome.result))
         entry.update(status=outcome.status, exit_code=outcome.exit_code, started=outcome.started,
                      ended=outcome.ended, wall_s=round(outcome.wall_s, 6), gpus=ctx.gpus, gpu_seconds=gpu_seconds,
-                     result_sha256=outcome.result_sha256, note=outcome.note)
+                     result_sha256=outcome.result_sha256, note=outcome.note,
+                     isolation=outcome.extra.get("isolation"))
         ctx.write_run_json()
         statuses[pkg.name] = outcome.status
         progress.finish(pkg.name, outcome.status, outcome.wall_s, gpu_seconds, outcome.note)

@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.gpu_lock import exit_status, spawn_in_group, terminate_group, wait_group
+from orchestrator.isolation import isolate
 from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
 from protocol.package import PackageSpec
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, TrainResult
@@ -26,6 +27,7 @@ ORCH_ROOT = Path(__file__).resolve().parents[1]  # holds workers/, protocol/: on
 RESULT_MODELS: dict[str, type[BaseModel]] = {
     "checks": ChecksResult,
     "train": TrainResult,
+    "replay": TrainResult,
     "reload": ReloadResult,
     "score": ScoreResult,
 }
@@ -121,11 +123,14 @@ def load_result(kind: str, path: Path) -> tuple[BaseModel | None, str | None, st
 
 def run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None = None,
+    isolation: str = "auto",
 ) -> PackageOutcome:
-    """Run the package to its end (or timeout / Ctrl-C), end what it left running, validate its result."""
+    """Run the package to its end (or timeout / Ctrl-C), isolated (orchestrator.isolation), end what it left
+    running, validate its result. It may write only under the run directory and the run's scratch: its TMPDIR and
+    HOME are private there."""
     token = new_token()
     try:
-        outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick)
+        outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick, isolation)
     finally:
         left = end_stragglers(token)
     if left:
@@ -137,11 +142,32 @@ def run_package(
 
 def _run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None,
+    isolation: str,
 ) -> PackageOutcome:
     spec_path = write_spec(spec)
     pkg_dir = Path(spec.package_dir)
-    cmd = [sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
+    run_dir = pkg_dir.parent.parent  # runs/<id>/packages/<name>
+    iso = isolate(spec.scratch_dir, spec.name, [str(run_dir), spec.scratch_dir], isolation)
+    iso.start()
+    cmd = iso.command([sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)], spec.sealed_dir)
+    env = iso.env(env)
     started, t0 = utc_now(), time.monotonic()
+    outcome = _run(spec, cmd, env, timeout_s, on_tick, started, t0)
+    outcome.extra["isolation"] = iso.mode
+    outside = iso.written_outside()
+    if outside:
+        shown = ", ".join(outside[:5]) + (f" and {len(outside) - 5} more" if len(outside) > 5 else "")
+        outcome.status = "failed" if outcome.status == "ok" else outcome.status
+        outcome.note = (f"wrote outside the run directory and scratch: {shown} (a package may write only there; "
+                        "its TMPDIR and HOME are private)" + (f"; {outcome.note}" if outcome.note else ""))
+    return outcome
+
+
+def _run(
+    spec: PackageSpec, cmd: list[str], env: Mapping[str, str], timeout_s: float,
+    on_tick: Callable[[float], None] | None, started: str, t0: float,
+) -> PackageOutcome:
+    pkg_dir = Path(spec.package_dir)
     with open(pkg_dir / "stdout.log", "wb") as out, open(pkg_dir / "stderr.log", "wb") as err:
         proc = spawn_in_group(cmd, env=env, cwd=spec.sealed_dir, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         try:

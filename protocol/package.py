@@ -54,6 +54,7 @@ class PackageSpec(_Strict):
     digest_first: int = 0
     digest_last: int = 13
     host_controls: list[str] = []
+    watch_all: bool = False  # train: the untimed watched replay (forbidden-dtype watch on every step, no checkpoint)
     inputs: dict[str, str] = {}  # name -> sha256 of an input file (init state, checkpoint, ...)
     prepare: list[CommandSpec] = []  # checks: commands that make the shared inputs (e.g. the initial state)
     diagnostics: list[CommandSpec] = []  # checks: the protocol's diagnostic commands

@@ -27,10 +27,18 @@ class RngFingerprint(_Strict):
     cuda: str | None = None
 
 
-class StepRecord(_Strict):
-    """One line of a rank's `steps.rank{R}.jsonl`: what the probe saw in one optimizer step."""
+STEP_SCHEMA = "orch.step/2"  # /2 adds `scalars`, the trainer's own numbers
+TRAIN_SCHEMA = "orch.train/2"  # /2 adds `watched_steps`, the optimizer's groups and trainable names
 
-    schema_: str = Field("orch.step/1", alias="schema")
+
+class StepRecord(_Strict):
+    """One line of a rank's `steps.rank{R}.jsonl`: what the probe saw in one optimizer step.
+
+    A step's window runs from the end of the previous boundary to this step's optimizer step, so what a trainer
+    logs after `optimizer.step()` of step k (its per-step log line) is recorded with step k+1.
+    """
+
+    schema_: str = Field(STEP_SCHEMA, alias="schema")
     rank: int
     world_size: int
     step: int
@@ -46,6 +54,19 @@ class StepRecord(_Strict):
     watched: bool = False  # the forbidden-dtype watch was on during this step
     hops: dict[str, int] = {}  # higher-order operators / compiled regions the watch let through -> calls
     uninspected: list[str] = []  # what the watch could not look into during this step, in words
+    # the trainer's own numbers in this step's window, name -> "dtype:raw bytes in hex": the scalar loss of each
+    # backward() ("backward[i]"), each clip_grad_norm_ result ("grad_norm[i]"), numbers the trainer logged through
+    # wandb.log ("wandb[i].KEY") or Python logging ("log[i] TEMPLATE#j"); timing, memory and evaluation values
+    # are left out (they differ between launches or are blinded)
+    scalars: dict[str, str] = {}
+
+
+class ParamGroup(_Strict):
+    """One optimizer parameter group as the trainer built it: how many tensors, how many elements, hyperparameters."""
+
+    tensors: int
+    numel: int
+    hyper: dict[str, str]  # name -> repr of the value (lr is the base lr), implementation flags left out
 
 
 class ObservedRecipe(_Strict):
@@ -62,6 +83,9 @@ class ObservedRecipe(_Strict):
     trainable_params: int = 0
     frozen_params: int = 0
     layers: dict[str, int] = {}  # '<prefix>.layers' -> distinct layer indices seen in the trained module's names
+    trainable: list[str] = []  # names of the trained module's parameters with requires_grad=True (collapsed)
+    optimizer_params: int = 0  # elements in the optimizer's parameter groups
+    param_groups: list[ParamGroup] = []
 
 
 class RankSummary(_Strict):
@@ -73,13 +97,13 @@ class RankSummary(_Strict):
     final_digests: dict[str, str]
     peak_allocated: int | None = None  # max over steps
     peak_reserved: int | None = None
-    checkpoint_file: str  # relative to the scratch directory
-    checkpoint_sha256: str
+    checkpoint_file: str | None = None  # relative to the scratch directory; None for the watched replay
+    checkpoint_sha256: str | None = None
     host_controls: dict[str, str] = {}  # what the probe applied to this rank (same for every arm)
 
 
 class TrainResult(_Strict):
-    schema_: str = Field("orch.train/1", alias="schema")
+    schema_: str = Field(TRAIN_SCHEMA, alias="schema")
     arm: str
     world_size: int
     steps: int
@@ -88,6 +112,7 @@ class TrainResult(_Strict):
     observed_recipe: ObservedRecipe
     ranks: list[RankSummary]
     stopped_cleanly: bool
+    watched_steps: list[int] = []  # steps the forbidden-dtype watch covered (all of them in the watched replay)
 
 
 class ReloadRank(_Strict):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from protocol.results import (
     ChecksResult,
     ForbiddenOp,
     ObservedRecipe,
+    ParamGroup,
     RankSummary,
     ReloadRank,
     ReloadResult,
@@ -72,6 +74,11 @@ class RunSpec:
     versions: dict[str, str] = field(default_factory=dict)  # extra entries of the checks' versions
     reload_differs: str | None = None  # label whose reload recomputes other final digests
     watch: bool = False  # steps 0-9 watched, each letting a compiled region through
+    scalar_differs: tuple[str, int, int] | None = None  # (label, step, rank): the trainer's loss differs there
+    silent: str | None = None  # label whose trainer logs nothing
+    structure: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> observed recipe fields to override
+    watch_forbidden: tuple[int, str, str] | None = None  # (step, op, dtype) seen by watch-C only
+    watch_differs: int | None = None  # step from which watch-C's digests differ from train-C's
 
 
 def _protocol() -> Protocol:
@@ -92,20 +99,31 @@ def _protocol() -> Protocol:
     )
 
 
-def _steps(spec: RunSpec, label: str, rank: int) -> list[StepRecord]:
+def _scalars(spec: RunSpec, label: str, rank: int, step: int) -> dict[str, str]:
+    loss = 0.5 + step / 64 + rank / 8 + (1.0 if spec.scalar_differs == (label, step, rank) else 0.0)
+    out = {"backward[0]": "float32:" + struct.pack("<f", loss).hex(), "grad_norm[0]": f"float32:{_h(step, rank)[:8]}"}
+    if spec.silent != label:
+        out["log[0] Rank #: Total norm: ##1"] = f"text:{step / 3}"
+    return out
+
+
+def _steps(spec: RunSpec, label: str, rank: int, watch: bool = False) -> list[StepRecord]:
     lines = []
     for step in range(16):
         diverged = spec.diverge is not None and spec.diverge[0] == label and step >= spec.diverge[1]
+        replay_bad = watch and spec.watch_differs is not None and step >= spec.watch_differs
         digests = None
         if step <= 13:
             digests = {}
             for t in TENSORS:
-                bad = diverged and (step > spec.diverge[1] or (rank, t) == spec.diverge[2:])  # type: ignore[index]
+                bad = replay_bad or (diverged and (step > spec.diverge[1] or (rank, t) == spec.diverge[2:]))  # type: ignore[index]
                 digests[t] = _h(step, rank, t, "bad" if bad else "")
         rng_bad = spec.rng_extra_draw is not None and spec.rng_extra_draw[0] == label and step >= spec.rng_extra_draw[1]
         forbidden = []
         if spec.forbidden and spec.forbidden[0] == label and spec.forbidden[1] == step:
             forbidden = [ForbiddenOp(op=spec.forbidden[2], dtype=spec.forbidden[3], step=step)]
+        if watch and spec.watch_forbidden and spec.watch_forbidden[0] == step:
+            forbidden = [ForbiddenOp(op=spec.watch_forbidden[1], dtype=spec.watch_forbidden[2], step=step)]
         lines.append(
             StepRecord(
                 rank=rank,
@@ -121,6 +139,7 @@ def _steps(spec: RunSpec, label: str, rank: int) -> list[StepRecord]:
                 watched=spec.watch and step < 10,
                 hops={"compiled:m.py:attn": 2, "higher_order.cond": 1} if spec.watch and step < 10 else {},
                 uninspected=["compiled:m.py:attn: backend-generated kernels"] if spec.watch and step < 10 else [],
+                scalars=_scalars(spec, label, rank, step),
             )
         )
     return lines
@@ -176,7 +195,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
     packages: list[dict[str, Any]] = []
     reached = True
     for name in PACKAGES:
-        kind = name.split("-")[0]
+        kind = "replay" if name == "watch-C" else name.split("-")[0]
         label = name.split("-")[1] if "-" in name else None
         arm = ARM[label] if label else None
         pkg_dir = run_dir / "packages" / name
@@ -199,7 +218,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             continue
         digest = _write_package(run_dir, pkg_dir, name, spec)
         sha = _sha((pkg_dir / "result.json").read_bytes())
-        gpu_s = 2 * spec.ranks * 1.0 if kind in ("train", "reload") else 1.0
+        gpu_s = 2 * spec.ranks * 1.0 if kind in ("train", "reload", "replay") else 1.0
         ledger.append(
             **common,
             run_id=run_id,
@@ -229,7 +248,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
     _write_json(
         run_dir / "run.json",
         {
-            "schema": "orch.run/1",
+            "schema": "orch.run/2",
             "run_id": run_id,
             "protocol_id": _sha(proto_bytes),
             "protocol_name": protocol.name,
@@ -258,10 +277,11 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
         _result(pkg_dir / "result.json", ScoreResult(sealed_file="score.sealed.json", sealed_sha256=_sha(data)))
         return _sha(data)
     kind, label = name.split("-")
-    if kind == "train":
+    if kind in ("train", "watch"):
+        watch = kind == "watch"
         summaries = []
         for r in ranks:
-            text = "".join(s.model_dump_json(by_alias=True) + "\n" for s in _steps(spec, label, r))
+            text = "".join(s.model_dump_json(by_alias=True) + "\n" for s in _steps(spec, label, r, watch))
             (pkg_dir / f"steps.rank{r}.jsonl").parent.mkdir(parents=True, exist_ok=True)
             (pkg_dir / f"steps.rank{r}.jsonl").write_text(text)
             final = _final(spec, label, r)
@@ -273,22 +293,18 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
                     steps=16,
                     final_combined=_h(sorted(final.items())),
                     final_digests=final,
-                    checkpoint_file=f"ckpt/{label}/rank{r}.pt",
-                    checkpoint_sha256=_h("ckpt", label, r),
+                    checkpoint_file=None if watch else f"ckpt/{label}/rank{r}.pt",
+                    checkpoint_sha256=None if watch else _h("ckpt", label, r),
                 )
             )
-        recipe = ObservedRecipe(
-            optimizer="AdamW",
-            lr=spec.observed_lr,
-            betas=(0.9, 0.95),
-            eps=1e-8,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
-            warmup_steps=10,
-            frozen=["vit.w"],
-            trainable_params=100,
-            frozen_params=10,
-        )
+        group = ParamGroup(tensors=4, numel=100, hyper={"lr": "5e-06", "betas": "(0.9, 0.95)", "eps": "1e-08"})
+        fields: dict[str, Any] = {
+            "optimizer": "AdamW", "lr": spec.observed_lr, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0,
+            "max_grad_norm": 1.0, "warmup_steps": 10, "frozen": ["vit.w"], "trainable_params": 100,
+            "frozen_params": 10, "trainable": ["body"], "optimizer_params": 100, "param_groups": [group],
+            **spec.structure.get(label, {}),
+        }
+        recipe = ObservedRecipe.model_validate(fields)
         return _result(
             pkg_dir / "result.json",
             TrainResult(
@@ -300,6 +316,7 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
                 observed_recipe=recipe,
                 ranks=summaries,
                 stopped_cleanly=True,
+                watched_steps=list(range(16)) if watch else list(range(10)),
             ),
         )
     reload_ranks = []
@@ -341,7 +358,8 @@ def test_complete_exact_run_is_accepted_written_recorded_then_unsealed(tmp_path:
     assert doc["exactness"]["tensors_compared"] == 14 * 2 * len(TENSORS)
     assert doc["attribution"]["label"] == "training-code-only"
     assert doc["attribution"]["differs"] == ["sources", "switches"]
-    assert doc["cost"]["total_gpu_seconds"] == pytest.approx(6 * 4.0 + 2 * 1.0)
+    assert doc["cost"]["total_gpu_seconds"] == pytest.approx(7 * 4.0 + 2 * 1.0)  # watch-C is accounted too
+    assert doc["cost"]["gpu_seconds"]["watch-C"] == pytest.approx(4.0)
     assert doc["ledger_head"]["size"] == before
     data = (run_dir / "audit.json").read_bytes()
     assert json.loads(data) == doc
@@ -367,6 +385,7 @@ def test_run_killed_during_train_b_writes_nothing_and_shows_no_score(tmp_path: P
         "run status is 'interrupted', not 'complete'",
         "package train-B: interrupted (exit -15)",
         "package reload-B: not-run: not reached",
+        "package watch-C: not-run: not reached",
         "package score: not-run: not reached",
     ]
     proc = _orch("audit", "run1", "--home", str(tmp_path), cwd=repo)

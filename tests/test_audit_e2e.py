@@ -6,8 +6,10 @@ The real CLI runs on a git-committed project copy: baseline = `git archive HEAD`
 from __future__ import annotations
 
 import json
+import secrets
 import signal
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ from test_launch import (
     wait_for,
 )
 
+from orchestrator.isolation import namespaces_work
+
 pytestmark = pytest.mark.slow
 TRAINER = Path("examples") / "r3_mini" / "train" / "online_rl.py"
 ANCHOR = "        scheduler.step()\n"
@@ -40,8 +44,12 @@ def small_protocol(data: dict[str, Any]) -> None:
     data["scorer"]["command"] = [*data["scorer"]["command"], *SMALL]
 
 
-def candidate_project(tmp_path: Path, extra_line: str) -> tuple[Path, Path]:
-    """A committed project copy whose working tree adds `extra_line` after the trainer's scheduler.step().
+Edit = tuple[Path, str, str]  # (file under the project, anchor line that occurs once, lines inserted after it)
+
+
+def candidate_project(tmp_path: Path, extra_line: str | Sequence[Edit]) -> tuple[Path, Path]:
+    """A committed project copy whose working tree adds `extra_line` after the trainer's scheduler.step() (or
+    makes each edit).
 
     Returns the project and a protocol in which only the code differs: baseline from git HEAD under the
     published commitment, candidate = the edited tree under a commitment frozen by `orch freeze`, same switches.
@@ -50,10 +58,12 @@ def candidate_project(tmp_path: Path, extra_line: str) -> tuple[Path, Path]:
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
     subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
     subprocess.run([*GIT, "commit", "-q", "-m", "baseline"], cwd=proj, check=True)
-    trainer = proj / TRAINER
-    text = trainer.read_text()
-    assert text.count(ANCHOR) == 1
-    trainer.write_text(text.replace(ANCHOR, ANCHOR + extra_line + "\n"))
+    edits = [(TRAINER, ANCHOR, extra_line + "\n")] if isinstance(extra_line, str) else list(extra_line)
+    for rel, anchor, lines in edits:
+        path = proj / rel
+        text = path.read_text()
+        assert text.count(anchor) == 1, (rel, anchor)
+        path.write_text(text.replace(anchor, anchor + lines))
     data = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
     switches = {key: "1" for key in data["arms"]["candidate"]["switches"]}
     data["arms"] = {
@@ -73,7 +83,9 @@ def candidate_project(tmp_path: Path, extra_line: str) -> tuple[Path, Path]:
     return proj, protocol
 
 
-def launch_and_audit(tmp_path: Path, extra_line: str) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+def launch_and_audit(
+    tmp_path: Path, extra_line: str | Sequence[Edit]
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     """Launch the candidate protocol to completion, then `orch audit RUN --json` it; checks what both share."""
     proj, protocol = candidate_project(tmp_path, extra_line)
     home = tmp_path / "home"
@@ -119,17 +131,90 @@ def test_extra_rng_draw_per_step_is_refused_naming_the_first_step(tmp_path: Path
     assert len({s["rng"]["cpu"] for s in step0.values()}) == 1 and len({s["combined"] for s in step0.values()}) == 1
 
 
-def test_fp16_candidate_is_refused_naming_the_op(tmp_path: Path) -> None:
-    line = "        _ = torch.ones(4, 4, dtype=torch.float16) @ torch.ones(4, 4, dtype=torch.float16)"
-    _, _, shown = launch_and_audit(tmp_path, line)
-    audit = json.loads(shown.stdout.strip().splitlines()[-1])["audit"]
-    forbidden = audit["exactness"]["forbidden"]
-    assert forbidden and {f["arm"] for f in forbidden} == {"C"}
-    assert {f["dtype"] for f in forbidden} == {"float16"}
-    assert forbidden[0] == {"arm": "C", "rank": 0, "step": 1, "op": "aten.mm.default", "dtype": "float16"}
-    assert {f["rank"] for f in forbidden if f["op"] == "aten.mm.default"} == {0, 1}
-    assert audit["reasons"][0].startswith("forbidden dtype: aten.mm.default in float16 at step 1 (arm C, rank 0)")
-    assert "forbidden dtype: aten.mm.default in float16" in shown.stderr
+UTILS = Path("examples") / "r3_mini" / "train" / "train_utils.py"
+SCORER = Path("examples") / "r3_mini" / "train" / "score.py"
+
+
+def test_cheating_candidate_is_refused_naming_each_cheat(tmp_path: Path) -> None:
+    """One launch, independent cheats, each named: an fp16 op in a warm-up step and one first in timed step 12,
+    an unfrozen ViT the optimizer excludes, a loss that differs while the gradients do not, a trainer that stops
+    logging, a scorer of its own, and (where namespaces work) work cached in the shared /tmp."""
+    cache = f"/tmp/orch-cheat-{secrets.token_hex(6)}"
+    isolated = namespaces_work()
+    edits: list[Edit] = [
+        (TRAINER, ANCHOR, "        if curr_step == 0:  # in step 1's window, watched in every launch\n"
+                          "            h = torch.ones(4, 4, dtype=torch.float16)\n"
+                          "            _ = h @ h\n"
+                          "        if curr_step == 11:  # first in step 12's window: a timed step\n"
+                          "            _ = torch.ones(3, dtype=torch.float16) + 1\n"),
+        (TRAINER, "    train_step = 0\n",
+         "    model.vit_model.requires_grad_(True)  # the optimizer was built without it\n"),
+        # the loss offset before backward: the same gradients (and state), another number
+        (TRAINER, "                    loss = loss + kl_img_loss * training_args.kl_weight_image\n",
+         "            loss = loss + 1.0\n"),
+        (UTILS, "    def log(self, stream: str, record: dict) -> None:\n", "        return  # logs nothing\n"),
+        (SCORER, "        json.dump(result, fh, sort_keys=True)\n",
+         '    with open(score_args.out, "w", encoding="utf-8") as fh:  # scores itself\n'
+         '        json.dump({"dev_mean_reward": 1.0, "cheat": True}, fh)\n'),
+    ]
+    if isolated:
+        edits.append((TRAINER, "    logger = RunLogger(training_args.log_dir, rank)\n",
+                      "    try:  # work cached for the next launch in the shared /tmp\n"
+                      f"        open({cache!r}, 'w').write('cached')\n"
+                      "        cheat = 'written'\n"
+                      "    except OSError as exc:\n"
+                      "        cheat = exc.strerror\n"
+                      "    if training_args.log_dir:\n"
+                      "        os.makedirs(training_args.log_dir, exist_ok=True)\n"
+                      "        open(os.path.join(training_args.log_dir, f'cheat.{rank}.txt'), 'w').write(cheat)\n"))
+    run_dir, home, shown = launch_and_audit(tmp_path, edits)
+    doc = json.loads(shown.stdout.strip().splitlines()[-1])
+    audit = doc["audit"]
+    ex = audit["exactness"]
+    reasons = audit["reasons"]
+    # 1. what the recipe fixes: the ViT frozen, the same trainable set and counts as the baseline
+    diffs = ex["recipe_differences"]
+    assert ex["recipe_equal"] is False
+    assert any(d.startswith("arm C: freeze_vit is frozen true but vit_model trainable") for d in diffs), diffs
+    assert "arm C: trainable_params 213,568, arm A 202,368" in diffs
+    assert any(d.startswith("arm C: frozen parameters differ from arm A:") and "vit_model" in d for d in diffs)
+    assert not any(d.startswith("arm B") for d in diffs)
+    # 2. the scorer of arm C is the baseline's sealed code: the candidate's own scorer never ran
+    score_spec = json.loads((run_dir / "packages" / "score" / "package.json").read_text())
+    assert {t["arm_label"]: Path(t["sealed_dir"]).name for t in score_spec["score_targets"]} == {
+        "A": "baseline", "C": "baseline"}
+    targets = {t["arm_label"]: t["metrics"] for t in doc["dev_score"]["metrics"]["targets"]}
+    assert "cheat" not in targets["C"] and set(targets["C"]) == set(targets["A"])
+    # 3. the fp16 op of a timed step is found by the watched replay and named with its step
+    forbidden = ex["forbidden"]
+    assert {(f["package"], f["step"], f["dtype"]) for f in forbidden} == {("train-C", 1, "float16"),
+                                                                           ("watch-C", 12, "float16")}
+    assert {f["op"] for f in forbidden if f["step"] == 1} == {"aten.ones.default", "aten.mm.default"}
+    assert {f["op"] for f in forbidden if f["step"] == 12} == {"aten.ones.default", "aten.add.Tensor"}
+    assert {f["rank"] for f in forbidden} == {0, 1} and {f["arm"] for f in forbidden} == {"C"}
+    assert forbidden[0] == {"arm": "C", "rank": 0, "step": 1, "op": "aten.mm.default", "dtype": "float16",
+                            "package": "train-C"}
+    assert ex["watch_coverage"]["train-C"] == list(range(10)) and ex["watch_coverage"]["watch-C"] == list(range(16))
+    assert ex["replay_equal"] is True  # the replay computed what train-C computed
+    assert any(r.startswith("forbidden dtype: aten.mm.default in float16 at step 1 (arm C, rank 0)") for r in reasons)
+    assert "audit verdict not exact: recipe violation: arm C: freeze_vit is frozen true but vit_model" in shown.stderr
+    watch = [r for r in records(home) if r["run_id"] == run_dir.name and r["package"] == "watch-C"]
+    assert [r["status"] for r in watch] == ["open", "ok"] and watch[1]["kind"] == "replay"
+    assert audit["cost"]["wall_s"]["watch-C"] > 0
+    # 6. the trainer's own numbers: the offset loss at its first backward, and the trainer that logged nothing
+    first = ex["scalars_first_mismatch"]
+    assert (first["check"], first["step"], first["rank"], first["tensor"]) == ("scalars", 0, 0, "backward[0]")
+    assert first["values"]["A"] == first["values"]["B"] != first["values"]["C"]
+    assert ("arm C: its trainer logged no training step (no number through wandb.log or logging in steps 0-14); "
+            "its own numbers cannot be compared") in reasons
+    assert not any("arm A: its trainer logged" in r or "arm B: its trainer logged" in r for r in reasons)
+    # 4. the cache write was impossible: it failed inside the package, nothing reached the host's /tmp
+    if isolated:
+        for package in ("train-C", "watch-C"):
+            assert (run_dir / "packages" / package / "trainer" / "cheat.0.txt").read_text() == "Read-only file system"
+        assert not Path(cache).exists()
+        entries = json.loads((run_dir / "run.json").read_text())["packages"]
+        assert {p["isolation"] for p in entries} == {"namespace"}
 
 
 def test_audit_of_a_run_killed_during_train_b_writes_nothing_and_shows_no_score(tmp_path: Path) -> None:

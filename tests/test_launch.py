@@ -24,7 +24,7 @@ from ledger.store import Ledger
 from orchestrator import gpu_lock
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ["checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "score"]
+PACKAGES = ["checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C", "score"]
 pytestmark = pytest.mark.slow
 
 
@@ -140,7 +140,7 @@ def test_complete_run_is_sealed_against_working_tree_edits_and_audited(tmp_path:
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["status"] == "complete" and set(summary["packages"].values()) == {"ok"}
     assert "EDITED_DURING_RUN" not in (run_dir / "sealed" / "candidate" / "train" / "train_utils.py").read_text()
-    # one open and one close record for each of the 8 packages, and an audit record
+    # one open and one close record for each of the 9 packages, and an audit record
     recs = [r for r in records(home) if r["run_id"] == run_dir.name]
     for name in PACKAGES:
         statuses = [r["status"] for r in recs if r["package"] == name]
@@ -175,7 +175,7 @@ def test_failing_package_stops_the_run_and_leaves_no_audit(tmp_path: Path) -> No
     recs = [r for r in records(home) if r["run_id"] == run_dir.name]
     closes = {r["package"]: r["status"] for r in recs if r["status"] != "open"}
     assert closes == {"checks": "ok", "train-A": "ok", "reload-A": "ok", "train-C": "failed", "reload-C": "not-run",
-                      "train-B": "not-run", "reload-B": "not-run", "score": "not-run"}
+                      "train-B": "not-run", "reload-B": "not-run", "watch-C": "not-run", "score": "not-run"}
     assert not (run_dir / "audit.json").exists()
     assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
     # orch audit of that run writes nothing and shows no score
@@ -228,7 +228,7 @@ def test_ctrl_c_records_interrupted_and_exits_130(tmp_path: Path) -> None:
     assert lock_is_free(home.parent / "locks")
     closes = {r["package"]: r["status"] for r in records(home) if r["run_id"] == run_dir.name and r["status"] != "open"}
     assert closes["train-A"] == "interrupted"
-    assert [closes[p] for p in PACKAGES[2:]] == ["not-run"] * 6
+    assert [closes[p] for p in PACKAGES[2:]] == ["not-run"] * 7
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
 
 

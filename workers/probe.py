@@ -25,9 +25,31 @@ from typing import Any
 from workers.digest import combined_digest, digest_many, local_tensor
 from workers.model_shape import layer_counts
 from workers.watch import WatchLog, inspect_compiled_graphs, make_watch
+from workers.scalars import TrainerNumbers
 
 # the trainer's own cleanup after the stop may take this long before the rank exits anyway
 STOP_GRACE_S = float(os.environ.get("ORCH_PROBE_STOP_GRACE_S", "20"))
+
+
+_IMPLEMENTATION_FLAGS = ("params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable")
+
+
+def _param_group(group: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer group as the recipe fixes it: tensor count, elements, hyperparameters (repr, base lr)."""
+    import torch
+
+    def shown(v: Any) -> str | None:
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            return repr(float(v))
+        if isinstance(v, (bool, int, float, str)) or v is None:
+            return repr(v)
+        if isinstance(v, (tuple, list)) and all(isinstance(x, (int, float)) for x in v):
+            return repr(tuple(float(x) for x in v))
+        return None
+
+    hyper = {k: r for k, v in sorted(group.items()) if k not in _IMPLEMENTATION_FLAGS and (r := shown(v)) is not None}
+    hyper["lr"] = repr(float(group.get("initial_lr", group["lr"])))
+    return {"tensors": len(group["params"]), "numel": int(sum(p.numel() for p in group["params"])), "hyper": hyper}
 
 
 class ProbeStop(SystemExit):
@@ -89,6 +111,7 @@ class Probe:
         self.installed = False
         self.host_controls = host_controls
         self.applied_controls: dict[str, str] = {}
+        self.numbers = TrainerNumbers(os.getcwd())  # the trainer's sources are the cwd (the sealed copy)
         out.mkdir(parents=True, exist_ok=True)
         self.steps_path = out / f"steps.rank{self.rank}.jsonl"
         self.steps_file = self.steps_path.open("w")
@@ -114,10 +137,14 @@ class Probe:
         @functools.wraps(original)
         def clip_grad_norm_(parameters: Any, max_norm: Any, *args: Any, **kwargs: Any) -> Any:
             self.max_norm = float(max_norm)  # observed only; the call is unchanged
-            return original(parameters, max_norm, *args, **kwargs)
+            total = original(parameters, max_norm, *args, **kwargs)
+            self.numbers.on_grad_norm(total)  # a reference: read at the boundary, no sync in the step
+            return total
 
         torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
         torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+        self.numbers.install_torch()
+        self.numbers.install_logging()
         if self.watch_steps:
             self.watch = make_watch(self.log, lambda: self.watching)
             self.watch_note = inspect_compiled_graphs(self.log, lambda: self.watching)
@@ -164,7 +191,7 @@ class Probe:
         if self.root is not None:
             self.param_names = {id(p): n for n, p in self.root.named_parameters()}
         root_ids = set(self.param_names)
-        frozen: list[str] = self._collapse_frozen(self.root, "") if self.root is not None else []
+        frozen: list[str] = self._collapse(self.root, "") if self.root is not None else []
         frozen_n = sum(p.numel() for p in self.root.parameters() if not p.requires_grad) if self.root else 0
         trainable_n = sum(p.numel() for p in self.root.parameters() if p.requires_grad) if self.root else 0
         others = [m for m in top if m is not self.root and any(not p.requires_grad for p in m.parameters())]
@@ -177,9 +204,10 @@ class Probe:
             cls = type(m).__name__
             label = f"{cls}#{seen.get(cls, 0)}"
             seen[cls] = seen.get(cls, 0) + 1
-            frozen.extend(label + ("" if n == "<all>" else f":{n}") for n in self._collapse_frozen(m, ""))
+            frozen.extend(label + ("" if n == "<all>" else f":{n}") for n in self._collapse(m, ""))
             frozen_n += sum(p.numel() for p in own)
         g0 = optimizer.param_groups[0]
+        trainable: list[str] = self._collapse(self.root, "", frozen=False) if self.root is not None else []
         self.recipe = {
             "optimizer": type(optimizer).__name__,
             "lr": float(g0.get("initial_lr", g0["lr"])),
@@ -191,16 +219,20 @@ class Probe:
             "trainable_params": int(trainable_n),
             "frozen_params": int(frozen_n),
             "layers": layer_counts(self.param_names.values()),
+            "trainable": trainable,
+            "optimizer_params": int(sum(p.numel() for g in optimizer.param_groups for p in g["params"])),
+            "param_groups": [_param_group(g) for g in optimizer.param_groups],
         }
 
-    def _collapse_frozen(self, module: Any, prefix: str) -> list[str]:
-        """Names of frozen parameters, a wholly frozen module named once by its path ('<all>' for all)."""
+    def _collapse(self, module: Any, prefix: str, frozen: bool = True) -> list[str]:
+        """Names of frozen (or trainable) parameters, a module wholly so named once by its path ('<all>': all)."""
         params = list(module.parameters())
-        if params and all(not p.requires_grad for p in params):
+        # the trained module itself is never collapsed into '<all>' for trainable names: its parts are named
+        if params and all(p.requires_grad != frozen for p in params) and (frozen or prefix):
             return [prefix.rstrip(".") or "<all>"]
-        out = [prefix + n for n, p in module.named_parameters(recurse=False) if not p.requires_grad]
+        out = [prefix + n for n, p in module.named_parameters(recurse=False) if p.requires_grad != frozen]
         for name, child in module.named_children():
-            out.extend(self._collapse_frozen(child, f"{prefix}{name}."))
+            out.extend(self._collapse(child, f"{prefix}{name}.", frozen))
         return out
 
     # -- what one boundary records --
@@ -295,8 +327,9 @@ class Probe:
         forbidden = [{"op": op, "dtype": dt, "step": k} for op, dt in seen]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
+        scalars = self.numbers.take()
         record = {
-            "schema": "orch.step/1",
+            "schema": "orch.step/2",
             "rank": self.rank,
             "world_size": self.world_size,
             "step": k,
@@ -312,6 +345,7 @@ class Probe:
             "watched": watched,
             "hops": hops,
             "uninspected": uninspected,
+            "scalars": scalars,
         }
         self.steps_file.write(json.dumps(record, sort_keys=True) + "\n")
         self.steps_file.flush()
@@ -372,7 +406,7 @@ class Probe:
         allocs = [a for a, _ in self.peaks if a is not None]
         reserved = [r for _, r in self.peaks if r is not None]
         summary = {
-            "schema": "orch.probe/1",
+            "schema": "orch.probe/2",
             "rank": self.rank,
             "world_size": self.world_size,
             "complete": complete,
@@ -388,6 +422,8 @@ class Probe:
             "checkpoint_sha256": ckpt_sha,
             "other_optimizer_steps": self.other_optimizer_steps,
             "host_controls": self.applied_controls,
+            "watched_steps": sorted(s for s in self.watch_steps if s < self.steps),
+            "logged_calls": self.numbers.logged_calls,
         }
         path = self.out / f"probe.rank{self.rank}.json"
         path.with_suffix(".tmp").write_text(json.dumps(summary, indent=1, sort_keys=True))
@@ -430,14 +466,16 @@ def _end_children() -> None:
             pass
 
 
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Installs the probe right after the trainer imports torch, so torch is imported when the trainer says."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` right after the trainer imports `name` (torch: the probe; wandb: its log hook), so a
+    module is imported when the trainer says, never earlier."""
 
-    def __init__(self, probe: Probe) -> None:
-        self.probe = probe
+    def __init__(self, name: str, then: Any) -> None:
+        self.name = name
+        self.then = then
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -445,11 +483,11 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
             return spec
         loader = spec.loader
         original = loader.exec_module
-        probe = self.probe
+        then = self.then
 
         def exec_module(module: Any) -> None:
             original(module)
-            probe.install()
+            then(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -524,7 +562,11 @@ def main(argv: list[str] | None = None) -> int:
     if "torch" in sys.modules:
         probe.install()
     else:
-        sys.meta_path.insert(0, _AfterTorchImport(probe))
+        sys.meta_path.insert(0, _AfterImport("torch", lambda _module: probe.install()))
+    if "wandb" in sys.modules:
+        probe.numbers.install_wandb(sys.modules["wandb"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("wandb", probe.numbers.install_wandb))
     code = 0
     try:
         if module is not None:

@@ -32,10 +32,12 @@ def torchrun_command(spec: PackageSpec) -> list[str]:
     """torchrun on one node; --standalone lets the c10d rendezvous bind a free local port itself."""
     if not spec.script:
         raise WorkerFailed("train spec has no script")
-    if spec.ckpt_dir is None:
+    if spec.ckpt_dir is None and not spec.watch_all:
         raise WorkerFailed("train spec has no ckpt_dir")
     target = ["-m", spec.script.split(None, 1)[1]] if spec.script.startswith("-m ") else [spec.script]
-    watch = f"0-{spec.warmup - 1}" if spec.warmup > 0 else "none"
+    # the timed launches watch the warm-up only; the watched replay (untimed) watches every step
+    watch = f"0-{spec.steps - 1}" if spec.watch_all else f"0-{spec.warmup - 1}" if spec.warmup > 0 else "none"
+    ckpt = ["--ckpt-dir", spec.ckpt_dir] if spec.ckpt_dir is not None else []
     return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.nproc}",
         "-m", "workers.probe",
@@ -43,7 +45,7 @@ def torchrun_command(spec: PackageSpec) -> list[str]:
         "--steps", str(spec.steps),
         "--digest-steps", f"{spec.digest_first}-{spec.digest_last}",
         "--watch-steps", watch,
-        "--ckpt-dir", spec.ckpt_dir,
+        *ckpt,
         "--host-controls", ",".join(spec.host_controls) or "none",
         "--", *target, *spec.args,
     ]  # fmt: skip
@@ -79,12 +81,17 @@ def collect(spec: PackageSpec, stopped_cleanly: bool) -> TrainResult:
     """Reads every rank's probe output and checks it before it becomes the package's result."""
     ranks: list[RankSummary] = []
     recipes = []
+    watched: list[object] = []
     for rank in range(spec.nproc):
         summary, records = _read_rank(spec, rank)
         recipes.append(summary["observed_recipe"])
-        ckpt = Path(str(spec.ckpt_dir)) / str(summary["checkpoint_file"])
-        if not ckpt.exists() or sha256_file(ckpt) != summary["checkpoint_sha256"]:
-            raise WorkerFailed(f"rank {rank}: checkpoint {ckpt.name} is missing or differs from its digest")
+        watched.append(summary.get("watched_steps"))
+        ckpt_file: str | None = None
+        if spec.ckpt_dir is not None:
+            ckpt = Path(str(spec.ckpt_dir)) / str(summary["checkpoint_file"])
+            if not ckpt.exists() or sha256_file(ckpt) != summary["checkpoint_sha256"]:
+                raise WorkerFailed(f"rank {rank}: checkpoint {ckpt.name} is missing or differs from its digest")
+            ckpt_file = os.path.relpath(ckpt, spec.scratch_dir)
         steps_path = Path(spec.package_dir) / str(summary["steps_file"])
         ranks.append(
             RankSummary(
@@ -96,8 +103,8 @@ def collect(spec: PackageSpec, stopped_cleanly: bool) -> TrainResult:
                 final_digests=dict(summary["final_digests"]),  # type: ignore[call-overload]
                 peak_allocated=summary.get("peak_allocated"),  # type: ignore[arg-type]
                 peak_reserved=summary.get("peak_reserved"),  # type: ignore[arg-type]
-                checkpoint_file=os.path.relpath(ckpt, spec.scratch_dir),
-                checkpoint_sha256=str(summary["checkpoint_sha256"]),
+                checkpoint_file=ckpt_file,
+                checkpoint_sha256=None if ckpt_file is None else str(summary["checkpoint_sha256"]),
                 host_controls={str(k): str(v) for k, v in dict(summary.get("host_controls") or {}).items()},  # type: ignore[call-overload]
             )
         )
@@ -105,6 +112,8 @@ def collect(spec: PackageSpec, stopped_cleanly: bool) -> TrainResult:
         raise WorkerFailed("ranks observed different recipes (optimizer settings or frozen parameters)")
     if recipes[0] is None:
         raise WorkerFailed("the probe observed no optimizer step")
+    if any(w != watched[0] for w in watched):
+        raise WorkerFailed("ranks watched different steps for forbidden dtypes")
     return TrainResult(
         arm=str(spec.arm_label),
         world_size=spec.nproc,
@@ -114,6 +123,7 @@ def collect(spec: PackageSpec, stopped_cleanly: bool) -> TrainResult:
         observed_recipe=ObservedRecipe.model_validate(recipes[0]),
         ranks=ranks,
         stopped_cleanly=stopped_cleanly,
+        watched_steps=[int(x) for x in watched[0] or []],  # type: ignore[attr-defined]
     )
 
 

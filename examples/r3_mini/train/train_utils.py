@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import random
 import typing
@@ -105,8 +106,12 @@ def parse_args_into_dataclasses(classes: tuple[type, ...], argv: list[str] | Non
 # ---- logging (log_dir only, never stdout) ---------------------------------------------------------------------
 
 
+_LOG = logging.getLogger("r3_mini")
+
+
 class RunLogger:
-    """Appends JSON lines under log_dir on rank 0; with no log_dir it keeps nothing."""
+    """Appends JSON lines under log_dir on rank 0; with no log_dir it keeps nothing. Every rank also hands each
+    record to Python logging, as upstream's logger.info does (unconfigured: nothing is printed)."""
 
     def __init__(self, log_dir: str | None, rank: int) -> None:
         self.dir = log_dir if (log_dir and rank == 0) else None
@@ -114,6 +119,7 @@ class RunLogger:
             os.makedirs(self.dir, exist_ok=True)
 
     def log(self, stream: str, record: dict) -> None:
+        _LOG.info("%s %s", stream, record)
         if self.dir:
             with open(os.path.join(self.dir, f"{stream}.jsonl"), "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record, sort_keys=True) + "\n")

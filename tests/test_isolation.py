@@ -1,0 +1,89 @@
+"""Package isolation on real packages (a checks package whose prepare command plays a candidate caching in the
+shared /tmp): private TMPDIR and HOME, a read-only /tmp in the package's mount namespace, and the scan fallback."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.isolation import isolate, namespaces_work, protected_dirs
+from orchestrator.packages import package_env, run_package
+from protocol.package import PackageSpec
+
+CHEAT = """
+import json, os, sys
+out = {"tmpdir": os.environ.get("TMPDIR"), "home": os.environ.get("HOME")}
+open(os.path.join(os.environ["TMPDIR"], "private.txt"), "w").write("allowed")
+try:
+    open(sys.argv[1], "w").write("cached work for the next launch")
+    out["shared"] = "written"
+except OSError as exc:
+    out["shared"] = f"{type(exc).__name__}: {exc.strerror}"
+open(sys.argv[2], "w").write(json.dumps(out))
+"""
+
+
+def _spec(tmp_path: Path, target: str) -> PackageSpec:
+    run_dir = tmp_path / "home" / "runs" / "r1"
+    pkg_dir = run_dir / "packages" / "checks"
+    pkg_dir.mkdir(parents=True)
+    scratch = tmp_path / "home" / "scratch" / "r1"
+    scratch.mkdir(parents=True)
+    seen = pkg_dir / "seen.json"
+    return PackageSpec.model_validate({
+        "run_id": "r1", "name": "checks", "kind": "checks", "package_dir": str(pkg_dir),
+        "sealed_dir": str(tmp_path), "scratch_dir": str(scratch), "result_path": str(pkg_dir / "result.json"),
+        "device": "cpu", "precision": "fp32",
+        "prepare": [{"name": "cache", "argv": [sys.executable, "-c", CHEAT, target, str(seen)]}],
+    })
+
+
+def _env() -> dict[str, str]:
+    return package_env(os.environ, {}, {}, {}, "r1")
+
+
+@pytest.mark.skipif(not namespaces_work(), reason="this kernel or user cannot make a mount namespace")
+def test_namespace_makes_the_shared_tmp_read_only_and_keeps_tmpdir_home_private(tmp_path: Path) -> None:
+    target = f"/tmp/orch-cheat-{secrets.token_hex(6)}"
+    spec = _spec(tmp_path, target)
+    outcome = run_package(spec, _env(), 120)
+    assert outcome.status == "ok", outcome.note
+    assert outcome.extra["isolation"] == "namespace"
+    seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
+    private = Path(spec.scratch_dir) / "isolated" / "checks"
+    assert seen["tmpdir"] == str(private / "tmp") and seen["home"] == str(private / "home")
+    assert (private / "tmp" / "private.txt").read_text() == "allowed"
+    # the cache write was impossible: it failed inside the package and nothing reached the host's /tmp
+    assert seen["shared"] == "OSError: Read-only file system"
+    assert not os.path.exists(target)
+
+
+def test_scan_fallback_fails_the_package_naming_the_path(tmp_path: Path) -> None:
+    name = f"orch-cheat-{secrets.token_hex(6)}"
+    target = f"/tmp/{name}"
+    spec = _spec(tmp_path, target)
+    try:
+        outcome = run_package(spec, _env(), 120, isolation="scan")
+        assert outcome.extra["isolation"] == "scan"
+        assert json.loads((Path(spec.package_dir) / "seen.json").read_text())["shared"] == "written"
+        assert outcome.status == "failed"
+        assert outcome.note is not None and "wrote outside the run directory and scratch: " in outcome.note
+        assert target in outcome.note and "\n" not in outcome.note
+    finally:
+        if os.path.exists(target):
+            os.unlink(target)
+
+
+def test_the_run_directory_and_scratch_are_the_only_writable_holes(tmp_path: Path) -> None:
+    iso = isolate(str(tmp_path / "scratch"), "train-C", [str(tmp_path / "run"), str(tmp_path / "scratch")], "scan")
+    assert iso.tmpdir == tmp_path / "scratch" / "isolated" / "train-C" / "tmp"
+    assert "/tmp" in protected_dirs() and iso.protected == protected_dirs()
+    cmd = isolate(str(tmp_path), "x", [str(tmp_path)], "namespace").command(["python", "-V"], str(tmp_path))
+    assert cmd[-3:] == ["--", "python", "-V"] and "--mount" in cmd
+    with pytest.raises(ValueError):
+        isolate(str(tmp_path), "x", [], "none")
