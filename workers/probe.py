@@ -24,8 +24,8 @@ from typing import Any
 
 from workers.digest import combined_digest, digest_many, local_tensor
 from workers.model_shape import layer_counts
-from workers.watch import WatchLog, inspect_compiled_graphs, make_watch
 from workers.scalars import TrainerNumbers
+from workers.watch import WatchLog, inspect_compiled_graphs, make_watch
 
 # the trainer's own cleanup after the stop may take this long before the rank exits anyway
 STOP_GRACE_S = float(os.environ.get("ORCH_PROBE_STOP_GRACE_S", "20"))
