@@ -22,6 +22,7 @@ from rich.console import Console
 from ledger.exactness import Exactness, Mismatch, exactness
 from ledger.store import Ledger, LedgerRecord
 from ledger.windows import ARM_LABELS, Speedup, speedup, step_times
+from ledger.witness import check_witnessed, record_head, repository_root
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from protocol.errors import FailedError, OrchError, UsageError
 from protocol.home import Home, resolve_home
@@ -593,12 +594,17 @@ def _differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """Readers see the old file or the new one, never half of it; a failed write leaves no temporary file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def unseal_score(ev: RunEvidence) -> DevScore:
@@ -649,6 +655,8 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
     h = resolve_home(home)
     ev = collect_evidence(h, run_id)
     ledger = Ledger(h.ledger_path)
+    # a forged run re-appended with orch's own code verifies on its own: only heads seen before can refuse it
+    check_witnessed(h, ledger, repository_root(Path.cwd()))
     problems = verify_integrity(ev, ledger)
     if problems:
         raise IncompleteRunError(
@@ -687,6 +695,7 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
         seq: int | None = recorded[-1].seq
     else:
         seq = _append_audit_record(ledger, ev, doc, digest, started).seq
+        record_head(h, ledger, f"audit {run_id}")
     # only now, with the verdict recorded, may the DEV score be read
     score = unseal_score(ev)
     return AuditResult(run_id, doc, audit_path, md_path, plot_path, written, seq, score, notes)

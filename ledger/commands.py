@@ -15,11 +15,18 @@ from rich.console import Console
 from ledger.accounting import FORMATS, columns_for, render_csv, render_json, render_table, summarize
 from ledger.store import Ledger, parse_head
 from protocol.errors import FailedError, UsageError
-from protocol.home import resolve_home
+from protocol.home import Home, resolve_home
 
 
 def _ledger(home: Path | None) -> Ledger:
     return Ledger(resolve_home(home).ledger_path)
+
+
+def _live(home: Home, run_id: str) -> bool:
+    try:
+        return home.run_is_live(run_id) is True
+    except UsageError:
+        return False
 
 
 def summary_command(home: Path | None, by: str, since: str | None, fmt: str) -> None:
@@ -46,8 +53,12 @@ def verify_command(home: Path | None, against: str | None, as_json: bool) -> Non
     if as_json:
         typer.echo(json.dumps(report.model_dump(), sort_keys=True))
     else:
+        h = resolve_home(home)
         for run_id, package in report.orphaned:
-            typer.echo(f"orphaned: run {run_id} package {package} was opened and never closed (crash or kill)")
+            if _live(h, run_id):
+                typer.echo(f"open: run {run_id} package {package} is running (its orch holds the run's owner lock)")
+            else:
+                typer.echo(f"orphaned: run {run_id} package {package} was opened and never closed (crash or kill)")
         for problem in report.problems:
             typer.echo(f"problem: {problem}")
         if report.ok:

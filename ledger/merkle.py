@@ -92,3 +92,23 @@ def verify_consistency(old_size: int, new_size: int, old_root: bytes, new_root: 
         fn >>= 1
         sn >>= 1
     return fr == old_root and sr == new_root and sn == 0
+
+
+def prefix_roots(leaves: Sequence[bytes], sizes: Sequence[int]) -> dict[int, bytes]:
+    """MTH(leaves[:s]) for each s in sizes, in one pass: a stack of perfect subtrees (heights strictly
+    decreasing) is the tree's right frontier, and folding it from the right gives the RFC 6962 root."""
+    wanted = set(sizes)
+    out = {0: EMPTY_ROOT} if 0 in wanted else {}
+    stack: list[tuple[int, bytes]] = []
+    for i, leaf in enumerate(leaves, 1):
+        height, node = 0, leaf
+        while stack and stack[-1][0] == height:
+            node = node_hash(stack.pop()[1], node)
+            height += 1
+        stack.append((height, node))
+        if i in wanted:
+            acc = node
+            for _, left in reversed(stack[:-1]):
+                acc = node_hash(left, acc)
+            out[i] = acc
+    return out

@@ -16,14 +16,17 @@ from rich.console import Console
 from ledger.audit import write_atomic
 from ledger.hygiene import scan_bytes, this_host_names
 from ledger.store import Ledger
+from ledger.witness import EVIDENCE_DIR, ledger_id, record_head, repository_root
 from protocol.errors import RefusedError, UsageError
 from protocol.home import resolve_home
 
 EVIDENCE_SCHEMA = "orch.evidence/1"
 
 
-def evidence_document(audit: Mapping[str, Any], audit_sha256: str) -> dict[str, Any]:
-    """Aggregate evidence from an audit document: nothing per tensor, per file or per sample."""
+def evidence_document(audit: Mapping[str, Any], audit_sha256: str, ledger_id: str | None = None) -> dict[str, Any]:
+    """Aggregate evidence from an audit document: nothing per tensor, per file or per sample.
+
+    `ledger_id` names the ledger whose head this is, so that `orch audit` can check that ledger against it."""
     sp = audit["speedup"]
     ex = audit["exactness"]
     mem = audit["memory"]
@@ -100,13 +103,32 @@ def evidence_document(audit: Mapping[str, Any], audit_sha256: str) -> dict[str, 
         "gpu_seconds": audit["cost"]["gpu_seconds"],
         "total_gpu_seconds": audit["cost"]["total_gpu_seconds"],
         "ledger_head": audit["ledger_head"],
+        "ledger_id": ledger_id,
     }
 
 
-def publish_run(home: Path | None, run_id: str, to: Path) -> Path:
-    """Write the evidence of an audited run to `to` atomically, after it passes hygiene; return the path."""
+def evidence_path(to: Path, repo: Path | None) -> Path:
+    """`to` made absolute, when it lies inside the repository's docs/validation/ (UsageError otherwise)."""
     if to.suffix != ".json":
         raise UsageError(f"--to {to}: evidence is a JSON file; give a path like docs/validation/NAME.json")
+    if repo is None:
+        raise UsageError("publish writes only into a repository's docs/validation/ and no repository (.git) "
+                         "encloses the current directory; run it inside the repository")
+    allowed = repo.resolve().joinpath(*EVIDENCE_DIR)
+    target = to.resolve()
+    if not target.is_relative_to(allowed) or target == allowed:
+        raise UsageError(f"--to {to}: evidence is published only inside {'/'.join(EVIDENCE_DIR)}/ of the "
+                         "repository; give a path like docs/validation/NAME.json")
+    return target
+
+
+def publish_run(home: Path | None, run_id: str, to: Path, repo: Path | None = None) -> Path:
+    """Write the evidence of an audited run to `to` atomically, after it passes hygiene; return the path.
+
+    `to` must lie in `repo`'s docs/validation/ (default: the repository enclosing the current directory).
+    """
+    repo = repository_root(Path.cwd()) if repo is None else repo
+    to = evidence_path(to, repo)
     h = resolve_home(home)
     run_dir = h.run_dir(run_id)
     audit_path = run_dir / "audit.json"
@@ -123,7 +145,8 @@ def publish_run(home: Path | None, run_id: str, to: Path) -> Path:
         raise RefusedError(
             f"run {run_id}: audit.json is not the audit recorded in the ledger; re-run `orch audit {run_id}`"
         )
-    doc = evidence_document(json.loads(data), digest)
+    ledger = Ledger(h.ledger_path)
+    doc = evidence_document(json.loads(data), digest, ledger_id(ledger))
     text = (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
     findings = scan_bytes(str(to), text, this_host_names())
     if findings:
@@ -136,6 +159,8 @@ def publish_run(home: Path | None, run_id: str, to: Path) -> Path:
         raise RefusedError(f"{to} exists with other evidence; published evidence is never rewritten: choose a new name")
     to.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(to, text)
+    assert repo is not None
+    record_head(h, ledger, f"publish {run_id} {to.relative_to(repo.resolve())}")
     return to
 
 

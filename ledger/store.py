@@ -269,6 +269,7 @@ class Ledger:
             try:
                 size = os.fstat(fd).st_size
                 seq, prev_hash, prev_message, _ = self._tail(fd, size)
+                self._refuse_truncated(seq)
                 try:
                     record = seal({**fields, "seq": seq, "prev_hash": prev_hash, "prev_message_sha256": prev_message})
                 except ValidationError as err:
@@ -341,6 +342,17 @@ class Ledger:
             raw = bytes(mm[start:end])
         row = _decode(raw)
         return int(row["seq"]) + 1, str(row["record_hash"]), hashlib.sha256(raw).hexdigest(), start
+
+    def _refuse_truncated(self, records: int) -> None:
+        """The hint counts every record ever appended; a file holding fewer lost records: never append (which
+        would lower the count and hide the loss), so the truncation stays visible to `verify`."""
+        hint = self._read_tail_hint()
+        appended = hint.get("records") if hint is not None else None
+        if isinstance(appended, int) and appended > records:
+            raise FailedError(
+                f"ledger {self.path.name} holds {records} records but {appended} were appended "
+                f"({self.tail_path.name}): it was truncated; nothing appended; restore the ledger from a copy"
+            )
 
     def _read_tail_hint(self) -> dict[str, Any] | None:
         try:
@@ -442,6 +454,10 @@ class Ledger:
                 if run_id is None or row["run_id"] == run_id:
                     out.append(record_from_row(row))
             return out
+
+    def orphans(self) -> list[tuple[str, str]]:
+        """(run_id, package) of open records never closed, in ledger order (no verification: see `verify`)."""
+        return _orphans(self.table(["seq", "run_id", "package", "status"], dictionary=True))
 
     # ---- integrity ----------------------------------------------------------------------------------
 
@@ -595,7 +611,8 @@ class Ledger:
                         names=names)
         return report, hashes, keys
 
-    def _record_hashes(self) -> list[bytes]:
+    def record_hashes(self) -> list[bytes]:
+        """The record hashes (32 bytes each) of the complete records, in ledger order: the Merkle leaves' data."""
         with self._mapped() as (buf, size):
             return self._record_hashes_of(buf, size)
 
@@ -609,12 +626,12 @@ class Ledger:
 
     def head(self) -> TreeHead:
         """RFC 6962 tree head over the record hashes of the complete records."""
-        leaves = [merkle.leaf_hash(h) for h in self._record_hashes()]
+        leaves = [merkle.leaf_hash(h) for h in self.record_hashes()]
         return TreeHead(size=len(leaves), root=merkle.root(leaves).hex())
 
     def consistency(self, old_size: int, old_root: str) -> bool:
         """True when the head (old_size, old_root) is a prefix of this ledger, by an RFC 6962 consistency proof."""
-        leaves = [merkle.leaf_hash(h) for h in self._record_hashes()]
+        leaves = [merkle.leaf_hash(h) for h in self.record_hashes()]
         return _consistent(leaves, TreeHead(size=old_size, root=old_root))
 
     # ---- repair -------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from protocol.errors import EXIT_INTERRUPTED, EXIT_REFUSED, OrchError
+from protocol.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, OrchError, os_error_line
 
 T = TypeVar("T")
 
@@ -39,6 +39,9 @@ def _guard() -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("orch: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except OSError as err:  # e.g. a full disk: one line, exit 1, never a traceback
+        typer.echo(f"orch: {os_error_line(err)}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def _call(fn: Callable[[], T]) -> T:

@@ -18,7 +18,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.live import Live
@@ -62,8 +62,15 @@ obtained within --timeout; 2 for a usage error; 126/127 when CMD cannot be run; 
 interrupted the wait."""
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line (what is wrong, what to do), not argparse's usage block and message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"gpu-run: {message}; see gpu-run --help\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLineParser(
         prog="gpu-run",
         usage="gpu-run [--gpus N | --devices 0,3] [--timeout S] [--lock-dir DIR] [--record FILE] [options] -- CMD...",
         description=DESCRIPTION,
@@ -304,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        parser.print_usage(sys.stderr)
-        print("gpu-run: no command given; put it after --", file=sys.stderr)
+        print("gpu-run: no command given; put it after --, e.g. gpu-run --gpus 1 -- python train.py", file=sys.stderr)
         return EXIT_USAGE
     try:
         if args.slots is not None:

@@ -5,6 +5,7 @@ Stop on first failure; every package gets an open and a close ledger record, pac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -19,16 +20,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from ledger.audit import write_atomic
 from ledger.store import Ledger, host_hash
+from ledger.witness import check_witnessed, record_head, repository_root
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from manifests.sources import arm_source_dir
 from orchestrator import gpu_lock
 from orchestrator.blinding import quarantine, seal_outputs
 from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
+from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
 from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, sha256_file
 from orchestrator.progress import Progress
 from orchestrator.sealing import SealedArm, check_seal, seal_arm, unseal_for_removal
-from protocol.errors import FailedError, InterruptedRunError, RefusedError
+from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, os_error_line
 from protocol.home import Home, resolve_home
 from protocol.package import CommandSpec, PackageSpec, ScoreTarget
 from protocol.results import ChecksResult, TrainResult
@@ -170,9 +174,7 @@ class RunContext:
         return len(self.grant.devices) if self.grant is not None and self.grant.kind == "gpu" else 0
 
     def write_run_json(self) -> None:
-        tmp = self.run_dir / ".run.json.tmp"
-        tmp.write_text(json.dumps(self.doc, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.run_dir / "run.json")
+        write_atomic(self.run_dir / "run.json", (json.dumps(self.doc, indent=1, sort_keys=True) + "\n").encode())
 
     def record(self, pkg: PlannedPackage, status: str, **fields: Any) -> None:
         (self.opened if status == "open" else self.closed).add(pkg.name)
@@ -250,17 +252,33 @@ def _arm_args_config(loaded: LoadedProtocol, arm: str) -> list[str]:
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM to orch behaves like Ctrl-C: the current package is stopped and recorded as interrupted."""
+def _signals_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT to orch behave like Ctrl-C: the current package is stopped and recorded as interrupted,
+    whatever was inherited (a background job of a script starts with SIGINT ignored)."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, handler)
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, previous in old.items():
+            if previous is not None:
+                signal.signal(sig, previous)
+
+
+def _create_run_dir(run_dir: Path, protocol_json: bytes, run_doc: dict[str, Any]) -> None:
+    """The run folder appears complete (protocol.json and run.json) or not at all: staged, then renamed."""
+    staging = run_dir.with_name(STAGING_PREFIX + run_dir.name)
+    try:
+        staging.mkdir()
+        write_atomic(staging / "protocol.json", protocol_json)
+        write_atomic(staging / "run.json", (json.dumps(run_doc, indent=1, sort_keys=True) + "\n").encode())
+        os.rename(staging, run_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def last_passing_checks(runs_dir: Path, protocol_id: str, exclude: str) -> tuple[str, dict[str, str]] | None:
@@ -393,9 +411,10 @@ def launch(
         d.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(home.ledger_path)
     report = ledger.verify()
-    for run_id, package in getattr(report, "orphaned", []):
-        say(f"orphaned: run {run_id} package {package} has an open ledger record and no close (a crash or kill -9)")
-    with tempfile.TemporaryDirectory(prefix="orch-verify-") as tmp:
+    if not report.ok:  # never append to a damaged ledger: before any lock or package
+        raise FailedError(f"{report.message}; nothing was run or appended ({home.ledger_path})")
+    check_witnessed(home, ledger, repository_root(Path.cwd()))
+    with tempfile.TemporaryDirectory(prefix="orch-verify-") as tmp, contextlib.ExitStack() as owner:
         arms = verify_arms(loaded, Path(tmp), say)
         host = host_fingerprint(host_hash(home.ledger_dir))
         previous = last_run_fingerprint(home.runs)
@@ -405,11 +424,9 @@ def launch(
                 say(f"host fingerprint changed since run {previous[0]} ({'; '.join(changes)}); "
                     "this run records both baselines (A and B) fresh before anything is compared")
         run_id = new_run_id(loaded.id)
+        owner.enter_context(home.hold_owner(run_id))  # held until the run ends: others see it live
         run_dir = home.run_dir(run_id)
-        run_dir.mkdir(parents=True)
-        (run_dir / "protocol.json").write_bytes(canonical_json(loaded.protocol))
         scratch = home.scratch / run_id
-        scratch.mkdir(parents=True)
         ctx = RunContext(loaded, home, run_id, run_dir, scratch, ledger, host, arms)
         ctx.doc = {
             "schema": RUN_SCHEMA, "run_id": run_id, "protocol_id": loaded.id, "protocol_name": loaded.protocol.name,
@@ -423,15 +440,17 @@ def launch(
                 for name, a in arms.items()
             },
         }
-        ctx.write_run_json()
+        _create_run_dir(run_dir, canonical_json(loaded.protocol), ctx.doc)
+        scratch.mkdir(parents=True)
         say(f"run {run_id}")
         launcher = loaded.protocol.launcher
         need = launcher.nproc if launcher.device == "cuda" else None
         progress = Progress(live=live, say=say)
         status = "failed"
         statuses: dict[str, str] = {}
+        os_failure: OSError | None = None
         try:
-            with _sigterm_as_interrupt():
+            with _signals_as_interrupt():
                 try:
                     grant = gpu_lock.acquire(
                         gpus=need or 1, timeout=lock_timeout, lock_dir=lock_dir, status=say,
@@ -442,9 +461,13 @@ def launch(
                         ctx.record(pkg, "not-run", note="GPU lock not obtained")
                     ctx.doc.update(status="failed", ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
                     ctx.write_run_json()
+                    record_head(home, ledger, f"launch {run_id}")
                     raise
                 with grant:
                     ctx.grant = grant
+                    # only now: a run still holding the lock was live, and a live run is never called crashed
+                    report_orphans(home, ledger, say)
+                    remove_stale_scratch(home, say)
                     ctx.doc["lock"] = {"kind": grant.kind, "devices": grant.devices, "wait_s": round(grant.wait_s, 6)}
                     say(f"lock: {grant.kind} {','.join(map(str, grant.devices))} after {grant.wait_s:.1f} s")
                     for name, arm in arms.items():
@@ -464,9 +487,22 @@ def launch(
             for pkg in PLAN:  # an interrupt outside a package (e.g. while sealing): close every record
                 if pkg.name not in ctx.closed and ctx.grant is not None:
                     ctx.record(pkg, "interrupted" if pkg.name in ctx.opened else "not-run", note="interrupted")
+        except OSError as err:  # e.g. a full disk: close what can be closed, then one line
+            status, os_failure = "failed", err
+            with contextlib.suppress(OSError, OrchError):
+                for pkg in PLAN:
+                    if pkg.name not in ctx.closed and ctx.grant is not None:
+                        ctx.record(pkg, "failed" if pkg.name in ctx.opened else "not-run", note=os_error_line(err))
         ctx.doc.update(status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        ctx.write_run_json()
+        try:
+            ctx.write_run_json()
+            record_head(home, ledger, f"launch {run_id}")  # a witness outside the ledger file: see `orch audit`
+        except OSError:
+            if os_failure is None:
+                raise
     result = LaunchResult(run_id, run_dir, status, statuses)
+    if os_failure is not None:
+        raise RunFailedError(f"run {run_id} failed: {os_error_line(os_failure)}", result)
     if status == "interrupted":
         raise RunInterruptedError(f"run {run_id} interrupted; its packages are recorded in the ledger", result)
     if status != "complete":

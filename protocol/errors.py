@@ -45,3 +45,10 @@ class LockTimeoutError(OrchError):
 
 class InterruptedRunError(OrchError):
     exit_code = EXIT_INTERRUPTED
+
+
+def os_error_line(err: OSError) -> str:
+    """One line for an operating-system error (a full disk, a permission, a missing file) and what to do."""
+    what = err.strerror or str(err) or type(err).__name__
+    where = f": {err.filename}" if err.filename else ""
+    return f"{what}{where}; free disk space or fix permissions and retry"

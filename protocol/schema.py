@@ -17,6 +17,10 @@ from protocol.errors import RefusedError
 from protocol.recipe import ALLOWED_PRECISIONS, UPSTREAM_RECIPE, flag_value_equal
 
 PROTOCOL_SCHEMA = "orch.protocol/1"
+MAX_PROTOCOL_BYTES = 1 << 20  # refused before parsing: a protocol is a few kB
+MAX_PROTOCOL_NODES = 100_000  # YAML nodes after aliases are followed (a shipped protocol has ~300)
+# libyaml's C parser when PyYAML was built with it (the pure-Python one is ~20x slower)
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 HostControl = Literal["pin_cpus", "gc_at_boundaries"]
 HOST_CONTROLS: tuple[HostControl, ...] = ("pin_cpus", "gc_at_boundaries")
 
@@ -137,10 +141,10 @@ class Rehearsal(_Frozen):
 
 
 class Timeouts(_Frozen):
-    checks: int = 900
-    train: int = 1800
-    reload: int = 600
-    score: int = 900
+    checks: int = Field(900, gt=0, description="seconds")
+    train: int = Field(1800, gt=0, description="seconds")
+    reload: int = Field(600, gt=0, description="seconds")
+    score: int = Field(900, gt=0, description="seconds")
 
 
 class Protocol(_Frozen):
@@ -272,20 +276,74 @@ def launch_flag_differences(protocol: Protocol) -> list[str]:
     return problems
 
 
-def load_protocol(path: str | Path) -> LoadedProtocol:
-    """Load, validate and check a protocol file; RefusedError (exit 3) names file, line and field."""
-    path = Path(path)
+def _read_text(path: Path) -> str:
+    """The protocol's text: at most MAX_PROTOCOL_BYTES of UTF-8, checked before any parsing."""
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(MAX_PROTOCOL_BYTES + 1)
     except OSError as err:
         raise RefusedError(f"{path}: cannot read protocol ({err.strerror}); check the path") from None
+    if len(raw) > MAX_PROTOCOL_BYTES:
+        raise RefusedError(f"{path}: larger than {MAX_PROTOCOL_BYTES} bytes (1 MiB); a protocol is a small YAML "
+                           "file: check that this is the protocol")
     try:
-        root_node = yaml.compose(text)
-        data = yaml.safe_load(text)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise RefusedError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+                           "save the protocol as UTF-8") from None
+
+
+def _check_nodes(path: Path, root_node: yaml.Node) -> None:
+    """Refuse duplicate mapping keys (naming the line of the repeat) and alias bombs, walking the node graph."""
+    stack, visited = [root_node], 0
+    while stack:
+        node = stack.pop()
+        visited += 1
+        if visited > MAX_PROTOCOL_NODES:
+            raise RefusedError(f"{path}: expands to more than {MAX_PROTOCOL_NODES} YAML nodes (through aliases); "
+                               "write the protocol out without anchors and aliases")
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    name = (key.tag, str(key.value))
+                    if name in first:
+                        raise RefusedError(
+                            f"{path}:{_line(key)}: duplicate key {key.value!r} (first at line {first[name]}); "
+                            "a frozen protocol gives each value once: remove one"
+                        )
+                    first[name] = _line(key)
+                stack += [key, value]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+
+
+def _parse_yaml(path: Path, text: str) -> tuple[yaml.Node | None, Any]:
+    """(root node, data) parsed once, with libyaml's C loader when this PyYAML has it."""
+    loader = _LOADER(text)
+    try:
+        root_node = loader.get_single_node()
+        if root_node is None:
+            return None, None
+        _check_nodes(path, root_node)
+        return root_node, loader.construct_document(root_node)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise RefusedError(f"{path}:{line}: not valid YAML ({getattr(err, 'problem', err)}); fix the syntax") from None
+    except RecursionError:
+        raise RefusedError(f"{path}: YAML nested too deeply; a protocol is a small YAML file") from None
+    except (ValueError, TypeError, OverflowError) as err:  # e.g. a date-like scalar that is no date
+        raise RefusedError(f"{path}: a YAML value cannot be read ({err}); quote it or fix it") from None
+    finally:
+        loader.dispose()
+
+
+def load_protocol(path: str | Path) -> LoadedProtocol:
+    """Load, validate and check a protocol file; RefusedError (exit 3) names file, line and field."""
+    path = Path(path)
+    root_node, data = _parse_yaml(path, _read_text(path))
     if not isinstance(data, dict):
         raise RefusedError(f"{path}:1: a protocol is a YAML mapping; see `orch schema`")
     try:

@@ -249,6 +249,20 @@ def test_truncation_at_a_record_boundary_is_detected(ledger: Ledger) -> None:
     assert not ledger.verify(against=head).ok
 
 
+def test_append_after_a_truncation_at_a_record_boundary_is_refused_and_never_hides_it(ledger: Ledger) -> None:
+    fill(ledger, 6)
+    cut = ledger.path.read_bytes()[: offsets(ledger.path)[4]]
+    ledger.path.write_bytes(cut)  # two whole records gone: every remaining byte still chains
+    with pytest.raises(FailedError, match="holds 4 records but 6 were appended"):
+        ledger.append(**fields(4))
+    assert ledger.path.read_bytes() == cut  # nothing appended, and the hint still counts 6
+    report = ledger.verify()
+    assert not report.ok and "truncated: 6 records were appended but 4" in report.problems[0]
+    ledger.path.unlink()  # a deleted ledger is a truncation to nothing
+    with pytest.raises(FailedError, match="holds 0 records but 6"):
+        ledger.append(**fields(0))
+
+
 def test_failed_write_leaves_the_ledger_unchanged(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
     fill(ledger, 3)
     before = ledger.path.read_bytes()

@@ -86,3 +86,16 @@ def test_consistency_proofs_verify_and_tampering_fails(n: int, data: st.DataObje
         assert not merkle.verify_consistency(m + 1 if m < n else m - 1, n, old, new, proof)
     other = bytes([old[0] ^ 1]) + old[1:]
     assert not merkle.verify_consistency(m, n, other, new, proof) or m == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 70), data=st.data())
+def test_prefix_roots_are_the_roots_that_consistency_proofs_verify(n: int, data: st.DataObject) -> None:
+    leaves = [merkle.leaf_hash(bytes([i % 256, i // 256])) for i in range(n)]
+    sizes = data.draw(st.lists(st.integers(0, n), max_size=6))
+    roots = merkle.prefix_roots(leaves, sizes)
+    assert set(roots) == set(sizes)
+    for m in sizes:
+        assert roots[m] == merkle.root(leaves[:m])
+        proof = merkle.consistency_proof(leaves, m)
+        assert merkle.verify_consistency(m, n, roots[m], merkle.root(leaves), proof)

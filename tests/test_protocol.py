@@ -122,3 +122,77 @@ def test_id_changes_when_any_field_changes(path: tuple[object, ...]) -> None:
     node[path[-1]] = new  # type: ignore[index]
     changed = Protocol.model_validate(data)
     assert protocol_id(changed) != protocol_id(base)
+
+
+def _refusal(path: Path) -> str:
+    """The CLI's answer to a protocol: exit 3 and exactly one line."""
+    result = runner.invoke(app, ["freeze", "--protocol", str(path)])
+    assert result.exit_code == 3, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def _line_of(path: Path, text: str, nth: int = 1) -> int:
+    hits = [i for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip().startswith(text)]
+    return hits[nth - 1]
+
+
+def test_duplicate_keys_are_refused_naming_the_line_of_the_repeat(tmp_path: Path) -> None:
+    path = _variant(tmp_path, "precision: bf16", "precision: bf16\nname: another-name")
+    line = _line_of(path, "name:", 2)
+    assert f"p.yaml:{line}: duplicate key 'name' (first at line {_line_of(path, 'name:')})" in _refusal(path)
+    # a repeated recipe value is named where it repeats, not where the first one stands
+    path = _variant(tmp_path, "  lr: 5.0e-6", "  lr: 5.0e-6\n  lr: 1.0e-5")
+    assert f"p.yaml:{_line_of(path, 'lr:', 2)}: duplicate key 'lr'" in _refusal(path)
+
+
+def test_protocol_over_1_mib_is_refused_before_parsing(tmp_path: Path) -> None:
+    path = _variant(tmp_path, "precision: bf16", "precision: bf16\n" + "# padding\n" * 110_000)
+    assert path.stat().st_size > 1 << 20
+    assert "larger than 1048576 bytes" in _refusal(path)
+
+
+def test_non_utf8_protocol_is_refused_naming_line_and_byte(tmp_path: Path) -> None:
+    path = _variant(tmp_path, "precision: bf16", "precision: bf16")
+    data = path.read_bytes().replace(b"name: r3-bagel7b-8xh100", b"name: r3-\xff\xfe")
+    line = _line_of(path, "name:")
+    path.write_bytes(data)
+    assert f"p.yaml:{line}: not UTF-8 text (byte 0xff" in _refusal(path)
+    binary = tmp_path / "protocol" / "binary.yaml"
+    binary.write_bytes(bytes(range(256)) * 8)
+    assert "not UTF-8 text" in _refusal(binary)
+
+
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_timeouts_must_be_positive(tmp_path: Path, value: str) -> None:
+    path = _variant(tmp_path, "train: 7200", f"train: {value}")
+    line = _refusal(path)
+    assert "timeouts.train" in line and "greater than 0" in line
+
+
+def test_alias_expansion_is_bounded(tmp_path: Path) -> None:
+    bomb = "bomb:\n  a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    for i, name in enumerate("bcdefg"):
+        prev = "abcdefg"[i]
+        bomb += f"  {name}: &{name} [{', '.join([f'*{prev}'] * 10)}]\n"
+    path = _variant(tmp_path, "precision: bf16", "precision: bf16\n" + bomb)
+    assert "expands to more than 100000 YAML nodes" in _refusal(path)
+
+
+def test_protocol_is_parsed_once_with_the_c_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    import protocol.schema as schema
+
+    assert yaml.__with_libyaml__ and schema._LOADER is yaml.CSafeLoader  # libyaml ships in PyYAML's wheels
+    made: list[object] = []
+
+    class Counting(schema._LOADER):  # type: ignore[misc, name-defined]
+        def __init__(self, stream: str) -> None:
+            made.append(stream)
+            super().__init__(stream)
+
+    monkeypatch.setattr(schema, "_LOADER", Counting)
+    monkeypatch.setattr(yaml, "compose", None)  # the old second parse: must not be called
+    monkeypatch.setattr(yaml, "safe_load", None)
+    load_protocol(BAGEL)
+    assert len(made) == 1

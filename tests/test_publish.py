@@ -22,12 +22,23 @@ def _orch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _repo(tmp_path: Path) -> Path:
+    """A repository to publish into: a folder with .git and docs/validation/."""
+    (tmp_path / ".git").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "docs" / "validation").mkdir(parents=True, exist_ok=True)
+    return tmp_path
+
+
+def _evidence(tmp_path: Path, name: str = "e.json") -> Path:
+    return _repo(tmp_path) / "docs" / "validation" / name
+
+
 def test_publish_writes_aggregate_evidence_that_passes_hygiene(tmp_path: Path) -> None:
     home = tmp_path / "home"
     make_run(home)
     audit = audit_run(home, "run1").document
-    out = tmp_path / "docs" / "validation" / "synthetic.json"
-    publish_run(home, "run1", out)
+    out = _evidence(tmp_path, "synthetic.json")
+    publish_run(home, "run1", out, repo=tmp_path)
     doc = json.loads(out.read_text())
     assert doc["schema"] == EVIDENCE_SCHEMA and doc["verdict"] == "accepted"
     assert doc["headline"] == audit["speedup"]["headline"] and len(doc["windows"]) == 3
@@ -37,14 +48,14 @@ def test_publish_writes_aggregate_evidence_that_passes_hygiene(tmp_path: Path) -
     text = out.read_text()
     assert "dev_geneval" not in text and "w.exp_avg" not in text  # no score, no per-tensor digests
     assert scan_paths([out], host_names=[])[0] == []
-    publish_run(home, "run1", out)  # the same evidence again is a no-op
+    publish_run(home, "run1", out, repo=tmp_path)  # the same evidence again is a no-op
     assert out.read_text() == text
 
 
-def test_run_without_audit_is_refused_with_exit_3(tmp_path: Path, repo: Path) -> None:
+def test_run_without_audit_is_refused_with_exit_3(tmp_path: Path) -> None:
     make_run(tmp_path)
-    out = tmp_path / "e.json"
-    proc = _orch("publish", "run1", "--to", str(out), "--home", str(tmp_path), cwd=repo)
+    out = _evidence(tmp_path)
+    proc = _orch("publish", "run1", "--to", str(out), "--home", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "has no audit" in proc.stderr and not out.exists()
 
@@ -52,20 +63,48 @@ def test_run_without_audit_is_refused_with_exit_3(tmp_path: Path, repo: Path) ->
 def test_evidence_failing_hygiene_is_refused_and_not_written(tmp_path: Path) -> None:
     make_run(tmp_path, spec=RunSpec(versions={"python": "3.11 at " + "/ho" + "me/alice/.pyenv/bin"}))
     audit_run(tmp_path, "run1")
-    out = tmp_path / "e.json"
+    out = _evidence(tmp_path)
     with pytest.raises(RefusedError, match="fails hygiene"):
-        publish_run(tmp_path, "run1", out)
-    assert not out.exists() and not list(tmp_path.glob(".e.json.tmp*"))
+        publish_run(tmp_path, "run1", out, repo=tmp_path)
+    assert not out.exists() and not list(out.parent.glob(".e.json.tmp*"))
 
 
 def test_altered_audit_or_existing_evidence_is_refused(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path)
     audit_run(tmp_path, "run1")
-    out = tmp_path / "e.json"
+    out = _evidence(tmp_path)
     out.write_text("{}\n")
     with pytest.raises(RefusedError, match="never rewritten"):
-        publish_run(tmp_path, "run1", out)
+        publish_run(tmp_path, "run1", out, repo=tmp_path)
     assert out.read_text() == "{}\n"
     (run_dir / "audit.json").write_text((run_dir / "audit.json").read_text().replace("accepted", "noisy"))
     with pytest.raises(RefusedError, match="not the audit recorded in the ledger"):
-        publish_run(tmp_path, "run1", tmp_path / "f.json")
+        publish_run(tmp_path, "run1", _evidence(tmp_path, "f.json"), repo=tmp_path)
+
+
+@pytest.mark.parametrize("where", ["outside", "dotdot", "docs", "symlink", "norepo"])
+def test_publish_writes_only_inside_the_repositorys_docs_validation(tmp_path: Path, where: str) -> None:
+    repo = _repo(tmp_path / "repo")
+    home = tmp_path / "home"
+    make_run(home)
+    audit_run(home, "run1")
+    cwd = repo
+    to = {
+        "outside": str(tmp_path / "elsewhere" / "e.json"),
+        "dotdot": "docs/validation/../../../e.json",
+        "docs": "docs/e.json",
+        "symlink": "docs/validation/link/e.json",
+        "norepo": "docs/validation/e.json",
+    }[where]
+    if where == "symlink":
+        (tmp_path / "elsewhere").mkdir()
+        (repo / "docs" / "validation" / "link").symlink_to(tmp_path / "elsewhere")
+    if where == "norepo":
+        cwd = tmp_path / "plain"
+        (cwd / "docs" / "validation").mkdir(parents=True)
+    proc = _orch("publish", "run1", "--to", to, "--home", str(home), cwd=cwd)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "docs/validation/" in proc.stderr
+    assert not list(tmp_path.rglob("e.json"))
+    ok = _orch("publish", "run1", "--to", "docs/validation/ok.json", "--home", str(home), cwd=repo)
+    assert ok.returncode == 0 and (repo / "docs" / "validation" / "ok.json").is_file(), ok.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from orchestrator.packages import PackageOutcome, run_package
+from protocol.package import PackageSpec
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +78,39 @@ def test_train_fails_with_a_reason(tmp_path: Path) -> None:
     proc = run_worker("train", spec, REPO / "tests" / "fixtures")
     assert proc.returncode == 1 and "train: torchrun exited" in proc.stderr
     assert not (tmp_path / "train-A" / "result.json").exists()
+
+
+def _run_train_package(tmp: Path, extra_env: dict[str, str], on_tick: object = None) -> PackageOutcome:
+    spec = PackageSpec.model_validate_json(write_spec(tmp, "train-A", "train").read_bytes())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           **extra_env}
+    return run_package(spec, env, 240, on_tick=on_tick)  # type: ignore[arg-type]
+
+
+def test_failed_rank_names_its_own_error_line_in_the_note(tmp_path: Path) -> None:
+    outcome = _run_train_package(tmp_path, {"TINY_RAISE": "3:1"})
+    assert outcome.status == "failed" and outcome.note is not None
+    # rank 1 raised; rank 0 then failed on the broken collective: the note names rank 1's error, not torchrun's
+    assert outcome.note == "exit 1: train: torchrun exited with 1: rank 1: ValueError: tiny fault at step 3 on rank 1"
+
+
+def test_killed_rank_is_named_with_its_signal_in_the_note(tmp_path: Path) -> None:
+    killed: list[int] = []
+
+    def kill_rank_1(elapsed: float) -> None:
+        if killed or not (tmp_path / "train-A" / "steps.rank1.jsonl").exists():
+            return
+        for p in psutil.Process().children(recursive=True):  # only processes this test started
+            try:
+                if p.environ().get("RANK") == "1" and "workers.probe" in p.cmdline():
+                    p.send_signal(signal.SIGKILL)
+                    killed.append(p.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+
+    outcome = _run_train_package(tmp_path, {"TINY_SLOW": "0.3"}, kill_rank_1)
+    assert len(killed) == 1 and outcome.status == "failed"
+    assert outcome.note == "exit 1: train: torchrun exited with 1: rank 1 was killed by signal 9 (SIGKILL)"
 
 
 def test_reload_refuses_a_wrong_spec_kind(tmp_path: Path) -> None:

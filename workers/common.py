@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from protocol.package import PackageSpec
 
 R = TypeVar("R", bound=BaseModel)
+RANK_FAILED = "probe: rank {rank} failed: {cause}"  # the probe's one line when a rank's trainer raises
 
 
 class WorkerFailed(Exception):

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from workers.common import RANK_FAILED
 from workers.digest import combined_digest, digest_many, local_tensor
 from workers.model_shape import layer_counts
 from workers.scalars import TrainerNumbers
@@ -582,8 +583,11 @@ def main(argv: list[str] | None = None) -> int:
         code = 0
     except SystemExit as exc:
         code = 1 if exc.code in (0, None) else exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # the trainer failed: report it, still end this rank's children
+    except BaseException as exc:  # the trainer failed: report it, still end this rank's children
         traceback.print_exc()
+        # the cause in one line, named by rank: what the package's failure note shows (workers.train)
+        cause = traceback.format_exception_only(exc)[-1].strip().replace("\n", " ")
+        sys.stderr.write(RANK_FAILED.format(rank=probe.rank, cause=cause) + "\n")
         code = 1
     if code != 0 and probe.step < probe.steps:
         sys.stderr.write(f"probe: rank {probe.rank}: the trainer ended after {probe.step} of {probe.steps} steps\n")

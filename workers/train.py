@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import psutil
 
 from protocol.package import PackageSpec
 from protocol.results import ObservedRecipe, RankSummary, StepRecord, TrainResult
-from workers.common import WorkerFailed, run_entry_point, sha256_file
+from workers.common import RANK_FAILED, WorkerFailed, run_entry_point, sha256_file
 
 _PR_SET_PDEATHSIG = 1
 
@@ -60,6 +61,41 @@ def _traceback_tail(log: Path, limit: int = 40) -> str:
     starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
     picked = lines[starts[-1] :][-limit:] if starts else [ln for ln in lines if ln.startswith("probe:")][-5:]
     return "\n".join(picked)
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:\n\s+\w+\s*:.*)*?"
+                         r"\n\s+rank\s*:\s*(\d+).*?\n\s+exitcode\s*:\s*(-?\d+)")
+_RANK_FAILED = re.compile("^" + re.escape(RANK_FAILED).replace(r"\{rank\}", r"(\d+)").replace(r"\{cause\}", "(.*)") + "$")
+
+
+def failure_cause(log: str) -> str | None:
+    """The first error line of the failing rank (torchrun's first observed failure), never torchrun's banner.
+
+    The rank's own one-line cause written by the probe; else the signal that killed it; else the final line of
+    the first traceback in the log that is not torchrun's own.
+    """
+    lines = log.splitlines()
+    root = _ROOT_CAUSE.search(log)
+    rank, exitcode = (int(root.group(1)), int(root.group(2))) if root else (None, None)
+    causes = [(int(m.group(1)), m.group(2)) for m in map(_RANK_FAILED.match, lines) if m]
+    mine = [c for r, c in causes if r == rank]
+    if mine:
+        return f"rank {rank}: {mine[0]}"
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"rank {rank} was killed by signal {-exitcode} ({name})"
+    if causes and rank is None:
+        return f"rank {causes[0][0]}: {causes[0][1]}"
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last)" not in line:
+            continue
+        final = next((ln for ln in lines[i + 1 :] if ln and not ln[0].isspace()), None)
+        if final is not None and "ChildFailedError" not in final:
+            return (f"rank {rank} exited with {exitcode}: " if rank is not None else "") + final.strip()
+    return None if rank is None else f"rank {rank} exited with {exitcode}"
 
 
 def _read_rank(spec: PackageSpec, rank: int) -> tuple[dict[str, object], list[StepRecord]]:
@@ -146,7 +182,10 @@ def run(spec: PackageSpec) -> TrainResult:
     for p in leftovers:
         p.kill()
     if rc != 0:
-        raise WorkerFailed(f"torchrun exited with {rc}; the trainer's last traceback:\n{_traceback_tail(log)}")
+        sys.stderr.write(f"the trainer's last traceback:\n{_traceback_tail(log)}\n")
+        cause = failure_cause(log.read_text(errors="replace"))
+        # one last line: the package's failure note in the ledger
+        raise WorkerFailed(f"torchrun exited with {rc}" + (f": {cause}" if cause else ""))
     result = collect(spec, stopped_cleanly=not leftovers)
     if leftovers:
         raise WorkerFailed(f"{len(leftovers)} process(es) outlived the trainer's stop; they were killed")
