@@ -65,7 +65,9 @@ def _traceback_tail(log: Path, limit: int = 40) -> str:
 
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:\n\s+\w+\s*:.*)*?"
                          r"\n\s+rank\s*:\s*(\d+).*?\n\s+exitcode\s*:\s*(-?\d+)")
-_RANK_FAILED = re.compile("^" + re.escape(RANK_FAILED).replace(r"\{rank\}", r"(\d+)").replace(r"\{cause\}", "(.*)") + "$")
+_RANK_FAILED = re.compile(
+    "^" + re.escape(RANK_FAILED).replace(r"\{rank\}", r"(\d+)").replace(r"\{cause\}", "(.*)") + "$"
+)
 
 
 def failure_cause(log: str) -> str | None:
