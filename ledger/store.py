@@ -364,9 +364,12 @@ class Ledger:
     def _write_tail_hint(self, size: int, offset: int, records: int) -> None:
         """A cache of where the last record starts (and how many records were ever appended); never trusted."""
         tmp = self.tail_path.with_name(self.tail_path.name + f".{os.getpid()}.tmp")
-        with contextlib.suppress(OSError):
+        try:
             tmp.write_text(json.dumps({"size": size, "offset": offset, "records": records}))
             os.replace(tmp, self.tail_path)
+        except OSError:  # e.g. a full disk: a cache, so the append stands; no temporary file is left
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
     def _extend_index(self, seq: int, offset: int) -> None:
         """Add the new message's offset to the index when it holds exactly the earlier ones, else drop it."""
@@ -410,9 +413,12 @@ class Ledger:
         starts = np.concatenate([known[:-1], rest]) if len(known) else rest
         if len(rest) > 1:
             tmp = self.index_path.with_name(f"{self.index_path.name}.{os.getpid()}.tmp")
-            with contextlib.suppress(OSError):
+            try:
                 starts.astype("<i8").tofile(tmp)
                 os.replace(tmp, self.index_path)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
         return Columns(buf, size, starts, lay)
 
     def table(self, columns: list[str] | None = None, *, dictionary: bool = False) -> pa.Table:

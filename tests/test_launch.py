@@ -146,7 +146,12 @@ def test_complete_run_is_sealed_against_working_tree_edits_and_audited(tmp_path:
         statuses = [r["status"] for r in recs if r["package"] == name]
         assert statuses == ["open", "ok"], (name, statuses)
     assert any(r["kind"] == "audit" for r in recs)
-    assert Ledger(home / "ledger" / "ledger.arrows").verify().ok
+    ledger = Ledger(home / "ledger" / "ledger.arrows")
+    assert ledger.verify().ok
+    # orch's own witness of the head, outside the ledger file: after the launch's records and after the audit's
+    witnessed = [json.loads(line) for line in (home / "witness" / "heads.jsonl").read_text().splitlines()]
+    assert [w["by"] for w in witnessed] == [f"launch {run_dir.name}", f"audit {run_dir.name}"]
+    assert witnessed[-1]["size"] == ledger.head().size and witnessed[-1]["root"] == ledger.head().root
     audit = json.loads((run_dir / "audit.json").read_text())
     assert audit["exactness"]["exact"] is True
     assert audit["attribution"]["commitment_roots"]["candidate"] == json.loads(
