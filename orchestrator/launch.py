@@ -474,7 +474,7 @@ def launch(
                         ctx.sealed[name] = seal_arm(name, arm.source_dir, list(loaded.protocol.sources.include),
                                                     arm.sources_root, run_dir / "sealed" / name)
                         sealed = ctx.sealed[name]  # the seal covers every file; sources_root the included ones
-                        (run_dir / "sealed" / f"{name}.manifest.json").write_text(sealed.manifest.to_json())
+                        write_atomic(run_dir / "sealed" / f"{name}.manifest.json", sealed.manifest.to_json().encode())
                         ctx.doc["arms"][name]["sealed_root"] = sealed.manifest.root
                     ctx.write_run_json()
                     with progress:

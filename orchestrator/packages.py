@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from ledger.audit import write_atomic
 from orchestrator.gpu_lock import exit_status, spawn_in_group, terminate_group, wait_group
 from orchestrator.isolation import isolate
 from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
@@ -102,7 +103,8 @@ def write_spec(spec: PackageSpec) -> Path:
     pkg_dir = Path(spec.package_dir)
     pkg_dir.mkdir(parents=True, exist_ok=True)
     path = pkg_dir / "package.json"
-    path.write_text(json.dumps(spec.model_dump(mode="json", by_alias=True), indent=1, sort_keys=True) + "\n")
+    text = json.dumps(spec.model_dump(mode="json", by_alias=True), indent=1, sort_keys=True) + "\n"
+    write_atomic(path, text.encode())
     path.chmod(0o444)
     return path
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,35 @@ def test_console_script_runs_without_torch(repo: Path) -> None:
     """The CPU side imports no torch: importing the whole CLI must not load it."""
     code = "import sys, orchestrator.cli; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=repo, check=True)
+
+
+def _real(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_usage_errors_are_one_line_with_exit_2(tmp_path: Path) -> None:
+    cases = {
+        ("audit",): "orch audit: Missing argument 'RUN_ID'; see `orch audit --help`",
+        ("launch", "p.yaml", "--lock-timeout", "soon"): "orch launch: Invalid value for '--lock-timeout'",
+        ("nosuch",): "orch: No such command 'nosuch'",
+        ("ledger", "verify", "--bogus"): "orch ledger verify: No such option: --bogus",
+    }
+    for args, start in cases.items():
+        proc = _real(*args, cwd=tmp_path)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(start), proc.stderr
+
+
+def test_an_os_error_is_one_line_with_exit_1(tmp_path: Path) -> None:
+    out_dir = tmp_path / "ro"
+    out_dir.mkdir()
+    src = _tree(tmp_path / "src")
+    out_dir.chmod(0o500)
+    try:  # root ignores directory permissions: a path through a regular file fails for everyone
+        blocked = (tmp_path / "src" / "train" / "loss.py" / "m.json") if os.geteuid() == 0 else out_dir / "m.json"
+        proc = _real("freeze", str(src), "-i", "**/*.py", "-o", str(blocked), cwd=tmp_path)
+    finally:
+        out_dir.chmod(0o700)
+    assert proc.returncode == 1, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
