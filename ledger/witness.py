@@ -38,11 +38,13 @@ def ledger_id(ledger: Ledger) -> str:
 
 
 def repository_root(start: Path) -> Path | None:
-    """The work tree enclosing `start` (a folder holding `.git`, a directory or a worktree's file), if any."""
-    for folder in (start.resolve(), *start.resolve().parents):
+    """The repository enclosing `start`: its git work tree (a folder holding `.git`, a directory or a worktree's
+    file), else, for a copy without `.git` (a device machine's), the nearest folder holding docs/validation/."""
+    folders = (start.resolve(), *start.resolve().parents)
+    for folder in folders:
         if (folder / ".git").exists():
             return folder
-    return None
+    return next((f for f in folders if f.joinpath(*EVIDENCE_DIR).is_dir()), None)
 
 
 def witness_files(home: Home) -> list[Path]:

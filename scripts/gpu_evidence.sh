@@ -48,7 +48,9 @@ if [ "$phase" = runs ]; then
     [ -n "$run_id" ] || continue
     banner "orch audit $run_id"
     COLUMNS=140 $ORCH audit "$run_id" --home "$HOME_DIR" 2>&1 | grep -v "DEV score" | head -60
-    $ORCH publish "$run_id" --home "$HOME_DIR" --to "$OUT/$p.json"; echo "publish exit $?"
+    # publish writes only into the repository's docs/validation/ (this copy's); the figures come back from $OUT
+    $ORCH publish "$run_id" --home "$HOME_DIR" --to "docs/validation/$p.$run_id.json"; echo "publish exit $?"
+    cp "docs/validation/$p.$run_id.json" "$OUT/$p.json" 2>/dev/null
     cp "$HOME_DIR/runs/$run_id/audit.md" "$OUT/$p.audit.md" 2>/dev/null
   done
   banner "ledger"

@@ -99,12 +99,23 @@ def test_publish_writes_only_inside_the_repositorys_docs_validation(tmp_path: Pa
     if where == "symlink":
         (tmp_path / "elsewhere").mkdir()
         (repo / "docs" / "validation" / "link").symlink_to(tmp_path / "elsewhere")
-    if where == "norepo":
+    if where == "norepo":  # no .git and no docs/validation/ above: no repository to publish into
         cwd = tmp_path / "plain"
-        (cwd / "docs" / "validation").mkdir(parents=True)
+        cwd.mkdir()
     proc = _orch("publish", "run1", "--to", to, "--home", str(home), cwd=cwd)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "docs/validation/" in proc.stderr
     assert not list(tmp_path.rglob("e.json"))
     ok = _orch("publish", "run1", "--to", "docs/validation/ok.json", "--home", str(home), cwd=repo)
     assert ok.returncode == 0 and (repo / "docs" / "validation" / "ok.json").is_file(), ok.stderr
+
+
+def test_a_copy_without_git_publishes_into_its_own_docs_validation(tmp_path: Path) -> None:
+    copy = tmp_path / "copy"  # a device machine's copy of the working tree has no .git
+    (copy / "docs" / "validation").mkdir(parents=True)
+    make_run(tmp_path / "home")
+    audit_run(tmp_path / "home", "run1")
+    ok = _orch("publish", "run1", "--to", "docs/validation/e.json", "--home", str(tmp_path / "home"), cwd=copy)
+    assert ok.returncode == 0 and (copy / "docs" / "validation" / "e.json").is_file(), ok.stderr
+    out = _orch("publish", "run1", "--to", str(tmp_path / "e.json"), "--home", str(tmp_path / "home"), cwd=copy)
+    assert out.returncode == 2 and not (tmp_path / "e.json").exists()
