@@ -239,13 +239,16 @@ def test_busy_gpu_per_fake_nvml_is_waited_for(env: dict[str, str], tmp_path: Pat
         (["--slots", "2", "--devices", "0,7", "--", "true"], 2),
         (["--gpus", "1", "--devices", "0", "--", "true"], 2),
         (["--slots", "2"], 2),
+        ([], 2),
+        (["--"], 2),
+        (["--gpus", "many", "--", "true"], 2),
     ],
 )
 def test_exit_statuses(env: dict[str, str], args: list[str], code: int) -> None:
     done = _run(args, env)
     assert done.returncode == code, done.stderr
-    if code == 2:
-        assert "gpu-run: " in done.stderr
+    if code == 2:  # a usage error is one line: what is wrong, what to do
+        assert done.stderr.startswith("gpu-run: ") and len(done.stderr.splitlines()) == 1, done.stderr
 
 
 @needs_flock
