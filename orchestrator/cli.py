@@ -6,7 +6,6 @@ Errors are mapped to exit codes in exactly one place, `_guard`; every refusal is
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +13,8 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from protocol.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, EXIT_USAGE, OrchError, os_error_line
+from orchestrator.entry import run_app
+from protocol.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REFUSED, OrchError, os_error_line
 
 T = TypeVar("T")
 
@@ -55,25 +55,8 @@ def _echo_json(obj: object) -> None:
 
 
 def main() -> None:
-    """Console-script entry point of `orch`; a usage error is one line (what is wrong, where to look), exit 2."""
-    try:
-        code = app(prog_name="orch", standalone_mode=False)
-    except typer.Abort:
-        typer.echo("orch: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception as err:
-        # click's exceptions (typer may vendor click): a message and an exit code, instead of a usage box
-        message, exit_code = getattr(err, "format_message", None), getattr(err, "exit_code", None)
-        if type(err).__name__ == "NoArgsIsHelpError":
-            app(prog_name="orch")  # the help, as typer shows it, and its exit status
-        if not callable(message) or not isinstance(exit_code, int):
-            raise
-        ctx = getattr(err, "ctx", None)
-        where = ctx.command_path if ctx is not None else "orch"
-        hint = f"; see `{where} --help`" if exit_code == EXIT_USAGE else ""
-        typer.echo(f"{where}: {str(message()).rstrip('.')}{hint}", err=True)
-        sys.exit(exit_code)
-    sys.exit(code if isinstance(code, int) else 0)
+    """Console-script entry point of `orch`; usage errors are one line (orchestrator.entry)."""
+    run_app(app, "orch")
 
 
 @app.command()

@@ -113,6 +113,27 @@ def test_killed_rank_is_named_with_its_signal_in_the_note(tmp_path: Path) -> Non
     assert outcome.note == "exit 1: train: torchrun exited with 1: rank 1 was killed by signal 9 (SIGKILL)"
 
 
+def _summary(rank: int, exitcode: int) -> str:
+    return (f"Root Cause (first observed failure):\n[0]:\n  time      : 2026-01-01_00:00:00\n  host      : h\n"
+            f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {exitcode} (pid: 7)\n  error_file: <N/A>\n"
+            "============================================================")
+
+
+def test_failure_cause_is_the_first_rank_to_fail_whatever_torchrun_observed_first() -> None:
+    from workers.common import RANK_FAILED
+    from workers.train import failure_cause
+
+    first = RANK_FAILED.format(rank=1, time=100.25, cause="ValueError: boom")
+    later = RANK_FAILED.format(rank=0, time=100.75, cause="RuntimeError: Connection closed by peer")
+    # torchrun may list the rank that failed second (on the broken collective) as its root cause
+    assert failure_cause(f"{later}\n{first}\n{_summary(0, 1)}") == "rank 1: ValueError: boom"
+    # a rank killed by a signal torchrun does not send is the cause, even when a survivor raised after it
+    assert failure_cause(f"{later}\n{_summary(1, -9)}") == "rank 1 was killed by signal 9 (SIGKILL)"
+    # no probe line (the rank failed before the probe ran): the first traceback that is not torchrun's own
+    log = "Traceback (most recent call last):\n  File x\nImportError: no module y\n" + _summary(0, 1)
+    assert failure_cause(log) == "rank 0 exited with 1: ImportError: no module y"
+
+
 def test_reload_refuses_a_wrong_spec_kind(tmp_path: Path) -> None:
     proc = run_worker("reload", write_spec(tmp_path, "train-A", "train"), tmp_path)
     assert proc.returncode == 1 and "this worker runs 'reload'" in proc.stderr

@@ -19,7 +19,9 @@ from pydantic import BaseModel, ValidationError
 from protocol.package import PackageSpec
 
 R = TypeVar("R", bound=BaseModel)
-RANK_FAILED = "probe: rank {rank} failed: {cause}"  # the probe's one line when a rank's trainer raises
+# the probe's one line when a rank's trainer raises (time.time() when it was caught: the first failure is the cause)
+RANK_FAILED = "probe: rank {rank} failed at {time:.6f}: {cause}"
+RANK_FAILED_RE = r"^probe: rank (\d+) failed at ([0-9.]+): (.*)$"
 
 
 class WorkerFailed(Exception):

@@ -584,10 +584,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         code = 1 if exc.code in (0, None) else exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # the trainer failed: report it, still end this rank's children
+        failed_at = time.time()
         traceback.print_exc()
         # the cause in one line, named by rank: what the package's failure note shows (workers.train)
         cause = traceback.format_exception_only(exc)[-1].strip().replace("\n", " ")
-        sys.stderr.write(RANK_FAILED.format(rank=probe.rank, cause=cause) + "\n")
+        sys.stderr.write(RANK_FAILED.format(rank=probe.rank, time=failed_at, cause=cause) + "\n")
         code = 1
     if code != 0 and probe.step < probe.steps:
         sys.stderr.write(f"probe: rank {probe.rank}: the trainer ended after {probe.step} of {probe.steps} steps\n")

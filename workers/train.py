@@ -18,7 +18,7 @@ import psutil
 
 from protocol.package import PackageSpec
 from protocol.results import ObservedRecipe, RankSummary, StepRecord, TrainResult
-from workers.common import RANK_FAILED, WorkerFailed, run_entry_point, sha256_file
+from workers.common import RANK_FAILED_RE, WorkerFailed, run_entry_point, sha256_file
 
 _PR_SET_PDEATHSIG = 1
 
@@ -65,32 +65,38 @@ def _traceback_tail(log: Path, limit: int = 40) -> str:
 
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:\n\s+\w+\s*:.*)*?"
                          r"\n\s+rank\s*:\s*(\d+).*?\n\s+exitcode\s*:\s*(-?\d+)")
-_RANK_FAILED = re.compile(
-    "^" + re.escape(RANK_FAILED).replace(r"\{rank\}", r"(\d+)").replace(r"\{cause\}", "(.*)") + "$"
-)
+_FAILURE = re.compile(r"^\s+rank\s*:\s*(\d+).*\n\s+exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+_RANK_FAILED = re.compile(RANK_FAILED_RE)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "an unknown signal"
 
 
 def failure_cause(log: str) -> str | None:
-    """The first error line of the failing rank (torchrun's first observed failure), never torchrun's banner.
+    """The first error line of the failing rank, never torchrun's banner.
 
-    The rank's own one-line cause written by the probe; else the signal that killed it; else the final line of
-    the first traceback in the log that is not torchrun's own.
+    A rank killed by a signal torchrun does not send (it sends SIGTERM to the survivors) is the cause; else the
+    rank whose trainer raised first (the probe's timed line per rank); else torchrun's first observed failure;
+    else the final line of the first traceback in the log that is not torchrun's own.
     """
     lines = log.splitlines()
+    failures = [(int(m.group(1)), int(m.group(2))) for m in _FAILURE.finditer(log)]
     root = _ROOT_CAUSE.search(log)
-    rank, exitcode = (int(root.group(1)), int(root.group(2))) if root else (None, None)
-    causes = [(int(m.group(1)), m.group(2)) for m in map(_RANK_FAILED.match, lines) if m]
-    mine = [c for r, c in causes if r == rank]
-    if mine:
-        return f"rank {rank}: {mine[0]}"
+    if root:  # torchrun's root cause first, then the other failures it lists
+        failures.insert(0, (int(root.group(1)), int(root.group(2))))
+    killed = [(r, -e) for r, e in failures if e < 0 and -e != signal.SIGTERM]
+    if killed:
+        return f"rank {killed[0][0]} was killed by signal {killed[0][1]} ({_signal_name(killed[0][1])})"
+    raised = sorted((float(m.group(2)), int(m.group(1)), m.group(3)) for m in map(_RANK_FAILED.match, lines) if m)
+    if raised:
+        return f"rank {raised[0][1]}: {raised[0][2]}"
+    rank, exitcode = failures[0] if failures else (None, None)
     if exitcode is not None and exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = "an unknown signal"
-        return f"rank {rank} was killed by signal {-exitcode} ({name})"
-    if causes and rank is None:
-        return f"rank {causes[0][0]}: {causes[0][1]}"
+        return f"rank {rank} was killed by signal {-exitcode} ({_signal_name(-exitcode)})"
     for i, line in enumerate(lines):
         if "Traceback (most recent call last)" not in line:
             continue
