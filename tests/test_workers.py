@@ -159,7 +159,7 @@ def test_checks(tmp_path: Path) -> None:
         static_graph={"name": "graph", "argv": [py, "-c", "print('bar')"], "expect_sha256": expect},
     )  # fmt: skip
     proc = run_worker("checks", bad, tmp_path)
-    assert proc.returncode == 1 and "graph" in proc.stderr
+    assert proc.returncode == 1 and f"checks: failed: graph; see {tmp_path / 'checks' / 'result.json'}\n" in proc.stderr
     res = ChecksResult.model_validate_json((tmp_path / "checks" / "result.json").read_text())
     assert not res.precision_ok and not res.diagnostics[0].ok
 
