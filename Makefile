@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe clean
+.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe mutation clean
 
 all: test
 
@@ -53,5 +53,13 @@ bench-r3mini: $(STAMP)
 bench-probe: $(STAMP)
 	$(BIN)/python bench/bench_probe.py
 
+# mutation testing of the core (docs/MUTATION.md); not in CI. MODULES="ledger/windows.py ..." for some of them,
+# MUTATION_TIMEOUT seconds per module. mutmut is installed here, not in the dev extra, so CI's install stays as it is.
+MUTMUT_PIN := mutmut>=3.8,<4
+MUTATION_TIMEOUT ?= 1800
+mutation: $(STAMP)
+	@$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install -q $(CONSTRAINTS) "$(MUTMUT_PIN)"
+	$(BIN)/python scripts/mutation.py --timeout $(MUTATION_TIMEOUT) $(MODULES)
+
 clean:
-	rm -rf $(VENV) .orch .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .orch .mypy_cache .ruff_cache .pytest_cache .mutation

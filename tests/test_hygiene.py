@@ -176,3 +176,20 @@ def test_cli_passes_over_the_repository(repo: Path) -> None:
     proc = _orch("hygiene", str(repo), cwd=repo)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "nothing found" in proc.stdout
+
+
+@pytest.mark.parametrize("kind", ["a", "b", "p", "r", "s"])
+def test_a_slack_token_is_a_credential(kind: str) -> None:
+    from ledger.hygiene import scan_text
+
+    token = "xox" + kind + "-" + "1234567890-abcdefABCDEF"  # assembled, so this file passes hygiene itself
+    found = scan_text("cfg.env", f"SLACK={token}\n", [])
+    assert [(f.line, f.kind) for f in found] == [(1, "credential")]
+    assert found[0].detail.startswith("Slack token: ") and token not in found[0].detail
+
+
+@pytest.mark.parametrize("text", ["xox" + "q-1234567890-abcdef", "xox" + "b-12345678", "axox" + "b-1234567890abc"])
+def test_what_only_resembles_a_slack_token_is_not_a_credential(text: str) -> None:
+    from ledger.hygiene import scan_text
+
+    assert scan_text("cfg.env", f"SLACK={text}\n", []) == []

@@ -127,3 +127,44 @@ def test_headline_is_min_and_definitions(a: list[float], c: list[float], b: list
         assert math.isclose(w.drift, window_drift(w.a, w.b))
         assert w.drift >= 0.0 and w.ratio > 0.0
     assert sp.noisy == any(w.drift > 0.02 for w in sp.windows)
+
+
+def test_ratio_is_the_mean_of_the_two_baselines_over_the_candidate() -> None:
+    # A != B, so mean, max and min of the baselines all differ: (2 + 3) / 2 / 1 = 2.5 (max gives 3, min 2)
+    assert window_ratio(2.0, 1.0, 3.0) == 2.5
+    assert window_drift(2.0, 3.0) == 0.4  # |2 - 3| / 2.5
+    sp = _speedup([1.0] * 16, [0.5] * 16, [1.5] * 16, bound=0.5)
+    w1 = sp.windows[0]
+    assert (w1.a, w1.c, w1.b) == (2.0, 1.0, 3.0)
+    assert [w.ratio for w in sp.windows] == [2.5, 2.5, 2.5] and sp.headline == 2.5
+    assert sp.max_drift == 0.4 and not sp.noisy  # 0.4 <= 0.5
+    assert _speedup([1.0] * 16, [0.5] * 16, [1.5] * 16, bound=0.39).noisy
+
+
+def _flat_but_w1(a: tuple[float, float], c: tuple[float, float], b: tuple[float, float]):  # type: ignore[no-untyped-def]
+    """Window w1 (steps 10, 11) with the given step times; every other step 2.0 s in every arm."""
+    arms = {}
+    for label, pair in (("A", a), ("C", c), ("B", b)):
+        times = [2.0] * 16
+        times[10], times[11] = pair
+        arms[label] = times
+    return _speedup(arms["A"], arms["C"], arms["B"], bound=0.5).windows[0]
+
+
+@pytest.mark.parametrize("spread_in", ["A", "B"])
+def test_the_spread_of_a_baseline_is_part_of_the_noise(spread_in: str) -> None:
+    # the baseline's steps are 1 s and 3 s: sum 4, CV = stdev(1, 3) / 2 = sqrt(2) / 2 = 0.7071; the other
+    # baseline 2 s + 2 s (sum 4, no drift), the candidate 1.5 s + 1.5 s: ratio 4 / 3, |ratio - 1| = 0.3333
+    spread, flat = (1.0, 3.0), (2.0, 2.0)
+    w = _flat_but_w1(spread if spread_in == "A" else flat, (1.5, 1.5), spread if spread_in == "B" else flat)
+    assert w.drift == 0.0 and math.isclose(w.ratio, 4.0 / 3.0)
+    assert math.isclose(w.noise, math.sqrt(2.0) / 2.0)
+    assert w.within_noise and "within noise" in w.words  # only that baseline's spread makes it noise
+
+
+def test_the_spread_of_the_candidate_is_part_of_the_noise() -> None:
+    # candidate 1 s + 2 s: sum 3, CV = stdev(1, 2) / 1.5 = 0.4714; baselines 2 + 2: ratio 4 / 3, |ratio - 1| = 0.3333
+    w = _flat_but_w1((2.0, 2.0), (1.0, 2.0), (2.0, 2.0))
+    assert math.isclose(w.noise, (math.sqrt(2.0) / 2.0) / 1.5) and w.within_noise
+    # with no spread anywhere the same ratio is a speed difference
+    assert not _flat_but_w1((2.0, 2.0), (1.5, 1.5), (2.0, 2.0)).within_noise

@@ -1,0 +1,197 @@
+"""`make mutation`: mutmut 3 over the core modules, each against the fast tests that cover it; a score per module.
+
+Each module runs in its own scratch copy of the tree (.mutation/<module>/), so that mutmut's `mutants/` folder and
+its per-function test selection never mix modules. Not part of CI (minutes per module on two cores).
+
+    python scripts/mutation.py                      # every module of MODULES
+    python scripts/mutation.py ledger/windows.py    # some of them
+    python scripts/mutation.py --timeout 900 --max-children 2 --json .mutation/scores.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCRATCH = REPO / ".mutation"
+PACKAGES = ["protocol", "manifests", "orchestrator", "ledger", "workers"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A module that decides a verdict or protects evidence, and the fast test files that cover it."""
+
+    tests: tuple[str, ...]
+    forkserver: bool = False  # modules whose tests import torch: fork workers from a clean server, not from pytest
+    # mutants that cannot change behaviour, by mutmut name, with the reason: counted apart, never as survivors
+    equivalent: dict[str, str] = field(default_factory=dict)
+
+
+MODULES: dict[str, Target] = {
+    "ledger/windows.py": Target(("tests/test_windows.py",)),
+    "ledger/merkle.py": Target(("tests/test_merkle.py",)),
+    "manifests/core.py": Target(("tests/test_manifests.py",)),
+    "protocol/recipe.py": Target(("tests/test_protocol.py", "tests/test_model_declared.py")),
+    "protocol/schema.py": Target(("tests/test_protocol.py", "tests/test_model_declared.py")),
+    "ledger/exactness.py": Target(("tests/test_audit.py",)),
+    "ledger/audit.py": Target(("tests/test_audit.py", "tests/test_audit_evidence.py")),
+    "ledger/record.py": Target(("tests/test_ledger_store.py", "tests/test_ledger_chain.py")),
+    "ledger/store.py": Target(("tests/test_ledger_store.py", "tests/test_ledger_chain.py",
+                               "tests/test_ledger_accounting.py")),
+    "ledger/hygiene.py": Target(("tests/test_hygiene.py",)),
+    "workers/probe.py": Target(("tests/test_probe_timing.py", "tests/test_probe_discovery.py"), forkserver=True),
+}
+
+# mutmut's exit-code words (mutmut 3): what counts for the score
+KILLED = {"killed", "caught by type check"}
+SURVIVED = {"survived"}
+
+
+def _tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                         capture_output=True, check=True).stdout
+    return [p for p in out.decode().split("\0") if p]
+
+
+def _prepare(module: str, target: Target) -> Path:
+    """A fresh copy of the working tree (tracked and untracked-not-ignored files) with this module's config."""
+    work = SCRATCH / module.replace("/", "__").removesuffix(".py")
+    if work.exists():
+        shutil.rmtree(work)
+    for rel in _tracked_files():
+        src = REPO / rel
+        if rel.startswith(".mutation/") or not src.is_file():
+            continue
+        dst = work / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    config = {
+        "source_paths": PACKAGES,
+        "only_mutate": [module],
+        "also_copy": ["examples/", "scripts/", "hooks/", "bench/"],
+        # the fast suite only: `slow` tests start trainers
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-m", "not slow", "-q", "-x", "--timeout=300"],
+        "pytest_add_cli_args_test_selection": list(target.tests),
+        "process_isolation": "forkserver" if target.forkserver else "fork",
+        "timeout_multiplier": 10.0,
+        "timeout_constant": 5.0,
+    }
+    pyproject = (work / "pyproject.toml").read_text()
+    pyproject += "\n[tool.mutmut]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items())
+    (work / "pyproject.toml").write_text(pyproject)
+    return work
+
+
+_RESULT = re.compile(r"^\s+(\S+__mutmut_\d+): (.+)$")
+
+
+def _results(work: Path, mutmut: Path) -> dict[str, str]:
+    proc = subprocess.run([str(mutmut), "results", "--all", "true"], cwd=work, capture_output=True, text=True)
+    return {m.group(1): m.group(2).strip() for line in proc.stdout.splitlines() if (m := _RESULT.match(line))}
+
+
+def run_module(module: str, target: Target, timeout: float, max_children: int, mutmut: Path) -> dict[str, Any]:
+    work = _prepare(module, target)
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    started = time.monotonic()
+    complete = True
+    log = work / "mutmut.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(mutmut), "run", "--max-children", str(max_children)], cwd=work, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            complete = False
+            os.killpg(proc.pid, 15)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    wall = time.monotonic() - started
+    status = _results(work, mutmut)
+    equivalent = {name: why for name, why in target.equivalent.items() if name in status}
+    counted = {n: s for n, s in status.items() if n not in equivalent}
+    killed = sorted(n for n, s in counted.items() if s in KILLED)
+    survived = sorted(n for n, s in counted.items() if s in SURVIVED)
+    timeouts = sorted(n for n, s in counted.items() if s == "timeout")
+    uncovered = sorted(n for n, s in counted.items() if s == "no tests")  # no selected test reaches it: not killed
+    not_run = sorted(n for n, s in counted.items() if s not in KILLED | SURVIVED | {"timeout", "no tests"})
+    judged = len(killed) + len(survived) + len(timeouts) + len(uncovered)
+    # a mutant that makes the tests hang is caught (the run never finishes green): mutmut's own convention
+    score = (len(killed) + len(timeouts)) / judged if judged else None
+    stale = sorted(set(target.equivalent) - set(status))
+    return {
+        "module": module, "tests": list(target.tests), "mutants": len(status), "killed": len(killed),
+        "timeout": len(timeouts), "survived": survived, "uncovered": uncovered, "not_run": len(not_run),
+        "not_run_names": not_run, "equivalent": equivalent, "stale_equivalent": stale, "score": score,
+        "complete": complete and proc.returncode == 0, "returncode": proc.returncode, "wall_s": round(wall, 1),
+        "log": str(log.relative_to(REPO)),
+    }
+
+
+def _show(work: Path, mutmut: Path, name: str) -> str:
+    proc = subprocess.run([str(mutmut), "show", name], cwd=work, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("+", "-")) and not ln.startswith(("+++", "---"))]
+    return " | ".join(ln.strip() for ln in lines)[:200]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("modules", nargs="*", help=f"modules to mutate (default: all of {len(MODULES)})")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per module before it is stopped")
+    ap.add_argument("--max-children", type=int, default=2, help="mutants tested at once")
+    ap.add_argument("--json", type=Path, default=SCRATCH / "scores.json", help="where the figures are written")
+    args = ap.parse_args(argv)
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        print(f"mutation: not a configured module: {', '.join(unknown)}; choose from {', '.join(MODULES)}",
+              file=sys.stderr)
+        return 2
+    mutmut = Path(sys.executable).with_name("mutmut")
+    if not mutmut.exists():
+        print("mutation: mutmut is not installed in this environment; run `make mutation`", file=sys.stderr)
+        return 2
+    rows = []
+    for module in args.modules or list(MODULES):
+        print(f"mutation: {module} against {' '.join(MODULES[module].tests)} ...", flush=True)
+        row = run_module(module, MODULES[module], args.timeout, args.max_children, mutmut)
+        work = SCRATCH / module.replace("/", "__").removesuffix(".py")
+        row["survivor_diffs"] = {n: _show(work, mutmut, n)
+                                 for n in [*row["survived"], *row["uncovered"]]}
+        rows.append(row)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    print()
+    print(f"{'module':<24} {'mutants':>7} {'killed':>6} {'timeout':>7} {'survived':>8} {'no test':>7} {'equiv':>5} "
+          f"{'not run':>7} {'score':>6} {'wall s':>7}  run")
+    for r in rows:
+        score = "-" if r["score"] is None else f"{100 * r['score']:.1f}%"
+        print(f"{r['module']:<24} {r['mutants']:>7} {r['killed']:>6} {r['timeout']:>7} {len(r['survived']):>8} "
+              f"{len(r['uncovered']):>7} "
+              f"{len(r['equivalent']):>5} {r['not_run']:>7} {score:>6} {r['wall_s']:>7}  "
+              f"{'complete' if r['complete'] else 'PARTIAL (rc ' + str(r['returncode']) + ')'}")
+    for r in rows:
+        for name in r["survived"]:
+            print(f"survived: {name}: {r['survivor_diffs'][name]}")
+        for name in r["uncovered"]:
+            print(f"no test: {name}: {r['survivor_diffs'][name]}")
+        for name in r["stale_equivalent"]:
+            print(f"stale equivalent-mutant entry (no such mutant now): {name}")
+    print(f"figures: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
