@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe mutation clean
+.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null mutation clean
 
 all: test
 
@@ -52,6 +52,10 @@ bench-r3mini: $(STAMP)
 
 bench-probe: $(STAMP)
 	$(BIN)/python bench/bench_probe.py
+
+# one device call (~8 min on one H200): null runs with repeats and a known 25% slowdown; figures under $$OUT
+bench-null: $(STAMP)
+	$(BIN)/python bench/bench_null.py $(BENCH_NULL_ARGS)
 
 # mutation testing of the core (docs/MUTATION.md); not in CI. MODULES="ledger/windows.py ..." for some of them,
 # MUTATION_TIMEOUT seconds per module. mutmut is installed here, not in the dev extra, so CI's install stays as it is.

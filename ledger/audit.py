@@ -19,20 +19,31 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
+from ledger.calibration import find_calibration
 from ledger.exactness import Exactness, Mismatch, exactness
+from ledger.host_report import clock_doc, quiet_host_doc
 from ledger.store import Ledger, LedgerRecord
-from ledger.windows import ARM_LABELS, Speedup, speedup, step_times
+from ledger.verdict import (
+    decide,
+    drift_notes,
+    exit_code,
+    interval_doc,
+    replication_doc,
+    run_interval,
+    triplet_speedups,
+)
+from ledger.windows import Speedup, step_times
 from ledger.witness import check_witnessed, record_head, repository_root
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from protocol.errors import FailedError, OrchError, UsageError
 from protocol.home import Home, resolve_home
+from protocol.plan import launch_labels, package_names, replay_label, triplets
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
 from protocol.schema import Protocol
 
 AUDIT_SCHEMA = "orch.audit/1"
-PACKAGES = ("checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C", "score")
+PACKAGES = package_names(1)  # the owner's run; with measurement.repeats K the plan lists package_names(K)
 RUN_SCHEMA = "orch.run/2"
-ARM_OF_LABEL = {"A": "baseline", "C": "candidate", "B": "baseline"}
 ARMS = ("baseline", "candidate")
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 M = TypeVar("M", bound=BaseModel)
@@ -69,6 +80,11 @@ class RunEvidence:
     records: list[LedgerRecord]  # this run's ledger records, in ledger order
     closes: dict[str, LedgerRecord]  # package -> its close record
     result_sha256: dict[str, str]  # package -> sha256 of its result.json bytes
+    names: tuple[str, ...] = PACKAGES  # the plan's packages
+
+    @property
+    def repeats(self) -> int:
+        return self.protocol.measurement.repeats
 
 
 @dataclass(frozen=True)
@@ -126,7 +142,7 @@ def _load_model(model: type[M], path: Path, problems: list[str], rel: str) -> M 
 
 
 def _package_problems(
-    run: Mapping[str, Any], records: Sequence[LedgerRecord]
+    run: Mapping[str, Any], records: Sequence[LedgerRecord], names: Sequence[str] = PACKAGES
 ) -> tuple[list[str], dict[str, LedgerRecord], set[str]]:
     """One line per package that is not ok, from the ledger (authoritative) and run.json; and the close records.
 
@@ -142,7 +158,7 @@ def _package_problems(
             closes[rec.package] = rec
     declared = {p.get("name"): p for p in run.get("packages", []) if isinstance(p, dict)}
     bad: set[str] = set()
-    for name in PACKAGES:
+    for name in names:
         close, entry = closes.get(name), declared.get(name)
         line = None
         if opens.get(name, 0) and close is None:
@@ -219,18 +235,20 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
             problems.append(f"run.json: run_id {run.get('run_id')!r} is not {run_id!r}")
         if run.get("status") != "complete":
             problems.append(f"run status is {run.get('status')!r}, not 'complete'")
-    records = Ledger(home.ledger_path).records(run_id)
-    package_problems, closes, bad = _package_problems(run, records)
-    problems += package_problems
-
     protocol: Protocol | None = None
     proto_path = run_dir / "protocol.json"
     protocol_sha = ""
+    proto_problems: list[str] = []
     if proto_path.is_file():
         protocol_sha = sha256_file(proto_path)
-        protocol = _load_model(Protocol, proto_path, problems, "protocol.json")
+        protocol = _load_model(Protocol, proto_path, proto_problems, "protocol.json")
     else:
-        problems.append("protocol.json: missing")
+        proto_problems.append("protocol.json: missing")
+    repeats = protocol.measurement.repeats if protocol else 1
+    names = package_names(repeats)
+    records = Ledger(home.ledger_path).records(run_id)
+    package_problems, closes, bad = _package_problems(run, records, names)
+    problems += package_problems + proto_problems
 
     pkg_dir = run_dir / "packages"
     # a package already reported as not ok is not reported again for its missing result
@@ -247,7 +265,7 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     reloads: dict[str, ReloadResult] = {}
     steps: dict[str, dict[int, list[StepRecord]]] = {}
     n_steps = protocol.measurement.steps if protocol else 0
-    for label in ARM_LABELS:
+    for label in launch_labels(repeats):
         rel = f"packages/train-{label}"
         train = _load_model(TrainResult, run_dir / rel / "result.json", where(f"train-{label}"), f"{rel}/result.json")
         if train is not None:
@@ -268,13 +286,13 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     watch = _load_model(TrainResult, run_dir / watch_rel / "result.json", where("watch-C"), f"{watch_rel}/result.json")
     watch_steps: dict[int, list[StepRecord]] = {}
     if watch is not None:
-        if watch.arm != "C":
-            problems.append(f"{watch_rel}/result.json: arm {watch.arm!r}, expected 'C'")
+        if watch.arm != replay_label(repeats):
+            problems.append(f"{watch_rel}/result.json: arm {watch.arm!r}, expected {replay_label(repeats)!r}")
         if protocol is not None:
             watch_steps = _read_steps(run_dir / watch_rel, watch, watch_rel, n_steps, problems)
     result_sha = {
         name: sha256_file(pkg_dir / name / "result.json")
-        for name in PACKAGES
+        for name in names
         if (pkg_dir / name / "result.json").is_file()
     }
     if problems or bad or protocol is None or checks is None or score is None or watch is None:
@@ -299,6 +317,7 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         records=records,
         closes=closes,
         result_sha256=result_sha,
+        names=names,
     )
 
 
@@ -339,7 +358,7 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
                 f"{str(info.get('commitment_root'))[:16]} and the arm is not declared under evaluation"
             )
     declared = {p.get("name"): p for p in ev.run.get("packages", []) if isinstance(p, dict)}
-    for name in PACKAGES:
+    for name in ev.names:
         close = ev.closes[name]
         actual_sha = ev.result_sha256.get(name)
         if name == "score":
@@ -412,6 +431,7 @@ def _exactness_doc(ex: Exactness) -> dict[str, Any]:
 
 
 def _speedup_doc(sp: Speedup, times: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """The owner's speedup of one triplet; times: role (A, C, B) -> step times."""
     return {
         "windows": [
             {
@@ -436,17 +456,18 @@ def _speedup_doc(sp: Speedup, times: Mapping[str, Sequence[float]]) -> dict[str,
         "drift_bound": sp.drift_bound,
         "noisy": sp.noisy,
         "words": sp.words,
-        "step_times": {label: list(times[label]) for label in ARM_LABELS},
+        "step_times": {label: list(times[label]) for label in ("A", "C", "B")},
     }
 
 
-def _memory_doc(ev: RunEvidence) -> dict[str, Any]:
+def _memory_doc(ev: RunEvidence, roles: Mapping[str, str]) -> dict[str, Any]:
+    """Peaks of one triplet (roles: A, C, B -> its labels)."""
     ranks = sorted({r.rank for t in ev.trains.values() for r in t.ranks})
     rows: list[dict[str, Any]] = []
     for rank in ranks:
         row: dict[str, Any] = {"rank": rank}
-        for label in ARM_LABELS:
-            summary = next((r for r in ev.trains[label].ranks if r.rank == rank), None)
+        for label in ("A", "C", "B"):
+            summary = next((r for r in ev.trains[roles[label]].ranks if r.rank == rank), None)
             row[label] = {
                 "allocated": summary.peak_allocated if summary else None,
                 "reserved": summary.peak_reserved if summary else None,
@@ -461,7 +482,7 @@ def _memory_doc(ev: RunEvidence) -> dict[str, Any]:
         kind: [r[f"delta_{kind}"] for r in rows if r[f"delta_{kind}"] is not None] for kind in ("allocated", "reserved")
     }
     return {
-        "device": ev.trains["A"].device,
+        "device": ev.trains[roles["A"]].device,
         "measured": bool(deltas["allocated"]),
         "ranks": rows,
         "max_delta_allocated": max(deltas["allocated"]) if deltas["allocated"] else None,
@@ -470,8 +491,8 @@ def _memory_doc(ev: RunEvidence) -> dict[str, Any]:
 
 
 def _cost_doc(ev: RunEvidence) -> dict[str, Any]:
-    by_package = {name: float(ev.closes[name].gpu_seconds or 0.0) for name in PACKAGES}
-    wall = {name: float(ev.closes[name].wall_s or 0.0) for name in PACKAGES}
+    by_package = {name: float(ev.closes[name].gpu_seconds or 0.0) for name in ev.names}
+    wall = {name: float(ev.closes[name].wall_s or 0.0) for name in ev.names}
     lock = ev.run.get("lock") if isinstance(ev.run.get("lock"), dict) else {}
     return {
         "gpu_seconds": by_package,
@@ -527,11 +548,17 @@ def scope_sentence(first: int, last: int, ranks: int) -> str:
     )
 
 
-def compute_audit(ev: RunEvidence, head: tuple[int, str], audited_at: str) -> dict[str, Any]:
-    """The audit document (orch.audit/1) of one verified, complete run."""
+def compute_audit(
+    ev: RunEvidence, head: tuple[int, str], audited_at: str, calibration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The audit document (orch.audit/1) of one verified, complete run; calibration: ledger.calibration's block."""
     m = ev.protocol.measurement
-    times = {label: step_times(ev.steps[label], m.steps) for label in ARM_LABELS}
-    sp = speedup(times, steps=m.steps, warmup=m.warmup, window=m.window, drift_bound=m.drift_bound)
+    labels = launch_labels(m.repeats)
+    trips = triplets(m.repeats)
+    times = {label: step_times(ev.steps[label], m.steps) for label in labels}
+    sps = triplet_speedups(times, trips, steps=m.steps, warmup=m.warmup, window=m.window, drift_bound=m.drift_bound)
+    first = trips[0].labels
+    sp = sps[0]  # the owner's triplet: with repeats K it is the first of K, launched A -> C -> B
     ex = exactness(
         ev.steps,
         ev.trains,
@@ -543,14 +570,12 @@ def compute_audit(ev: RunEvidence, head: tuple[int, str], audited_at: str) -> di
         model=ev.protocol.model.model_dump() if ev.protocol.model is not None else None,
         watch=ev.watch,
         watch_steps=ev.watch_steps,
+        labels=labels,
+        replay_of=replay_label(m.repeats),
     )
-    if not ex.exact:
-        verdict = "not exact"
-    elif sp.noisy:
-        verdict = "noisy"
-    else:
-        verdict = "accepted"
-    reasons = list(ex.problems) + ([sp.words] if sp.noisy else [])
+    iv = run_interval(times, steps=m.steps, warmup=m.warmup, window=m.window)
+    verdict, direction, sentence = decide(ex.exact, iv)
+    reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
     host = ev.run.get("host") if isinstance(ev.run.get("host"), dict) else {}
     return {
         "schema": AUDIT_SCHEMA,
@@ -559,24 +584,33 @@ def compute_audit(ev: RunEvidence, head: tuple[int, str], audited_at: str) -> di
         "protocol_name": ev.protocol.name,
         "audited_at": audited_at,
         "verdict": verdict,
+        "direction": direction,
+        "verdict_words": sentence,
         "exact": ex.exact,
         "noisy": sp.noisy,
         "reasons": reasons,
+        "diagnostics": drift_notes(trips, sps, m.drift_bound),
         "scope": scope_sentence(m.digest_first, m.digest_last, ex.ranks),
         "measurement": m.model_dump(exclude_unset=True),  # as recorded: fields added later stay out
         "precision": ev.protocol.precision,
-        "speedup": _speedup_doc(sp, times),
+        "speedup": _speedup_doc(sp, {role: times[label] for role, label in first.items()}),
+        "interval": interval_doc(iv, m.repeats),
+        "replication": replication_doc(trips, sps),
         "exactness": _exactness_doc(ex),
-        "memory": _memory_doc(ev),
+        "memory": _memory_doc(ev, first),
         "cost": _cost_doc(ev),
         "attribution": _attribution_doc(ev),
         "integrity": {
             "seals_verified": list(ARMS),
-            "result_sha256": {name: ev.closes[name].result_digest for name in PACKAGES},
-            "ledger_records": sum(1 for r in ev.records if r.kind != "audit"),  # stable under re-audit
+            "result_sha256": {name: ev.closes[name].result_digest for name in ev.names},
+            "ledger_records": sum(1 for r in ev.records if r.kind in ("checks", "train", "reload", "replay", "score")),
         },
         "versions": dict(ev.checks.versions),
         "host_hash": (host or {}).get("host_hash"),
+        "calibration": calibration,
+        "quiet_host": quiet_host_doc(ev.trains, labels),
+        "clock": clock_doc(ev.trains, labels),
+        "calibration_of": ev.run.get("calibration_of"),
         "ledger_head": {"size": head[0], "root": head[1]},
     }
 
@@ -632,7 +666,7 @@ def _append_audit_record(
         package="audit",
         kind="audit",
         arm=None,
-        status="ok" if doc["verdict"] == "accepted" else "failed",
+        status="ok" if exit_code(doc["verdict"]) == 0 else "failed",
         started=datetime.fromtimestamp(started, UTC),
         ended=datetime.fromtimestamp(now, UTC),
         wall_s=now - started,
@@ -642,7 +676,7 @@ def _append_audit_record(
         protocol_id=ev.run.get("protocol_id"),
         sources_root=doc["attribution"]["commitment_roots"].get("candidate"),
         result_digest=digest,
-        exit_code=0 if doc["verdict"] == "accepted" else 1,
+        exit_code=exit_code(doc["verdict"]),
         note=f"verdict: {doc['verdict']}",
     )
 
@@ -665,7 +699,11 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
             problems,
         )
     tree_head = ledger.head()
-    doc = compute_audit(ev, (tree_head.size, tree_head.root), datetime.now(UTC).isoformat(timespec="seconds"))
+    host = ev.run.get("host") if isinstance(ev.run.get("host"), dict) else {}
+    first_seq = min((r.seq for r in ev.records), default=None)
+    calibration = find_calibration(h.runs, ledger.records(), str(ev.run.get("protocol_id")), host or {}, first_seq)
+    doc = compute_audit(ev, (tree_head.size, tree_head.root), datetime.now(UTC).isoformat(timespec="seconds"),
+                        calibration)
     audit_path = ev.run_dir / "audit.json"
     md_path = ev.run_dir / "audit.md"
     plot_path = ev.run_dir / "step_times.png"
@@ -702,7 +740,7 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
 
 
 def audit_command(run_ids: Sequence[str], home: Path | None, as_json: bool) -> None:
-    """`orch audit RUN_ID [--home] [--json]`: the report of one run; exit 1 unless accepted."""
+    """`orch audit RUN_ID [--home] [--json]`: the report of one run; exit 1 when not exact (ledger.verdict)."""
     from ledger.report import render_terminal
 
     if len(run_ids) != 1:
@@ -730,6 +768,6 @@ def audit_command(run_ids: Sequence[str], home: Path | None, as_json: bool) -> N
         print(json.dumps(out, sort_keys=True))
     if result.score is not None and not result.score.verified:
         raise FailedError(f"run {result.run_id}: {result.score.detail}")
-    if result.verdict != "accepted":
+    if exit_code(result.verdict) != 0:
         reason = result.document["reasons"][0] if result.document["reasons"] else result.verdict
         raise FailedError(f"run {result.run_id}: audit verdict {result.verdict}: {reason}")

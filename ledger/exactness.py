@@ -401,6 +401,7 @@ def exactness(
     digest_first: int,
     digest_last: int,
     labels: Sequence[str] = ("A", "C", "B"),
+    replay_of: str = "C",  # the candidate launch that watch-C replays (C1 with repeats)
     model: Mapping[str, Any] | None = None,
     watch: TrainResult | None = None,
     watch_steps: Mapping[int, Sequence[StepRecord]] | None = None,
@@ -458,21 +459,21 @@ def exactness(
     coverage = {f"train-{label}": list(trains[label].watched_steps) for label in labels}
     replay_first: Mismatch | None = None
     replay_ok: bool | None = None
-    if watch is not None and watch_steps is not None and "C" in trains:
+    if watch is not None and watch_steps is not None and replay_of in trains:
         coverage["watch-C"] = list(watch.watched_steps)
         if list(watch.watched_steps) != list(range(n_steps)):
             problems.append(f"watch-C: the watch covered steps {_span(watch.watched_steps)}, not every step "
                             f"0-{n_steps - 1}")
-        in_run = set(trains["C"].watched_steps)
+        in_run = set(trains[replay_of].watched_steps)
         # what the in-run watch saw is listed once, from train-C; the replay adds the steps it alone watched
         forbidden += [
-            ForbiddenSeen("C", rank, op.step, op.op, op.dtype, "watch-C")
+            ForbiddenSeen(replay_of, rank, op.step, op.op, op.dtype, "watch-C")
             for rank, recs in sorted(watch_steps.items())
             for rec in recs
             for op in rec.forbidden
             if op.step not in in_run
         ]
-        replay_first = replay_mismatch(trains["C"], steps["C"], watch, watch_steps, digest_steps, n_steps,
+        replay_first = replay_mismatch(trains[replay_of], steps[replay_of], watch, watch_steps, digest_steps, n_steps,
                                        scalar_steps)
         replay_ok = replay_first is None
         if replay_first is not None:

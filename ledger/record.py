@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 FORMAT = "orch.ledger/1"
 GENESIS = "0" * 64
 INT64_MAX = 2**63 - 1
-KINDS = ("checks", "train", "reload", "replay", "score", "audit", "run")
+KINDS = ("checks", "train", "reload", "replay", "score", "audit", "run", "calibration")
 STATUSES = ("open", "ok", "failed", "timeout", "interrupted", "not-run")
 FAILURES = ("failed", "timeout", "interrupted")
 NOTE_MAX = 200
@@ -103,7 +103,7 @@ class LedgerRecord(BaseModel):
     seq: int = Field(ge=0, le=INT64_MAX)
     run_id: str = Field(pattern=TOKEN)
     package: str = Field(pattern=TOKEN)
-    kind: Literal["checks", "train", "reload", "replay", "score", "audit", "run"]
+    kind: Literal["checks", "train", "reload", "replay", "score", "audit", "run", "calibration"]
     arm: Literal["baseline", "candidate"] | None = None
     status: Literal["open", "ok", "failed", "timeout", "interrupted", "not-run"]
     started: str | None = None

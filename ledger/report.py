@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from ledger.verdict import interval_text, verdict_lines
+
 if TYPE_CHECKING:
     from ledger.audit import AuditResult
 
 ARM_COLORS = {"A": "#1f77b4", "C": "#d62728", "B": "#2ca02c"}
-VERDICT_STYLE = {"accepted": "bold green", "noisy": "bold yellow", "not exact": "bold red"}
+VERDICT_STYLE = {"accepted": "bold green", "no difference shown": "bold yellow", "not exact": "bold red"}
 
 
 def _ms(seconds: float) -> str:
@@ -150,13 +152,16 @@ def render_terminal(result: AuditResult, console: Console) -> None:
     doc = result.document
     sp = doc["speedup"]
     verdict = doc["verdict"]
+    direction = f" ({doc['direction']})" if doc.get("direction") else ""
     console.print(
-        f"[{VERDICT_STYLE.get(verdict, 'bold')}]verdict: {verdict}[/]  run {doc['run_id']}  "
-        f"headline {sp['headline']:.4f}x ({sp['headline_window']}), max drift {sp['max_drift']:.4f} "
-        f"(bound {sp['drift_bound']})"
+        f"[{VERDICT_STYLE.get(verdict, 'bold')}]verdict: {verdict}{direction}[/]  run {doc['run_id']}  "
+        f"headline {sp['headline']:.4f}x ({sp['headline_window']}){interval_text(doc)}, "
+        f"max drift {sp['max_drift']:.4f} (bound {sp['drift_bound']})"
     )
     for reason in doc["reasons"]:
         console.print(f"  reason: {reason}", markup=False)
+    for line in verdict_lines(doc):
+        console.print(f"  {line}", markup=False)
     console.print(f"scope: {doc['scope']}", markup=False)
     console.print(attribution_line(doc), markup=False)
     windows = Table(title="step-time windows (max over ranks, probe work excluded)")
@@ -218,10 +223,12 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     parts = [
         f"# Audit of run {doc['run_id']}",
         "",
-        f"**Verdict: {doc['verdict']}** — headline {sp['headline']:.4f}x ({sp['headline_window']}), "
+        f"**Verdict: {doc['verdict']}{' (' + doc['direction'] + ')' if doc.get('direction') else ''}** — "
+        f"headline {sp['headline']:.4f}x ({sp['headline_window']}){interval_text(doc)}, "
         f"max A/B drift {sp['max_drift']:.4f} (bound {sp['drift_bound']}).",
         "",
         *[f"- reason: {r}" for r in doc["reasons"]],
+        *[f"- {line}" for line in verdict_lines(doc)],
         "",
         f"Protocol `{doc['protocol_name']}` id `{doc['protocol_id']}`, precision {doc['precision']}.",
         "",

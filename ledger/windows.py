@@ -152,7 +152,7 @@ def speedup(
     if noisy:
         words = (
             f"noisy: A/B drift {max_drift:.4f} exceeds the bound {drift_bound:.4f}; "
-            f"the headline {best.ratio:.4f}x is reported, not accepted"
+            f"the headline {best.ratio:.4f}x is reported and bracketed by the interval, which carries that spread"
         )
     elif all(w.within_noise for w in stats):
         words = f"headline {best.ratio:.4f}x ({best.name}); every window's ratio is within its noise"

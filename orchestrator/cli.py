@@ -169,6 +169,59 @@ def launch(
     typer.echo(result.run_id)
     if json_out:
         _echo_json(result.as_json())
+    _exit_for_verdict(result.run_id, result.audit)
+
+
+def _exit_for_verdict(run_id: str, audit_doc: dict[str, object] | None) -> None:
+    """`orch launch` ends with the exit code `orch audit` gives the same verdict (ledger.verdict.exit_code)."""
+    from ledger.verdict import exit_code
+
+    if audit_doc is None:
+        return
+    verdict = str(audit_doc.get("verdict"))
+    code = exit_code(verdict)
+    if code:
+        reasons = audit_doc.get("reasons")
+        reason = reasons[0] if isinstance(reasons, list) and reasons else verdict
+        typer.echo(f"orch: run {run_id}: audit verdict {verdict}: {reason}", err=True)
+        raise typer.Exit(code)
+
+
+@app.command()
+def calibrate(
+    protocol: Annotated[Path, typer.Argument(help="protocol.yaml whose workload to calibrate")],
+    repeats: Annotated[
+        int | None, typer.Option("--repeats", min=1, max=32, help="A/A triplets (default: the protocol's repeats)")
+    ] = None,
+    home: HomeOpt = None,
+    json_out: JsonOpt = False,
+    lock_timeout: Annotated[
+        float | None, typer.Option("--lock-timeout", help="give up waiting for the GPU lock after S seconds (exit 75)")
+    ] = None,
+    lock_dir: Annotated[Path | None, typer.Option("--lock-dir", help="host-wide lock directory of gpu-run")] = None,
+) -> None:
+    """A/A run (candidate = baseline): this host's noise floor for the workload, recorded in the ledger.
+
+    Example: orch calibrate protocol/r3_mini.yaml --repeats 3
+    """
+    from ledger.calibration import Calibration
+    from orchestrator.calibrate import calibrate as calibrate_run
+    from orchestrator.launch import LaunchResult, RunFailedError, RunInterruptedError
+    from orchestrator.progress import plain_say
+
+    def run() -> tuple[LaunchResult, Calibration]:
+        try:
+            return calibrate_run(protocol, repeats, home, say=plain_say, lock_timeout=lock_timeout, lock_dir=lock_dir)
+        except (RunFailedError, RunInterruptedError) as err:
+            typer.echo(err.result.run_id)
+            if json_out:
+                _echo_json(err.result.as_json())
+            raise
+
+    result, cal = _call(run)
+    typer.echo(result.run_id)
+    if json_out:
+        _echo_json({**result.as_json(), "calibration": cal.model_dump(mode="json", by_alias=True)})
 
 
 @app.command()

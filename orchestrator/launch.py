@@ -35,36 +35,12 @@ from orchestrator.sealing import SealedArm, check_seal, seal_arm, unseal_for_rem
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, os_error_line
 from protocol.home import Home, resolve_home
 from protocol.package import CommandSpec, PackageSpec, ScoreTarget
+from protocol.plan import PlannedPackage, kept_checkpoints, plan, score_labels
 from protocol.results import ChecksResult, TrainResult
 from protocol.schema import Arm, LoadedProtocol, canonical_json, load_protocol
 
 RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines
-ARM_OF_LABEL = {"A": "baseline", "C": "candidate", "B": "baseline"}
-
-
-@dataclass(frozen=True)
-class PlannedPackage:
-    name: str
-    kind: str
-    arm_label: str | None = None
-
-    @property
-    def arm(self) -> str | None:
-        return ARM_OF_LABEL[self.arm_label] if self.arm_label else None
-
-
-PLAN = (
-    PlannedPackage("checks", "checks"),
-    PlannedPackage("train-A", "train", "A"),
-    PlannedPackage("reload-A", "reload", "A"),
-    PlannedPackage("train-C", "train", "C"),
-    PlannedPackage("reload-C", "reload", "C"),
-    PlannedPackage("train-B", "train", "B"),
-    PlannedPackage("reload-B", "reload", "B"),
-    # untimed, after the triplet so that nothing sits between the timed launches: arm C again, every step watched
-    PlannedPackage("watch-C", "replay", "C"),
-    PlannedPackage("score", "score"),
-)
+PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K)
 WATCH_TIMEOUT_FACTOR = 3  # the watched replay runs every op through the dispatch watch: slower than train
 
 
@@ -170,6 +146,10 @@ class RunContext:
     closed: set[str] = field(default_factory=set)
 
     @property
+    def plan(self) -> tuple[PlannedPackage, ...]:
+        return plan(self.loaded.protocol.measurement.repeats)
+
+    @property
     def gpus(self) -> int:
         return len(self.grant.devices) if self.grant is not None and self.grant.kind == "gpu" else 0
 
@@ -206,6 +186,7 @@ def _spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> Pack
         "package_dir": str(pkg_dir), "scratch_dir": str(ctx.scratch), "result_path": str(pkg_dir / "result.json"),
         "device": p.launcher.device, "precision": p.precision, "nproc": p.launcher.nproc,
         "backend": p.launcher.backend, "steps": p.measurement.steps, "warmup": p.measurement.warmup,
+        "window": p.measurement.window,
         "digest_first": p.measurement.digest_first, "digest_last": p.measurement.digest_last,
         "host_controls": list(p.measurement.host_controls),
     }
@@ -221,7 +202,7 @@ def _spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> Pack
         )
     if pkg.kind == "score":
         targets = []
-        for label in ("A", "C"):
+        for label in score_labels(p.measurement.repeats):
             ckpt = ctx.scratch / "ckpt" / label
             argv = _substitute(list(p.scorer.command), values)  # {ckpt} and {out} are the score worker's to fill
             # the scorer is the baseline's committed code and configuration for every arm: a candidate cannot
@@ -326,11 +307,11 @@ def _peaks(result: Any) -> dict[str, int | None]:
 
 def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
     """Run the plan; returns (run status, package -> status). Raises KeyboardInterrupt after recording it."""
-    statuses = {pkg.name: "not-run" for pkg in PLAN}
+    statuses = {pkg.name: "not-run" for pkg in ctx.plan}
     init_digest: str | None = None
     failed_at: int | None = None
     interrupted = False
-    for index, pkg in enumerate(PLAN):
+    for index, pkg in enumerate(ctx.plan):
         spec = _spec(ctx, pkg, init_digest)
         arm_spec: Arm | None = getattr(ctx.loaded.protocol.arms, pkg.arm) if pkg.arm else None
         assert ctx.grant is not None
@@ -369,6 +350,8 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if pkg.kind == "train":  # blinding: the trainer's own outputs never stay in the run folder
             moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
             entry["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}
+        if outcome.status == "ok" and pkg.kind == "reload":
+            _drop_checkpoint(ctx, pkg)
         if outcome.status == "ok" and pkg.kind == "checks":
             init = ctx.scratch / "init.safetensors"
             init_digest = sha256_file(init) if init.is_file() else None
@@ -392,8 +375,9 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             interrupted = outcome.status == "interrupted"
             break
     if failed_at is not None:
-        for pkg in PLAN[failed_at + 1 :]:
-            ctx.record(pkg, "not-run", note=f"not reached: {PLAN[failed_at].name} {statuses[PLAN[failed_at].name]}")
+        stopped = ctx.plan[failed_at].name
+        for pkg in ctx.plan[failed_at + 1 :]:
+            ctx.record(pkg, "not-run", note=f"not reached: {stopped} {statuses[stopped]}")
         if interrupted:
             return "interrupted", statuses
         return "failed", statuses
@@ -403,9 +387,13 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
 def launch(
     protocol_path: Path, home_dir: Path | None = None, say: Callable[[str], None] = print,
     lock_timeout: float | None = None, lock_dir: Path | None = None, live: bool | None = None,
+    loaded: LoadedProtocol | None = None, run_doc: dict[str, Any] | None = None,
 ) -> LaunchResult:
-    """The whole pipeline of DESIGN.md section 3; refusals (exit 3) happen before the GPU lock is asked for."""
-    loaded = load_protocol(protocol_path)
+    """The whole pipeline of DESIGN.md section 3; refusals (exit 3) happen before the GPU lock is asked for.
+
+    `loaded` runs a protocol derived in memory (the A/A run of `orch calibrate`); `run_doc` adds to run.json.
+    """
+    loaded = loaded or load_protocol(protocol_path)
     home = resolve_home(home_dir)
     for d in (home.runs, home.ledger_dir, home.scratch):
         d.mkdir(parents=True, exist_ok=True)
@@ -439,6 +427,7 @@ def launch(
                        "under_evaluation": a.spec.under_evaluation, "note": a.note}
                 for name, a in arms.items()
             },
+            **(run_doc or {}),
         }
         _create_run_dir(run_dir, canonical_json(loaded.protocol), ctx.doc)
         scratch.mkdir(parents=True)
@@ -457,7 +446,7 @@ def launch(
                         slots=None, command=f"orch launch {run_id}",
                     ) if need else _cpu_grant(launcher.nproc, lock_timeout, lock_dir, say, run_id)
                 except BaseException:
-                    for pkg in PLAN:
+                    for pkg in ctx.plan:
                         ctx.record(pkg, "not-run", note="GPU lock not obtained")
                     ctx.doc.update(status="failed", ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
                     ctx.write_run_json()
@@ -484,7 +473,7 @@ def launch(
                             _clean_scratch(scratch)
         except KeyboardInterrupt:
             status = "interrupted"
-            for pkg in PLAN:  # an interrupt outside a package (e.g. while sealing): close every record
+            for pkg in ctx.plan:  # an interrupt outside a package (e.g. while sealing): close every record
                 if pkg.name not in ctx.closed and ctx.grant is not None:
                     ctx.record(pkg, "interrupted" if pkg.name in ctx.opened else "not-run", note="interrupted")
         except OSError as err:  # e.g. a full disk: close what can be closed, then one line
@@ -535,6 +524,17 @@ class _NoGpus:
 
     def foreign_users(self, index: int) -> list[tuple[int, int]]:
         return []
+
+
+def _drop_checkpoint(ctx: RunContext, pkg: PlannedPackage) -> None:
+    """With repeats, a launch's checkpoint is deleted once its reload passed, unless the scorer needs it."""
+    repeats = ctx.loaded.protocol.measurement.repeats
+    if repeats == 1 or pkg.arm_label is None or pkg.arm_label in kept_checkpoints(repeats):
+        return
+    ckpt = ctx.scratch / "ckpt" / pkg.arm_label
+    if ckpt.exists():
+        unseal_for_removal(ckpt)
+        shutil.rmtree(ckpt, ignore_errors=True)
 
 
 def _clean_scratch(scratch: Path) -> None:

@@ -51,6 +51,7 @@ class PackageSpec(_Strict):
     args: list[str] = []
     steps: int = 16
     warmup: int = 10
+    window: int = 2  # steps per timing window (the step clock checks each window's time)
     digest_first: int = 0
     digest_last: int = 13
     host_controls: list[str] = []

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.clock import ClockCheck
+from protocol.quiet_host import QuietHost
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -100,6 +103,7 @@ class RankSummary(_Strict):
     checkpoint_file: str | None = None  # relative to the scratch directory; None for the watched replay
     checkpoint_sha256: str | None = None
     host_controls: dict[str, str] = {}  # what the probe applied to this rank (same for every arm)
+    clock: ClockCheck | None = None  # the step times cross-checked against the train worker's clock
 
 
 class TrainResult(_Strict):
@@ -113,6 +117,7 @@ class TrainResult(_Strict):
     ranks: list[RankSummary]
     stopped_cleanly: bool
     watched_steps: list[int] = []  # steps the forbidden-dtype watch covered (all of them in the watched replay)
+    quiet_host: QuietHost | None = None  # what else the host did while this package ran (observed only)
 
 
 class ReloadRank(_Strict):

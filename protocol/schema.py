@@ -96,6 +96,11 @@ class Measurement(_Frozen):
         description="pin_cpus: each rank on its own block of cores; gc_at_boundaries: Python's cyclic GC runs only "
         "between steps (probe time), never inside a timed step",
     )
+    repeats: int = Field(
+        1, ge=1, le=32,
+        description="fresh A -> C -> B triplets in one run under one lock (1 = exactly the owner's run); each "
+        "triplet's headline is the owner's, the audit's interval uses them all",
+    )
 
     @property
     def windows(self) -> list[tuple[int, int]]:
@@ -191,6 +196,8 @@ class LoadedProtocol(BaseModel):
 # top-level fields added after orch.protocol/1 was first published: left out of the canonical JSON while
 # unset, so the id of every protocol written before them is unchanged
 LATER_FIELDS = ("model", "rehearsal")
+# fields added later inside a section: at their default they stay out of the canonical JSON likewise
+_LATER_DEFAULTS: dict[tuple[str, str], object] = {("measurement", "repeats"): 1}
 
 
 def canonical_json(protocol: Protocol) -> bytes:
@@ -198,6 +205,9 @@ def canonical_json(protocol: Protocol) -> bytes:
     for key in LATER_FIELDS:
         if data.get(key) is None:
             data.pop(key, None)
+    for (section, key), default in _LATER_DEFAULTS.items():
+        if data.get(section, {}).get(key, default) == default:
+            data.get(section, {}).pop(key, None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from ledger.audit import AUDIT_SCHEMA, PACKAGES, IncompleteRunError, audit_run
+from ledger.audit import AUDIT_SCHEMA, IncompleteRunError, audit_run
 from ledger.store import Ledger
 from manifests.core import hash_tree
 from protocol.errors import FailedError
 from protocol.home import resolve_home
+from protocol.plan import arm_of, package_names, replay_label
 from protocol.recipe import UPSTREAM_RECIPE
 from protocol.results import (
     ChecksResult,
@@ -39,8 +41,6 @@ from protocol.results import (
 )
 from protocol.schema import Protocol, canonical_json
 
-LABELS = ("A", "C", "B")
-ARM = {"A": "baseline", "C": "candidate", "B": "baseline"}
 TENSORS = ("w.param", "w.exp_avg", "w.exp_avg_sq", "w.step")
 SCORE = {"dev_geneval": 0.7312}
 TS = "2025-01-01T00:00:00Z"
@@ -79,9 +79,15 @@ class RunSpec:
     structure: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> observed recipe fields to override
     watch_forbidden: tuple[int, str, str] | None = None  # (step, op, dtype) seen by watch-C only
     watch_differs: int | None = None  # step from which watch-C's digests differ from train-C's
+    repeats: int = 1  # measurement.repeats: labels A1, C1, B1, B2, C2, A2, ... when >= 2
+
+    def times(self, label: str) -> list[float]:
+        """Step durations of a launch: its own entry, else its arm letter's (A1 -> A)."""
+        return self.durations.get(label) or self.durations[label[0]]
 
 
-def _protocol() -> Protocol:
+def _protocol(repeats: int = 1) -> Protocol:
+    measurement = {"measurement": {"repeats": repeats}} if repeats != 1 else {}
     return Protocol.model_validate(
         {
             "schema": "orch.protocol/1",
@@ -95,6 +101,7 @@ def _protocol() -> Protocol:
             },
             "launcher": {"nproc": 2, "backend": "gloo", "device": "cpu", "script": "train/online_rl.py"},
             "scorer": {"command": ["python", "score.py"]},
+            **measurement,
         }
     )
 
@@ -129,7 +136,7 @@ def _steps(spec: RunSpec, label: str, rank: int, watch: bool = False) -> list[St
                 rank=rank,
                 world_size=spec.ranks,
                 step=step,
-                duration_s=spec.durations[label][step] * (1.0 if rank == 0 else 0.97),
+                duration_s=spec.times(label)[step] * (1.0 if rank == 0 else 0.97),
                 probe_s=0.001,
                 lr=[UPSTREAM_RECIPE["lr"] * min(1.0, step / 10)],
                 rng=RngFingerprint(cpu=_h("rng", step, rank, "x" if rng_bad else "")),
@@ -168,7 +175,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
     h.ledger_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(h.ledger_path)
     run_dir = h.run_dir(run_id)
-    protocol = _protocol()
+    protocol = _protocol(spec.repeats)
     proto_bytes = canonical_json(protocol)
     common = {"host": HOST, "protocol_id": _sha(proto_bytes)}
     (run_dir / "packages").mkdir(parents=True)
@@ -194,10 +201,10 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
         }
     packages: list[dict[str, Any]] = []
     reached = True
-    for name in PACKAGES:
+    for name in package_names(spec.repeats):
         kind = "replay" if name == "watch-C" else name.split("-")[0]
         label = name.split("-")[1] if "-" in name else None
-        arm = ARM[label] if label else None
+        arm = arm_of(label) if label else None
         pkg_dir = run_dir / "packages" / name
         if not reached:
             ledger.append(
@@ -277,6 +284,8 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
         _result(pkg_dir / "result.json", ScoreResult(sealed_file="score.sealed.json", sealed_sha256=_sha(data)))
         return _sha(data)
     kind, label = name.split("-")
+    if kind == "watch":
+        label = replay_label(spec.repeats)  # the first triplet's candidate launch, replayed
     if kind in ("train", "watch"):
         watch = kind == "watch"
         summaries = []
@@ -456,13 +465,58 @@ def test_recipe_observed_differently_is_not_exact(tmp_path: Path) -> None:
     assert "arm A: lr observed 1e-05, frozen 5e-06" in doc["exactness"]["recipe_differences"]
 
 
-def test_drift_above_bound_is_noisy_not_accepted(tmp_path: Path) -> None:
+def test_drift_above_bound_is_named_and_widens_the_one_triplet_interval(tmp_path: Path) -> None:
     spec = RunSpec()
-    spec.durations["B"] = [0.2] * 12 + [0.22] * 4
+    spec.durations["B"] = [0.2] * 12 + [0.3] * 4
     make_run(tmp_path, spec=spec)
     doc = audit_run(tmp_path, "run1").document
-    assert doc["verdict"] == "noisy" and doc["noisy"] and doc["exact"]
-    assert doc["speedup"]["windows"][1]["drift"] == pytest.approx(0.04 / 0.42)
+    # the headline (2x) is reported; the interval from two baseline launches (df 1) is wide and covers 1
+    assert doc["verdict"] == "no difference shown" and doc["noisy"] and doc["exact"] and doc["direction"] is None
+    assert doc["speedup"]["windows"][1]["drift"] == pytest.approx(0.2 / 0.5)
+    iv = doc["interval"]
+    assert iv["df"] == 1 and iv["baseline_launches"] == 2 and iv["candidate_launches"] == 1
+    assert iv["low"] < 1.0 < 2.0 < iv["high"] and iv["covers_one"]
+    assert "one triplet" in iv["words"] and "wide" in iv["words"]
+    assert doc["diagnostics"] == [
+        "drift above the protocol's bound: window w2 A/B drift 0.4000 > 0.02 (the two baseline launches "
+        "disagree; it enters the interval as launch-level variance)"
+    ]
+    assert doc["reasons"][0].startswith("the 95% interval [") and "covers 1" in doc["reasons"][0]
+    assert "no difference shown" in (tmp_path / "runs" / "run1" / "audit.md").read_text()
+
+
+def _noisy(base: float, seed: int, sd: float = 0.03) -> list[float]:
+    import random
+
+    rng = random.Random(seed)
+    launch = rng.gauss(0.0, sd)
+    return [base * float(np.exp(launch + rng.gauss(0.0, sd))) for _ in range(16)]
+
+
+@pytest.mark.parametrize(("factor", "direction"), [(0.5, "faster"), (1.5, "slower")])
+def test_repeats_give_per_triplet_headlines_and_an_accepted_direction(
+    tmp_path: Path, repo: Path, factor: float, direction: str
+) -> None:
+    labels = ["A1", "C1", "B1", "B2", "C2", "A2", "A3", "C3", "B3"]
+    durations = {lab: _noisy(0.2 * (factor if lab[0] == "C" else 1.0), i) for i, lab in enumerate(labels)}
+    make_run(tmp_path, spec=RunSpec(repeats=3, durations=durations))
+    proc = _orch("audit", "run1", "--home", str(tmp_path), "--json", cwd=repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])["audit"]
+    assert doc["verdict"] == "accepted" and doc["direction"] == direction
+    assert doc["measurement"]["repeats"] == 3
+    rep = doc["replication"]
+    assert [t["order"] for t in rep["triplets"]] == [["A1", "C1", "B1"], ["B2", "C2", "A2"], ["A3", "C3", "B3"]]
+    for t in rep["triplets"]:  # each triplet's headline is the owner's: min over its windows of mean(A, B) / C
+        a, c, b = (durations[t["labels"][role]] for role in ("A", "C", "B"))
+        ratios = [((sum(a[s:s + 2]) + sum(b[s:s + 2])) / 2) / sum(c[s:s + 2]) for s in (10, 12, 14)]
+        assert t["headline"] == pytest.approx(min(ratios)) and t["ratios"] == pytest.approx(ratios)
+    assert doc["speedup"]["headline"] == rep["headlines"][0]  # the first triplet is launched A -> C -> B
+    iv = doc["interval"]
+    assert iv["df"] == 7 and (iv["low"] > 1.0 if direction == "faster" else iv["high"] < 1.0)
+    assert iv["low"] < iv["estimate"] < iv["high"] and iv["estimate"] == pytest.approx(1 / factor, rel=0.1)
+    assert set(doc["cost"]["gpu_seconds"]) == set(package_names(3)) and len(doc["cost"]["gpu_seconds"]) == 21
+    assert f"verdict: accepted ({direction})" in proc.stdout and "triplet 2 (B2 C2 A2): headline" in proc.stdout
 
 
 def test_configuration_change_is_named_not_training_code_only(tmp_path: Path) -> None:

@@ -91,10 +91,11 @@ def launch_and_audit(
     home = tmp_path / "home"
     launched = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,
                               timeout=500)
-    # the run completes: a refused candidate is an audit verdict, not a failed launch
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    # the run completes; `not exact` ends the launch with the audit's exit code for that verdict (1)
+    assert launched.returncode == 1, launched.stderr[-3000:]
     summary = json.loads(launched.stdout.strip().splitlines()[-1])
     assert summary["status"] == "complete" and summary["verdict"] == "not exact"
+    assert "audit verdict not exact" in launched.stderr.strip().splitlines()[-1]
     assert "dev_mean_reward" not in launched.stdout + launched.stderr
     run_dir = only_run(home)
     shown = subprocess.run(orch("audit", run_dir.name, "--home", str(home), "--json", cwd=proj), cwd=proj, env=env(),

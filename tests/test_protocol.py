@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,30 @@ def test_protocol_is_parsed_once_with_the_c_loader(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(yaml, "safe_load", None)
     load_protocol(BAGEL)
     assert len(made) == 1
+def test_published_protocol_ids_do_not_change_with_measurement_repeats() -> None:
+    """repeats is absent from the canonical JSON at its default: the ids behind docs/validation still match."""
+    repo = BAGEL.parents[1]
+    for evidence, shipped in (("h200x1_null.json", "r3_mini_cuda1_null.yaml"), ("h200x2.json", "r3_mini_cuda2.yaml")):
+        published = json.loads((repo / "docs" / "validation" / evidence).read_text())["protocol_id"]
+        loaded = load_protocol(repo / "protocol" / shipped)
+        assert loaded.protocol.measurement.repeats == 1 and b"repeats" not in canonical_json(loaded.protocol)
+        assert loaded.id == published, shipped
+
+
+def test_repeats_one_is_the_same_protocol_and_two_is_another(tmp_path: Path) -> None:
+    text = (BAGEL.parent / "r3_mini.yaml").read_text()
+    old = "measurement: {steps: 16, warmup: 10, window: 2, drift_bound: 0.02, digest_first: 0, digest_last: 13}"
+    assert old in text
+    ids = {}
+    for repeats in (None, 1, 2):
+        path = tmp_path / "protocol" / f"r{repeats}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        extra = "" if repeats is None else f", repeats: {repeats}"
+        path.write_text(text.replace(old, old[:-1] + extra + "}"))
+        ids[repeats] = load_protocol(path)
+    assert ids[None].id == ids[1].id != ids[2].id
+    assert ids[2].protocol.measurement.repeats == 2 and b'"repeats":2' in canonical_json(ids[2].protocol)
+    bad = tmp_path / "protocol" / "r0.yaml"
+    bad.write_text(text.replace(old, old[:-1] + ", repeats: 0}"))
+    with pytest.raises(RefusedError, match=r"measurement\.repeats"):
+        load_protocol(bad)

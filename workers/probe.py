@@ -22,11 +22,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from protocol.clock import CLOCK_FUNCTIONS
 from workers.common import RANK_FAILED
 from workers.digest import combined_digest, digest_many, local_tensor
 from workers.model_shape import layer_counts
 from workers.scalars import TrainerNumbers
 from workers.watch import WatchLog, inspect_compiled_graphs, make_watch
+
+# bound when the probe is imported, before any trainer code runs: a trainer that patches `time` cannot reach these
+_perf_counter = time.perf_counter
+_BOUND_CLOCKS = {name: getattr(time, name) for name in CLOCK_FUNCTIONS if hasattr(time, name)}
 
 # the trainer's own cleanup after the stop may take this long before the rank exits anyway
 STOP_GRACE_S = float(os.environ.get("ORCH_PROBE_STOP_GRACE_S", "20"))
@@ -95,7 +100,7 @@ class Probe:
         self.watch_steps = watch_steps
         self.ckpt_dir = ckpt_dir
         self.step = 0
-        self.t_end = time.perf_counter()  # step 0 is timed from here: it includes the trainer's init (warm-up)
+        self.t_end = _perf_counter()  # step 0 is timed from here: it includes the trainer's init (warm-up)
         self.optimizer: Any = None
         self.other_optimizer_steps = 0
         self.max_norm: float | None = None
@@ -113,6 +118,8 @@ class Probe:
         self.host_controls = host_controls
         self.applied_controls: dict[str, str] = {}
         self.numbers = TrainerNumbers(os.getcwd())  # the trainer's sources are the cwd (the sealed copy)
+        self.clock_replaced: dict[str, int] = {}  # time.<name> the trainer replaced -> first step it was seen
+        self.clock_sock: Any = None  # the train worker's step-clock socket
         out.mkdir(parents=True, exist_ok=True)
         self.steps_path = out / f"steps.rank{self.rank}.jsonl"
         self.steps_file = self.steps_path.open("w")
@@ -164,12 +171,38 @@ class Probe:
             self.watch.__exit__(None, None, None)
         self.watching = False  # not on top (the trainer's own mode is): left in place but passive
 
-    def _clock(self) -> float:
+    def _sync(self) -> None:
         import torch
 
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the step's queued device work belongs to the step
-        return time.perf_counter()
+
+    def _clock(self) -> float:
+        self._sync()
+        return _perf_counter()
+
+    def _start_clock(self) -> float:
+        """A step starts: the probe's clock, then the kernel-stamped line (stamped before it wakes any reader)."""
+        t = self._clock()
+        self._tick(self.step, "start")
+        return t
+
+    def open_clock(self, name: str) -> None:
+        """The train worker's step-clock socket (abstract name); a line goes to it at every step boundary."""
+        import socket
+
+        self.clock_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.clock_sock.connect("\0" + name)
+        self.t_end = self._start_clock()
+
+    def _tick(self, step: int, event: str) -> None:
+        if self.clock_sock is not None:
+            self.clock_sock.send(f"{self.rank} {step} {event}".encode())
+
+    def _check_clocks(self, step: int) -> None:
+        for name, bound in _BOUND_CLOCKS.items():
+            if getattr(time, name, None) is not bound and name not in self.clock_replaced:
+                self.clock_replaced[name] = step
 
     # -- discovery at the first boundary --
     def _discover(self, optimizer: Any) -> None:
@@ -283,6 +316,8 @@ class Probe:
         t_boundary = self._clock()
         duration = t_boundary - self.t_end
         k = self.step
+        self._tick(k, "end")
+        self._check_clocks(k)
         from torch.utils._python_dispatch import _disable_current_modes
 
         last = k == self.steps - 1
@@ -301,7 +336,7 @@ class Probe:
             gc.collect()
             gc.freeze()  # survivors leave the collector's view: the next boundary scans only new objects
         self.step += 1
-        self.t_end = self._clock()
+        self.t_end = self._start_clock()
 
     def _record(self, optimizer: Any, k: int, duration: float, t_boundary: float, last: bool) -> None:
         import torch
@@ -425,6 +460,7 @@ class Probe:
             "host_controls": self.applied_controls,
             "watched_steps": sorted(s for s in self.watch_steps if s < self.steps),
             "logged_calls": self.numbers.logged_calls,
+            "clock_replaced": dict(sorted(self.clock_replaced.items())),
         }
         path = self.out / f"probe.rank{self.rank}.json"
         path.with_suffix(".tmp").write_text(json.dumps(summary, indent=1, sort_keys=True))
@@ -542,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch-steps", default="0-9")
     ap.add_argument("--ckpt-dir", type=Path, default=None)
     ap.add_argument("--host-controls", default="none", help="comma list: pin_cpus, gc_at_boundaries; or none")
+    ap.add_argument("--clock-socket", default=None, help="abstract name of the train worker's step-clock socket")
     opts = ap.parse_args(argv[:cut])
     controls = frozenset() if opts.host_controls == "none" else frozenset(opts.host_controls.split(","))
     unknown = controls - {"pin_cpus", "gc_at_boundaries"}
@@ -560,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if "pin_cpus" in controls:
         probe.applied_controls["cpus"] = pin_cpus()  # before the trainer starts its threads
+    if opts.clock_socket is not None:
+        probe.open_clock(opts.clock_socket)
     if "torch" in sys.modules:
         probe.install()
     else:

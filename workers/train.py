@@ -16,9 +16,20 @@ from pathlib import Path
 
 import psutil
 
+from protocol.clock import (
+    STEP_ABS_TOL_S,
+    STEP_REL_TOL,
+    WINDOW_ABS_TOL_S,
+    WINDOW_REL_TOL,
+    ClockCheck,
+    compare,
+    independent_durations,
+)
 from protocol.package import PackageSpec
 from protocol.results import ObservedRecipe, RankSummary, StepRecord, TrainResult
+from workers.clock import StepClock
 from workers.common import RANK_FAILED_RE, WorkerFailed, run_entry_point, sha256_file
+from workers.quiet_host import HostWatch
 
 _PR_SET_PDEATHSIG = 1
 
@@ -29,7 +40,7 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def torchrun_command(spec: PackageSpec) -> list[str]:
+def torchrun_command(spec: PackageSpec, clock: str | None = None) -> list[str]:
     """torchrun on one node; --standalone lets the c10d rendezvous bind a free local port itself."""
     if not spec.script:
         raise WorkerFailed("train spec has no script")
@@ -48,6 +59,7 @@ def torchrun_command(spec: PackageSpec) -> list[str]:
         "--watch-steps", watch,
         *ckpt,
         "--host-controls", ",".join(spec.host_controls) or "none",
+        *(["--clock-socket", clock] if clock is not None else []),
         "--", *target, *spec.args,
     ]  # fmt: skip
 
@@ -121,13 +133,14 @@ def _read_rank(spec: PackageSpec, rank: int) -> tuple[dict[str, object], list[St
     return summary, records
 
 
-def collect(spec: PackageSpec, stopped_cleanly: bool) -> TrainResult:
+def collect(spec: PackageSpec, stopped_cleanly: bool, clock: StepClock | None = None) -> TrainResult:
     """Reads every rank's probe output and checks it before it becomes the package's result."""
     ranks: list[RankSummary] = []
     recipes = []
     watched: list[object] = []
     for rank in range(spec.nproc):
         summary, records = _read_rank(spec, rank)
+        checked = None if clock is None else check_clock(spec, rank, summary, records, clock)
         recipes.append(summary["observed_recipe"])
         watched.append(summary.get("watched_steps"))
         ckpt_file: str | None = None
@@ -150,6 +163,7 @@ def collect(spec: PackageSpec, stopped_cleanly: bool) -> TrainResult:
                 checkpoint_file=ckpt_file,
                 checkpoint_sha256=None if ckpt_file is None else str(summary["checkpoint_sha256"]),
                 host_controls={str(k): str(v) for k, v in dict(summary.get("host_controls") or {}).items()},  # type: ignore[call-overload]
+                clock=checked,
             )
         )
     if any(r != recipes[0] for r in recipes):
@@ -171,21 +185,65 @@ def collect(spec: PackageSpec, stopped_cleanly: bool) -> TrainResult:
     )
 
 
+def check_clock(
+    spec: PackageSpec, rank: int, summary: dict[str, object], records: list[StepRecord], clock: StepClock
+) -> ClockCheck:
+    """Refuse step times the trainer could have faked: a replaced clock function, or durations that disagree
+    with the kernel's stamps of the probe's clock lines beyond the tolerance (protocol.clock)."""
+    replaced = dict(summary.get("clock_replaced") or {})  # type: ignore[call-overload]
+    if replaced:
+        names = ", ".join(f"time.{n} (from step {s})" for n, s in sorted(replaced.items()))
+        raise WorkerFailed(
+            f"clock disagreement: rank {rank}: the trainer replaced {names}; step times must come from a clock "
+            "the trainer does not touch: refused"
+        )
+    if clock.malformed or clock.unstamped:
+        raise WorkerFailed(f"clock disagreement: {clock.malformed} malformed and {clock.unstamped} unstamped clock "
+                           "line(s) reached the train worker: refused")
+    try:
+        independent = independent_durations(clock.arrivals[rank])
+    except ValueError as exc:
+        raise WorkerFailed(f"clock disagreement: rank {rank}: {exc}: refused") from exc
+    probe = {r.step: r.duration_s for r in records}
+    windows = [list(range(w, w + spec.window)) for w in range(spec.warmup, spec.steps, spec.window)]
+    cmp = compare(rank, probe, independent, windows)
+    if cmp.bad:
+        more = f" and {len(cmp.bad) - 1} more" if len(cmp.bad) > 1 else ""
+        raise WorkerFailed(f"{cmp.bad[0].line()}{more}: refused")
+    name = f"clock.rank{rank}.jsonl"
+    path = Path(spec.package_dir) / name
+    clock.write_arrivals(path, rank)
+    return ClockCheck(
+        source="socket", steps_checked=len(probe), windows_checked=len(windows), max_step_abs_s=cmp.max_step_abs,
+        max_step_rel=cmp.max_step_rel, max_window_abs_s=cmp.max_window_abs, max_window_rel=cmp.max_window_rel,
+        step_tol=(STEP_ABS_TOL_S, STEP_REL_TOL), window_tol=(WINDOW_ABS_TOL_S, WINDOW_REL_TOL), arrivals_file=name,
+        arrivals_sha256=sha256_file(path),
+    )
+
+
 def run(spec: PackageSpec) -> TrainResult:
     log = Path(spec.scratch_dir) / f"{spec.name}.trainer.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     Path(spec.package_dir).mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:  # the trainer's own output stays in scratch: it may log sealed evaluations
-        proc = subprocess.Popen(
-            torchrun_command(spec), cwd=spec.sealed_dir, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-        )  # fmt: skip
-        try:
-            rc = proc.wait()
-        except BaseException:
-            proc.terminate()
-            proc.wait(timeout=30)
-            raise
+    clock = StepClock(spec.nproc)
+    clock.start()
+    watch = HostWatch()
+    watch.start()
+    try:
+        with log.open("wb") as out:  # the trainer's own output stays in scratch: it may log sealed evaluations
+            proc = subprocess.Popen(
+                torchrun_command(spec, clock.name), cwd=spec.sealed_dir, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+            try:
+                rc = proc.wait()
+            except BaseException:
+                proc.terminate()
+                proc.wait(timeout=30)
+                raise
+    finally:
+        clock.stop()
+    quiet = watch.finish()
     leftovers = psutil.Process().children(recursive=True)
     for p in leftovers:
         p.kill()
@@ -194,7 +252,7 @@ def run(spec: PackageSpec) -> TrainResult:
         cause = failure_cause(log.read_text(errors="replace"))
         # one last line: the package's failure note in the ledger
         raise WorkerFailed(f"torchrun exited with {rc}" + (f": {cause}" if cause else ""))
-    result = collect(spec, stopped_cleanly=not leftovers)
+    result = collect(spec, stopped_cleanly=not leftovers, clock=clock).model_copy(update={"quiet_host": quiet})
     if leftovers:
         raise WorkerFailed(f"{len(leftovers)} process(es) outlived the trainer's stop; they were killed")
     return result

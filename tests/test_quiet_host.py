@@ -1,0 +1,52 @@
+"""The quiet-host report: a real foreign busy process is named (by name only), load and steal are read, no path."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ledger.host_report import quiet_host_doc
+from protocol.quiet_host import QuietHost
+from workers.quiet_host import HostWatch
+
+
+def test_a_foreign_busy_process_is_named_and_nothing_else_leaks() -> None:
+    # an orphan (its shell exits at once), so it is not in this process's tree: foreign, as another user's job
+    out = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True, text=True, check=True,
+    )
+    pid = int(out.stdout.strip())
+    try:
+        time.sleep(0.2)
+        watch = HostWatch()
+        watch.start()
+        time.sleep(1.5)
+        report = watch.finish()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert len(report.load_start) == len(report.load_end) == 3 and report.cpus >= 1
+    assert report.steal is None or 0.0 <= report.steal <= 1.0
+    busy = [p for p in report.busy_foreign if p.name.startswith("python")]
+    assert busy and busy[0].cpu_s > 0.2 and 0.0 < busy[0].core_share <= 1.5, report.busy_foreign
+    dumped = report.model_dump_json(by_alias=True)
+    assert sys.executable not in dumped and '"schema":' in dumped
+    assert all("/" not in p.name and p.name != os.uname().nodename for p in report.busy_foreign)
+    assert report.nvml == "ok" or report.nvml.startswith("no NVML") or report.nvml.startswith("NVML error")
+    again = QuietHost.model_validate_json(dumped)
+    assert again == report
+    assert json.loads(dumped)["busy_foreign"][0]["name"] == report.busy_foreign[0].name
+
+
+def test_own_children_are_not_foreign() -> None:
+    watch = HostWatch()
+    child = subprocess.Popen([sys.executable, "-c", "import time; t = time.time()\nwhile time.time() - t < 1.5: pass"])
+    watch.start()
+    child.wait()
+    report = watch.finish()
+    assert all(p.cpu_s < 1.0 or not p.name.startswith("python") for p in report.busy_foreign), report.busy_foreign
+    assert quiet_host_doc({}, [])["launches"] == {}
