@@ -93,6 +93,7 @@ class TrainerNumbers:
         # logged numbers count from the first backward() on: the set-up's log lines (arguments, configuration,
         # paths) differ with an arm's switches and external configuration, and are not training numbers
         self.training = False
+        self._ours: dict[str, bool] = {}  # call-site file -> under the trainer's sources (resolved once)
 
     def _index(self, kind: str) -> int:
         n = self._counts.get(kind, 0)
@@ -183,7 +184,10 @@ class TrainerNumbers:
                 numbers._busy.on = True
                 try:
                     caller = sys._getframe(1).f_code.co_filename
-                    if os.path.realpath(caller).startswith(numbers.source_root):
+                    ours = numbers._ours.get(caller)
+                    if ours is None:
+                        ours = numbers._ours[caller] = os.path.realpath(caller).startswith(numbers.source_root)
+                    if ours:
                         numbers.record_log_call(args[1:] if with_level else args)
                 except Exception:  # the trainer's log call must never fail because of the probe
                     pass
