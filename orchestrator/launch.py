@@ -319,7 +319,7 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         launcher_env = {k: _substitute([v], values)[0] for k, v in ctx.loaded.protocol.launcher.env.items()}
         env = package_env(os.environ, ctx.grant.env({}), launcher_env,
                           arm_spec.switches if arm_spec else {}, ctx.run_id)
-        if pkg.kind == "train":
+        if pkg.kind in ("train", "replay"):
             trainer_dir(ctx, pkg).mkdir(parents=True, exist_ok=True)
         ctx.record(pkg, "open", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         entry: dict[str, Any] = {"name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
@@ -347,7 +347,7 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                 outcome.status, outcome.note = "failed", err.message
         if outcome.extra.get("stragglers"):
             entry["stragglers"] = outcome.extra["stragglers"]
-        if pkg.kind == "train":  # blinding: the trainer's own outputs never stay in the run folder
+        if pkg.kind in ("train", "replay"):  # blinding: the trainer's own outputs never stay in the run folder
             moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
             entry["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}
         if outcome.status == "ok" and pkg.kind == "reload":

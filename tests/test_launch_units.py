@@ -54,3 +54,26 @@ def test_seal_is_read_only_and_a_forced_write_is_named(tmp_path: Path) -> None:
     target.write_text("x = 2\n")
     with pytest.raises(FailedError, match=r"1 changed \(train/loss.py\)"):
         check_seal(sealed)
+
+
+def test_the_scorer_is_the_baselines_sealed_code_for_every_arm(tmp_path: Path, repo: Path) -> None:
+    """Issue 17: arm C's checkpoint is its only input to the score package; the candidate's scorer never runs."""
+    from types import SimpleNamespace
+
+    from orchestrator.launch import PLAN, RunContext, _spec
+    from protocol.schema import load_protocol
+
+    loaded = load_protocol(repo / "protocol" / "r3_mini.yaml")
+    sealed = {arm: SimpleNamespace(path=tmp_path / "sealed" / arm) for arm in ("baseline", "candidate")}
+    ctx = RunContext(loaded, None, "r1", tmp_path / "run", tmp_path / "scratch", None, {}, {},  # type: ignore[arg-type]
+                     sealed=sealed)  # type: ignore[arg-type]
+    score = next(p for p in PLAN if p.kind == "score")
+    spec = _spec(ctx, score, None)
+    assert {t.arm_label: Path(t.sealed_dir).name for t in spec.score_targets} == {"A": "baseline", "C": "baseline"}
+    assert {t.arm_label: Path(t.ckpt_dir).name for t in spec.score_targets} == {"A": "A", "C": "C"}
+    assert spec.score_targets[0].argv == spec.score_targets[1].argv  # the baseline's configuration for both
+    replay = next(p for p in PLAN if p.name == "watch-C")
+    watched = _spec(ctx, replay, None)
+    assert (replay.kind, watched.watch_all, watched.ckpt_dir, Path(watched.sealed_dir).name) == (
+        "replay", True, None, "candidate")
+    assert [p.name for p in PLAN].index("watch-C") > [p.name for p in PLAN].index("reload-B")  # after the triplet
