@@ -168,3 +168,94 @@ def test_the_spread_of_the_candidate_is_part_of_the_noise() -> None:
     assert math.isclose(w.noise, (math.sqrt(2.0) / 2.0) / 1.5) and w.within_noise
     # with no spread anywhere the same ratio is a speed difference
     assert not _flat_but_w1((2.0, 2.0), (1.5, 1.5), (2.0, 2.0)).within_noise
+
+
+def test_window_boundaries_of_the_measurement() -> None:
+    assert window_steps(16, 10, 1) == [(s,) for s in range(10, 16)]  # a window of one step is a window
+    assert window_steps(4, 0, 2) == [(0, 1), (2, 3)]  # no warm-up is allowed
+    assert window_steps(16, 10, 3) == [(10, 11, 12), (13, 14, 15)]  # 6 measured steps in windows of 3
+    assert window_steps(11, 10, 1) == [(10,)]
+    for steps, warmup, window in ((16, 10, 0), (16, -1, 2), (10, 10, 1), (9, 10, 1)):
+        with pytest.raises(FailedError) as err:
+            window_steps(steps, warmup, window)
+        assert err.value.message == f"measurement has no window: steps={steps}, warmup={warmup}, window={window}"
+    with pytest.raises(FailedError) as err:
+        window_steps(16, 11, 2)
+    assert err.value.message == "5 measured steps do not split into windows of 2"
+
+
+def test_refusals_name_what_is_missing() -> None:
+    with pytest.raises(FailedError) as err:
+        step_times({}, 3)
+    assert err.value.message == "no step lines"
+    with pytest.raises(FailedError) as err:
+        _speedup([1.0] * 16, [1.0] * 15, [1.0] * 16)
+    assert err.value.message == "arm C: 15 step times, expected 16"
+    c = [1.0] * 16
+    c[10] = c[11] = 0.0  # a candidate window that took no time cannot be a ratio
+    with pytest.raises(FailedError) as err:
+        _speedup([1.0] * 16, c, [1.0] * 16)
+    assert err.value.message == "window w1: arm C has non-positive time 0.0"
+
+
+def test_cv_of_no_time_is_infinite() -> None:
+    assert coefficient_of_variation([0.0, 0.0]) == math.inf
+    assert coefficient_of_variation([-1.0, -3.0]) == math.inf
+
+
+def test_the_drift_alone_can_make_a_window_noise() -> None:
+    # A 1 + 1 = 2, B 1.1 + 1.1 = 2.2 (no spread in any arm), C 1 + 1 = 2: ratio 2.1 / 2 = 1.05,
+    # drift 0.2 / 2.1 = 0.0952 > |ratio - 1| = 0.05
+    w = _flat_but_w1((1.0, 1.0), (1.0, 1.0), (1.1, 1.1))
+    assert (w.cv_a, w.cv_c, w.cv_b) == (0.0, 0.0, 0.0)
+    assert math.isclose(w.ratio, 1.05) and math.isclose(w.noise, 0.2 / 2.1) and w.within_noise
+    assert w.words == ("w1: ratio 1.0500 is within noise (|ratio-1| = 0.0500 <= noise 0.0952); "
+                       "no speed difference is shown")
+
+
+def test_every_figure_of_a_window_is_kept() -> None:
+    w = _flat_but_w1((1.0, 3.0), (1.0, 2.0), (2.0, 4.0))
+    assert w.name == "w1" and w.steps == (10, 11)
+    assert (w.a_steps, w.c_steps, w.b_steps) == ((1.0, 3.0), (1.0, 2.0), (2.0, 4.0))
+    assert (w.a, w.c, w.b) == (4.0, 3.0, 6.0)
+    assert math.isclose(w.cv_a, math.sqrt(2.0) / 2.0)  # stdev(1, 3) / 2
+    assert math.isclose(w.cv_c, (math.sqrt(2.0) / 2.0) / 1.5)  # stdev(1, 2) / 1.5
+    assert math.isclose(w.cv_b, math.sqrt(2.0) / 3.0)  # stdev(2, 4) / 3
+    assert math.isclose(w.ratio, 5.0 / 3.0) and math.isclose(w.drift, 0.4)  # mean(4, 6) / 3; |4 - 6| / 5
+
+
+def test_faster_and_slower_are_said_as_such() -> None:
+    faster = _flat_but_w1((2.0, 2.0), (1.0, 1.0), (2.0, 2.0))
+    assert faster.words == "w1: candidate faster by 2.0000x, beyond the window's noise 0.0000"
+    slower = _flat_but_w1((2.0, 2.0), (4.0, 4.0), (2.0, 2.0))
+    assert slower.words == "w1: candidate slower by 0.5000x, beyond the window's noise 0.0000"
+    # a ratio of exactly 1 with no noise at all is within it (|1 - 1| = 0 <= 0)
+    same = _flat_but_w1((2.0, 2.0), (2.0, 2.0), (2.0, 2.0))
+    assert same.within_noise and same.words.startswith("w1: ratio 1.0000 is within noise")
+
+
+def test_the_headline_is_said_for_each_case() -> None:
+    # every window 2x faster and quiet: beyond the noise
+    sp = _speedup([1.0] * 16, [0.5] * 16, [1.0] * 16)
+    assert sp.words == "headline 2.0000x (w1), beyond the noise of every window that sets it"
+    assert sp.drift_bound == 0.02 and sp.max_drift == 0.0
+    # every window equal: each ratio 1 within its noise
+    sp = _speedup([1.0] * 16, [1.0] * 16, [1.0] * 16)
+    assert sp.words == "headline 1.0000x (w1); every window's ratio is within its noise"
+    # w2 is the slowest candidate window (ratio 2 / 1.9 = 1.0526) and within its noise (C spread 0.9, 1.0:
+    # cv = 0.0707 / 0.95 = 0.0744); the other windows are 2x and quiet
+    c = [0.5] * 16
+    c[12], c[13] = 0.9, 1.0
+    sp = _speedup([1.0] * 16, c, [1.0] * 16)
+    assert sp.headline_window == "w2" and math.isclose(sp.headline, 2.0 / 1.9)
+    assert sp.words == "headline 1.0526x (w2) is within that window's noise"
+
+
+def test_a_drift_equal_to_the_bound_is_not_noisy() -> None:
+    # w: A 2, B 3: drift |2 - 3| / 2.5 = 0.4 exactly
+    assert not _speedup([1.0] * 16, [0.5] * 16, [1.5] * 16, bound=0.4).noisy
+    assert _speedup([1.0] * 16, [0.5] * 16, [1.5] * 16, bound=0.4).words == (
+        "headline 2.5000x (w1), beyond the noise of every window that sets it")
+    noisy = _speedup([1.0] * 16, [0.5] * 16, [1.5] * 16, bound=0.3)
+    assert noisy.words == ("noisy: A/B drift 0.4000 exceeds the bound 0.3000; "
+                           "the headline 2.5000x is reported, not accepted")
