@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,3 +100,42 @@ def test_prefix_roots_are_the_roots_that_consistency_proofs_verify(n: int, data:
         assert roots[m] == merkle.root(leaves[:m])
         proof = merkle.consistency_proof(leaves, m)
         assert merkle.verify_consistency(m, n, roots[m], merkle.root(leaves), proof)
+
+
+H = [merkle.leaf_hash(x) for x in LEAVES]
+EMPTY = bytes.fromhex(ROOTS[0])
+
+
+def test_sizes_out_of_order_never_verify() -> None:
+    # a one-entry proof whose only node equals both roots would verify if the sizes were not checked first:
+    # sn = new_size - 1 = 0 and no fold happens
+    assert not merkle.verify_consistency(-1, 1, H[0], H[0], [H[0]])
+    assert not merkle.verify_consistency(2, 1, bytes.fromhex(ROOTS[2]), bytes.fromhex(ROOTS[1]), [H[1]])
+
+
+def test_the_empty_tree_is_a_prefix_of_every_tree_without_a_proof() -> None:
+    assert merkle.verify_consistency(0, 0, EMPTY, EMPTY, [])
+    assert merkle.verify_consistency(0, 8, EMPTY, bytes.fromhex(ROOTS[8]), [])
+    assert not merkle.verify_consistency(0, 8, EMPTY, bytes.fromhex(ROOTS[8]), [H[0]])
+    assert not merkle.verify_consistency(0, 0, EMPTY, H[0], [])
+
+
+def test_proof_nodes_must_be_sha256_digests() -> None:
+    # (1, 2): the proof is [H1] and the new root SHA256(0x01 || H0 || H1); a 31-byte node folded the same way
+    # would match its own forged root
+    assert merkle.verify_consistency(1, 2, H[0], merkle.node_hash(H[0], H[1]), [H[1]])
+    short = H[1][:31]
+    assert not merkle.verify_consistency(1, 2, H[0], merkle.node_hash(H[0], short), [short])
+    long = H[1] + b"\x00"
+    assert not merkle.verify_consistency(1, 2, H[0], merkle.node_hash(H[0], long), [long])
+
+
+def test_an_old_size_that_is_not_a_power_of_two_needs_a_proof() -> None:
+    assert not merkle.verify_consistency(3, 5, bytes.fromhex(ROOTS[3]), bytes.fromhex(ROOTS[5]), [])
+
+
+def test_an_old_size_beyond_the_tree_is_refused_by_name() -> None:
+    for old in (-1, 9):
+        with pytest.raises(ValueError) as err:
+            merkle.consistency_proof(H, old)
+        assert str(err.value) == f"old size {old} is not within 0..8"
