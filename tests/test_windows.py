@@ -258,4 +258,4 @@ def test_a_drift_equal_to_the_bound_is_not_noisy() -> None:
         "headline 2.5000x (w1), beyond the noise of every window that sets it")
     noisy = _speedup([1.0] * 16, [0.5] * 16, [1.5] * 16, bound=0.3)
     assert noisy.words == ("noisy: A/B drift 0.4000 exceeds the bound 0.3000; "
-                           "the headline 2.5000x is reported, not accepted")
+                           "the headline 2.5000x is reported and bracketed by the interval, which carries that spread")
