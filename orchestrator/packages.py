@@ -48,6 +48,7 @@ ENV_FIXED = {
 }
 GRANT_KEYS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPU_RUN_KIND", "GPU_RUN_DEVICES", "GPU_RUN_SLOTS_GRANTED")
 GRACE_S = 10.0
+COMPILE_CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
 
 @dataclass
@@ -149,7 +150,11 @@ def _run_package(
     spec_path = write_spec(spec)
     pkg_dir = Path(spec.package_dir)
     run_dir = pkg_dir.parent.parent  # runs/<id>/packages/<name>
-    iso = isolate(spec.scratch_dir, spec.name, [str(run_dir), spec.scratch_dir], isolation)
+    # compile caches the protocol declares (orch rehearse --compile-cache) stay writable inside the namespace
+    caches = [env[k] for k in COMPILE_CACHE_VARS if env.get(k) and os.path.isabs(env[k])]
+    for cache in caches:
+        os.makedirs(cache, exist_ok=True)
+    iso = isolate(spec.scratch_dir, spec.name, [str(run_dir), spec.scratch_dir, *caches], isolation)
     iso.start()
     cmd = iso.command([sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)], spec.sealed_dir)
     env = iso.env(env)

@@ -87,3 +87,18 @@ def test_the_run_directory_and_scratch_are_the_only_writable_holes(tmp_path: Pat
     assert cmd[-3:] == ["--", "python", "-V"] and "--mount" in cmd
     with pytest.raises(ValueError):
         isolate(str(tmp_path), "x", [], "none")
+
+
+@pytest.mark.skipif(not namespaces_work(), reason="this kernel or user cannot make a mount namespace")
+def test_a_compile_cache_the_protocol_declares_stays_writable(tmp_path: Path) -> None:
+    cache = f"/tmp/orch-compile-cache-{secrets.token_hex(6)}"  # orch rehearse --compile-cache DIR
+    spec = _spec(tmp_path, f"{cache}/inductor-entry")
+    try:
+        outcome = run_package(spec, {**_env(), "TORCHINDUCTOR_CACHE_DIR": cache}, 120)
+        assert outcome.status == "ok", outcome.note
+        seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
+        assert seen["shared"] == "written" and Path(cache, "inductor-entry").is_file()
+    finally:
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
