@@ -9,7 +9,7 @@ import csv
 import io
 import json
 from collections.abc import Sequence
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any, Literal
 
 import numpy as np
@@ -17,28 +17,29 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
 
-from ledger.record import FAILURES, LedgerRecord, utc_iso
+from ledger.record import FAILURES, VERDICTS, LedgerRecord, utc_iso
 from protocol.errors import UsageError
 
 By = Literal["run", "arm", "kind", "day", "protocol"]
-BY_CHOICES: tuple[str, ...] = ("run", "arm", "kind", "day", "protocol")
-FORMATS: tuple[str, ...] = ("table", "json", "csv")
+BY_CHOICES: tuple[str, ...] = ("run", "arm", "kind", "day", "protocol", "user")
+FORMATS: tuple[str, ...] = ("table", "json", "csv", "tsv")
 SUMMARY_COLUMNS = ["seq", "run_id", "package", "kind", "arm", "status", "started", "ended", "wall_s",
                    "gpu_seconds", "lock_wait_s", "protocol_id"]
 FIGURES = ("runs", "packages", "ok", "failed", "not_run", "open", "gpu_seconds", "wall_s", "lock_wait_s")
 
 
-def columns_for(by: str, since: str | None) -> list[str]:
+def columns_for(by: str, since: str | None, until: str | None = None) -> list[str]:
     """The ledger columns a summary by `by` (and `since`) reads; fewer columns, faster on a big ledger."""
     cols = ["seq", "run_id", "package", "status", "wall_s", "gpu_seconds", "lock_wait_s"]
-    extra = {"kind": ["kind"], "arm": ["arm"], "protocol": ["protocol_id"], "day": ["started", "ended"]}.get(by, [])
-    if since is not None:
+    extra = {"kind": ["kind"], "arm": ["arm"], "protocol": ["protocol_id"], "day": ["started", "ended"],
+             "user": ["user"]}.get(by, [])
+    if since is not None or until is not None:
         extra = [*extra, "started", "ended"]
     return cols + [c for c in dict.fromkeys(extra) if c not in cols]
 
 
-def parse_since(text: str | None) -> str | None:
-    """`--since` as a comparable UTC prefix: a date (YYYY-MM-DD) or a UTC ISO 8601 time."""
+def parse_since(text: str | None, option: str = "--since") -> str | None:
+    """`--since` (or `--until`) as a comparable UTC prefix: a date (YYYY-MM-DD) or a UTC ISO 8601 time."""
     if text is None:
         return None
     try:
@@ -48,7 +49,29 @@ def parse_since(text: str | None) -> str | None:
     try:
         return utc_iso(text)
     except ValueError as err:
-        raise UsageError(f"--since {text!r} is neither a date (YYYY-MM-DD) nor a UTC time (…Z)") from err
+        raise UsageError(f"{option} {text!r} is neither a date (YYYY-MM-DD) nor a UTC time (…Z)") from err
+
+
+INSTANT = pa.timestamp("us", tz="UTC")
+
+
+def as_instant(text: str) -> datetime:
+    """A UTC date or ISO time (as `parse_since` returns it) as an aware datetime."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def as_timestamps(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A time column as timestamp[us, UTC]: v1 ledgers hold ISO strings (plain or dictionary-encoded)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_dictionary(arr.type):
+        return pc.take(pc.cast(arr.dictionary, INSTANT), arr.indices)
+    return arr if arr.type == INSTANT else pc.cast(arr, INSTANT)
+
+
+def instants(t: pa.Table) -> pa.Array:
+    """When each record happened: its start, else its end (timestamp[us, UTC])."""
+    return pc.coalesce(as_timestamps(t["started"]), as_timestamps(t["ended"]))
 
 
 def _as_table(records: pa.Table | Sequence[LedgerRecord]) -> pa.Table:
@@ -71,15 +94,6 @@ def encode(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
     unique = pc.dictionary_encode(arr.dictionary)
     remap = np.append(unique.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), -1)
     return remap[codes], unique.dictionary
-
-
-def _coalesced(first: pa.Array | pa.ChunkedArray, second: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
-    """Codes of coalesce(first, second), computed on the codes of each."""
-    a, va = encode(first)
-    b, vb = encode(second)
-    codes, values = encode(pa.concat_arrays([va.cast(pa.string()), vb.cast(pa.string())]))
-    lookup = np.append(codes, -1)
-    return np.where(a >= 0, lookup[a], lookup[np.where(b >= 0, b + len(va), -1)]), values
 
 
 def _compact(key: np.ndarray, other: np.ndarray, other_count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -130,32 +144,37 @@ def _floats(t: pa.Table, name: str) -> np.ndarray:
 
 
 def summarize(
-    records: pa.Table | Sequence[LedgerRecord], by: str = "kind", since: str | None = None
+    records: pa.Table | Sequence[LedgerRecord], by: str = "kind", since: str | None = None, until: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per group: runs, packages closed, ok / failed / not-run / still-open counts, GPU-s, wall-s, lock wait.
 
     GPU and wall seconds come from close records; lock wait is counted once per run (every record of a run
-    carries the run's single lock wait); `since` keeps records started (or ended) at or after it.
+    carries the run's single lock wait); `since` keeps records started (or ended) at or after it, `until`
+    those before it. `by="all"` is one group, "total": the correct totals (a run counted once, its wait once).
     Strings (plain or dictionary-encoded) become integer codes and every figure is a NumPy bincount.
     """
-    if by not in BY_CHOICES:
+    if by not in (*BY_CHOICES, "all"):
         raise UsageError(f"--by {by!r} is not one of {', '.join(BY_CHOICES)}")
     t = _as_table(records)
-    cutoff = parse_since(since)
+    bounds = [(parse_since(since, "--since"), pc.greater_equal), (parse_since(until, "--until"), pc.less)]
     if t.num_rows == 0:
         return []
-    if cutoff is not None:
-        when, values = _coalesced(t["started"], t["ended"])
-        later = np.append(pc.fill_null(pc.greater_equal(values, cutoff), False).to_numpy(zero_copy_only=False), False)
-        t = t.filter(pa.array(later[when]))
+    for cutoff, keep in bounds:
+        if cutoff is None:
+            continue
+        inside = pc.fill_null(keep(instants(t), pa.scalar(as_instant(cutoff), INSTANT)), False)
+        t = t.filter(inside)
         if t.num_rows == 0:
             return []
-    if by == "day":
-        codes, values = _coalesced(t["started"], t["ended"])
-        codes, values = _relabel(codes, pc.utf8_slice_codeunits(values, 0, 10))
+    if by == "all":
+        codes, values = np.zeros(t.num_rows, dtype=np.int64), pa.array(["total"])
+    elif by == "day":
+        codes, values = encode(pc.cast(instants(t), pa.date32()))
+        codes, values = _relabel(codes, values.cast(pa.string()), null="-")
     else:
-        codes, values = encode(t[{"run": "run_id", "kind": "kind", "arm": "arm", "protocol": "protocol_id"}[by]])
-    if by in ("arm", "day"):
+        codes, values = encode(t[{"run": "run_id", "kind": "kind", "arm": "arm", "protocol": "protocol_id",
+                                  "user": "user"}[by]])
+    if by in ("arm", "user"):
         codes, values = _relabel(codes, values, null="-")
     run, _ = encode(t["run_id"])
     package, packages = encode(t["package"])
@@ -171,7 +190,7 @@ def summarize(
     still_open = unclosed(run, package, len(packages), is_open, seq)
     closed = ~is_open
     gpu_s, wall_s, wait = _floats(t, "gpu_seconds"), _floats(t, "wall_s"), _floats(t, "lock_wait_s")
-    ok, failed, not_run = flag(("ok",)), flag(FAILURES), flag(("not-run",))
+    ok, failed, not_run = flag(("ok", *VERDICTS)), flag(FAILURES), flag(("not-run",))
     k = len(values)
 
     def counts(mask: np.ndarray) -> list[Any]:
@@ -214,35 +233,46 @@ def _relabel(codes: np.ndarray, values: pa.Array, null: str | None = None) -> tu
 
 
 def total(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Column sums of summary rows (runs are summed too: a run counted in two groups counts twice)."""
+    """Column sums of summary rows: right for packages and seconds, not for runs and lock wait (a run in two
+    groups counts twice): the correct totals are `summarize(..., by="all")`."""
     return {f: round(sum(r[f] for r in rows), 6) if isinstance(rows[0][f], float) else sum(r[f] for r in rows)
             for f in FIGURES} if rows else dict.fromkeys(FIGURES, 0)
 
 
-def render_json(rows: Sequence[dict[str, Any]], by: str, since: str | None) -> str:
-    return json.dumps({"by": by, "since": parse_since(since), "groups": list(rows), "total": total(rows)},
-                      sort_keys=True)
+def summary_document(rows: Sequence[dict[str, Any]], by: str, since: str | None,
+                     tot: dict[str, Any] | None = None, until: str | None = None) -> dict[str, Any]:
+    """The JSON document of a summary; `tot` from `summarize(..., by="all")` (column sums when not given)."""
+    if tot is None:
+        tot = total(rows)
+    tot = {f: tot.get(f, 0) for f in FIGURES}
+    return {"by": by, "since": parse_since(since), "until": parse_since(until, "--until"), "groups": list(rows),
+            "total": tot, "units": {"gpu_seconds": "s", "wall_s": "s", "lock_wait_s": "s"}}
 
 
-def render_csv(rows: Sequence[dict[str, Any]], by: str) -> str:
+def render_json(rows: Sequence[dict[str, Any]], by: str, since: str | None, tot: dict[str, Any] | None = None) -> str:
+    return json.dumps(summary_document(rows, by, since, tot), sort_keys=True)
+
+
+def render_csv(rows: Sequence[dict[str, Any]], by: str, delimiter: str = ",") -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=[by, *FIGURES], lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=[by, *FIGURES], lineterminator="\n", delimiter=delimiter)
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
 
 
-def render_table(rows: Sequence[dict[str, Any]], by: str, since: str | None = None) -> Table:
-    """A rich table with a total row; GPU-hours beside GPU-seconds because people budget in hours."""
+def render_table(rows: Sequence[dict[str, Any]], by: str, since: str | None = None,
+                 tot: dict[str, Any] | None = None) -> Table:
+    """A table with a total row, nothing cut; GPU-hours beside GPU-seconds because people budget in hours."""
+    from ledger.render import whole_table
+
     title = f"GPU cost by {by}" + (f" since {parse_since(since)}" if since else "")
-    table = Table(title=title, show_footer=bool(rows))
-    tot = total(rows)
-    table.add_column(by, footer="total")
-    for f in FIGURES:
-        foot = f"{tot[f]:,.1f}" if isinstance(tot[f], float) else f"{tot[f]:,}"
-        table.add_column(f.replace("_", " "), justify="right", footer=foot)
-    table.add_column("GPU-h", justify="right", footer=f"{tot['gpu_seconds'] / 3600:,.2f}")
-    for r in rows:
-        cells = [f"{r[f]:,.1f}" if isinstance(r[f], float) else f"{r[f]:,}" for f in FIGURES]
-        table.add_row(str(r[by]), *cells, f"{r['gpu_seconds'] / 3600:,.2f}")
-    return table
+    tot = total(rows) if tot is None else tot
+
+    def fig(value: Any) -> str:
+        return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
+
+    header = [by, *(f.replace("_", " ") for f in FIGURES), "GPU-h"]
+    body = [[str(r[by]), *(fig(r[f]) for f in FIGURES), f"{r['gpu_seconds'] / 3600:,.2f}"] for r in rows]
+    footer = ["total", *(fig(tot[f]) for f in FIGURES), f"{tot['gpu_seconds'] / 3600:,.2f}"]
+    return whole_table(header, body, title=title, footer=footer if rows else None)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -666,7 +665,7 @@ def _append_audit_record(
         package="audit",
         kind="audit",
         arm=None,
-        status="ok" if exit_code(doc["verdict"]) == 0 else "failed",
+        status=doc["verdict"],  # the audit package's status is its verdict
         started=datetime.fromtimestamp(started, UTC),
         ended=datetime.fromtimestamp(now, UTC),
         wall_s=now - started,
@@ -739,35 +738,32 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
     return AuditResult(run_id, doc, audit_path, md_path, plot_path, written, seq, score, notes)
 
 
-def audit_command(run_ids: Sequence[str], home: Path | None, as_json: bool) -> None:
-    """`orch audit RUN_ID [--home] [--json]`: the report of one run; exit 1 when not exact (ledger.verdict)."""
+def audit_command(run_id: str, home: Path | None) -> dict[str, Any]:
+    """`orch audit RUN_ID [--home] [--json]`: the report of one run; returns the JSON document; exit 1
+    when not exact (`ledger.verdict.exit_code`, the same as `orch launch`)."""
     from ledger.report import render_terminal
 
-    if len(run_ids) != 1:
-        raise UsageError(f"audit takes exactly one RUN_ID, got {len(run_ids)}: {MIX_REFUSAL}")
-    # in a log (not a terminal) tables get room for every column instead of rich's 80-column default
-    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+    console = Console(highlight=False, soft_wrap=True)
     try:
-        result = audit_run(home, run_ids[0])
+        result = audit_run(home, run_id)
     except IncompleteRunError as err:
         for problem in err.problems:
             console.print(f"missing or failed: {problem}", markup=False)
-        if as_json:
-            print(json.dumps({"run_id": run_ids[0], "audit": None, "problems": err.problems}, sort_keys=True))
+        err.document = {"run_id": run_id, "audit": None, "problems": err.problems}
         raise
     render_terminal(result, console)
-    if as_json:
-        out: dict[str, Any] = {"audit": result.document, "written": result.written, "ledger_seq": result.ledger_seq}
-        if result.score is not None:
-            out["dev_score"] = {
-                "informational": True,
-                "verified": result.score.verified,
-                "sha256": result.score.sha256,
-                "metrics": result.score.metrics,
-            }
-        print(json.dumps(out, sort_keys=True))
+    out: dict[str, Any] = {"audit": result.document, "written": result.written, "ledger_seq": result.ledger_seq,
+                           "exit_code": exit_code(result.verdict)}
+    if result.score is not None:
+        out["dev_score"] = {
+            "informational": True,
+            "verified": result.score.verified,
+            "sha256": result.score.sha256,
+            "metrics": result.score.metrics,
+        }
     if result.score is not None and not result.score.verified:
-        raise FailedError(f"run {result.run_id}: {result.score.detail}")
+        raise FailedError(f"run {result.run_id}: {result.score.detail}", document=out)
     if exit_code(result.verdict) != 0:
         reason = result.document["reasons"][0] if result.document["reasons"] else result.verdict
-        raise FailedError(f"run {result.run_id}: audit verdict {result.verdict}: {reason}")
+        raise FailedError(f"run {result.run_id}: audit verdict {result.verdict}: {reason}", document=out)
+    return out

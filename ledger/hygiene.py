@@ -26,6 +26,7 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -342,7 +343,7 @@ def scan_paths(paths: Sequence[Path], host_names: Sequence[str] | None = None) -
     return findings, len(files)
 
 
-def hygiene_command(paths: Sequence[Path]) -> None:
+def hygiene_command(paths: Sequence[Path]) -> dict[str, Any]:
     """`orch hygiene PATH...`: one line per finding; RefusedError (exit 3) when anything is found."""
     if not paths:
         raise UsageError("hygiene: give at least one file or directory to scan")
@@ -350,10 +351,14 @@ def hygiene_command(paths: Sequence[Path]) -> None:
     out = Console(highlight=False, soft_wrap=True)
     for f in findings:
         out.print(f.text(), markup=False)
+    doc: dict[str, Any] = {"ok": not findings, "scanned": scanned,
+                           "findings": [{"path": f.path, "line": f.line, "kind": f.kind, "detail": f.detail}
+                                        for f in findings]}
     if findings:
         files = len({f.path for f in findings})
         raise RefusedError(
             f"hygiene: {len(findings)} finding(s) in {files} file(s) of {scanned} scanned; "
-            "remove them (or keep them out of git) before committing or publishing"
+            "remove them (or keep them out of git) before committing or publishing", document=doc
         )
     out.print(f"hygiene: {scanned} file(s) scanned, nothing found", markup=False)
+    return doc

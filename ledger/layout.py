@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ledger.record import ARROW_FIELDS, GENESIS, NON_NULL, LedgerRecord, canonical_json, record_message
+from ledger.record import GENESIS, LATEST, NON_NULL, canonical_json, fields_of, record_class, record_message
 
 CONTINUATION = 0xFFFFFFFF
 _HEAD = struct.Struct("<Ii")
@@ -52,16 +52,18 @@ class Layout:
     buffers_at: int
     n_buffers: int
     columns: dict[str, tuple[int, ...]]  # column -> its buffer indices (validity, [offsets,] data)
+    types: dict[str, pa.DataType]  # column -> its Arrow type (the record version's schema)
 
     @property
     def body_at(self) -> int:
         return 8 + self.meta_len
 
 
-@lru_cache(maxsize=1)
-def layout() -> Layout | None:
-    """The layout of this pyarrow's record messages, or None when it cannot be learned (then pyarrow reads)."""
-    template = LedgerRecord(
+@lru_cache(maxsize=2)
+def layout(version: int = LATEST) -> Layout | None:
+    """The layout of this pyarrow's record messages of a record version, or None when it cannot be learned
+    (then pyarrow reads)."""
+    template = record_class(version)(
         seq=1, run_id="r", package="p", kind="run", status="ok", host=GENESIS, protocol_id="x",
         prev_hash=GENESIS, prev_message_sha256=GENESIS, record_hash=GENESIS,
     )
@@ -70,7 +72,8 @@ def layout() -> Layout | None:
     meta = msg[8 : 8 + meta_len]
     columns: dict[str, tuple[int, ...]] = {}
     k = 0
-    for name, typ in ARROW_FIELDS:
+    fields = fields_of(version)
+    for name, typ in fields:
         width = 3 if pa.types.is_string(typ) else 2
         columns[name] = tuple(range(k, k + width))
         k += width
@@ -86,7 +89,7 @@ def layout() -> Layout | None:
             return None
         vec = _deref(meta, buffers_pos)
         n_buffers = _U32.unpack_from(meta, vec)[0]
-        found = Layout(meta_len, 8 + body_len_pos, 8 + vec + 4, n_buffers, columns)
+        found = Layout(meta_len, 8 + body_len_pos, 8 + vec + 4, n_buffers, columns, dict(fields))
     except struct.error:
         return None
     body_len = _I64.unpack_from(msg, found.body_len_at)[0]
@@ -273,7 +276,7 @@ class Columns:
 
         With `dictionary`, string columns come dictionary-encoded (what grouping wants, and much faster).
         """
-        types = dict(ARROW_FIELDS)
+        types = self.lay.types
         out: dict[str, pa.Array] = {}
         for name, got in self.extract(names).items():
             typ = types[name]

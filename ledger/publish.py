@@ -169,7 +169,8 @@ def publish_run(home: Path | None, run_id: str, to: Path, repo: Path | None = No
     return to
 
 
-def publish_command(run_id: str, to: Path, home: Path | None) -> None:
-    """`orch publish RUN_ID --to PATH [--home]`."""
+def publish_command(run_id: str, to: Path, home: Path | None) -> dict[str, Any]:
+    """`orch publish RUN_ID --to PATH [--home]`; returns where the evidence went."""
     path = publish_run(home, run_id, to)
     Console(highlight=False, soft_wrap=True).print(f"published evidence of run {run_id}: {path}", markup=False)
+    return {"run_id": run_id, "path": str(path)}

@@ -1,6 +1,7 @@
 """One ledger record: its validated model, its canonical JSON and hash, and its Arrow IPC message bytes.
 
 A record is stored as one Arrow record batch of one row; the `canonical` column holds the hashed JSON.
+Version 2 (new ledgers) adds `user` and stores times as timestamp[us, UTC]; version 1 ledgers keep their records.
 """
 
 from __future__ import annotations
@@ -8,26 +9,34 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import pwd
 import re
 import socket
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 FORMAT = "orch.ledger/1"
+FORMAT_V2 = "orch.ledger/2"
+VERSIONS = (1, 2)
+LATEST = 2
 GENESIS = "0" * 64
 INT64_MAX = 2**63 - 1
 KINDS = ("checks", "train", "reload", "replay", "score", "audit", "run", "calibration")
-STATUSES = ("open", "ok", "failed", "timeout", "interrupted", "not-run")
+# an audit record's status is its verdict (the audit ran; the summary counts it as ok); "noisy" from older audits
+VERDICTS = ("accepted", "noisy", "no difference shown", "not exact")
+STATUSES = ("open", "ok", "failed", "timeout", "interrupted", "not-run", *VERDICTS)
 FAILURES = ("failed", "timeout", "interrupted")
 NOTE_MAX = 200
 # fields that append() assigns; a caller never passes them
 ASSIGNED = ("seq", "prev_hash", "prev_message_sha256", "record_hash")
 
 HEX64 = r"^[0-9a-f]{64}$"
+USER = r"^[^\s/:]{1,64}$"  # a login name: no spaces, no paths
 TOKEN = r"^[A-Za-z0-9._:+-]{1,128}$"  # ids and digests: no spaces, no slashes, no paths
 _HOME_PATH = re.compile(r"(/(?:home|Users)/|/(?:root)(?:/|\b))[^\s/'\"]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -65,10 +74,48 @@ SCHEMA = pa.schema(
     [pa.field(name, typ, nullable=name not in NON_NULL) for name, typ in ARROW_FIELDS],
     metadata={"format": FORMAT, "canonical": "JSON hashed into record_hash (sorted keys, no whitespace)"},
 )
+INSTANT = pa.timestamp("us", tz="UTC")
+TIME_FIELDS = ("started", "ended")
 
 
-def utc_iso(value: Any) -> str | None:
-    """A UTC instant as ISO 8601 with a Z suffix; refuses a naive or non-UTC time."""
+def _v2_fields() -> tuple[tuple[str, pa.DataType], ...]:
+    out: list[tuple[str, pa.DataType]] = []
+    for name, typ in ARROW_FIELDS:
+        out.append((name, INSTANT if name in TIME_FIELDS else typ))
+        if name == "host":
+            out.append(("user", pa.string()))
+    return tuple(out)
+
+
+ARROW_FIELDS_V2 = _v2_fields()
+SCHEMA_V2 = pa.schema(
+    [pa.field(name, typ, nullable=name not in NON_NULL) for name, typ in ARROW_FIELDS_V2],
+    metadata={"format": FORMAT_V2, "canonical": "JSON hashed into record_hash (sorted keys, no whitespace)",
+              "times": "started/ended: timestamp[us, UTC]; in the canonical JSON ISO 8601 with microseconds and Z"},
+)
+
+
+def fields_of(version: int) -> tuple[tuple[str, pa.DataType], ...]:
+    return ARROW_FIELDS if version == 1 else ARROW_FIELDS_V2
+
+
+def schema_of(version: int) -> pa.Schema:
+    return SCHEMA if version == 1 else SCHEMA_V2
+
+
+def login_name() -> str:
+    """The login that runs this process (from the user database, not the environment); never a host name."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid{os.geteuid()}"
+
+
+def utc_iso(value: Any, always_us: bool = False) -> str | None:
+    """A UTC instant as ISO 8601 with a Z suffix; refuses a naive or non-UTC time.
+
+    Version 1 records keep seconds when there is no fraction; `always_us` (version 2) always writes microseconds.
+    """
     if value is None:
         return None
     if isinstance(value, str):
@@ -81,7 +128,7 @@ def utc_iso(value: Any) -> str | None:
     if value.tzinfo is None or value.utcoffset() != UTC.utcoffset(None):
         raise ValueError(f"time must be UTC (Z or +00:00): {value.isoformat()}")
     moment: datetime = value.astimezone(UTC)
-    spec = "seconds" if moment.microsecond == 0 else "microseconds"
+    spec = "seconds" if moment.microsecond == 0 and not always_us else "microseconds"
     return moment.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
 
 
@@ -99,13 +146,15 @@ class LedgerRecord(BaseModel):
     """One ledger record; `record_hash` is SHA256 of the canonical JSON of every other field."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    VERSION: ClassVar[int] = 1
 
     seq: int = Field(ge=0, le=INT64_MAX)
     run_id: str = Field(pattern=TOKEN)
     package: str = Field(pattern=TOKEN)
     kind: Literal["checks", "train", "reload", "replay", "score", "audit", "run", "calibration"]
     arm: Literal["baseline", "candidate"] | None = None
-    status: Literal["open", "ok", "failed", "timeout", "interrupted", "not-run"]
+    status: Literal["open", "ok", "failed", "timeout", "interrupted", "not-run",
+                    "accepted", "noisy", "no difference shown", "not exact"]
     started: str | None = None
     ended: str | None = None
     wall_s: float | None = Field(default=None, ge=0)
@@ -127,7 +176,7 @@ class LedgerRecord(BaseModel):
     @field_validator("started", "ended", mode="before")
     @classmethod
     def _utc(cls, value: Any) -> str | None:
-        return utc_iso(value)
+        return utc_iso(value, always_us=cls.VERSION >= 2)
 
     @field_validator("wall_s", "gpu_seconds", "lock_wait_s", mode="after")
     @classmethod
@@ -148,6 +197,18 @@ class LedgerRecord(BaseModel):
         return self.model_dump(exclude={"record_hash"})
 
 
+class LedgerRecordV2(LedgerRecord):
+    """A version 2 record: also the login name that ran the package; times always with microseconds."""
+
+    VERSION: ClassVar[int] = 2
+
+    user: str | None = Field(default=None, pattern=USER)
+
+
+def record_class(version: int) -> type[LedgerRecord]:
+    return LedgerRecord if version == 1 else LedgerRecordV2
+
+
 def canonical_json(fields: dict[str, Any]) -> str:
     """Sorted keys, no whitespace: the bytes that record_hash is the SHA256 of."""
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -157,27 +218,34 @@ def record_hash_of(fields: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(fields).encode()).hexdigest()
 
 
-def seal(fields: dict[str, Any]) -> LedgerRecord:
+def seal(fields: dict[str, Any], version: int = LATEST) -> LedgerRecord:
     """Validate fields (all but record_hash), then compute record_hash from their canonical JSON."""
-    draft = LedgerRecord.model_validate({**fields, "record_hash": GENESIS})
+    draft = record_class(version).model_validate({**fields, "record_hash": GENESIS})
     hashed = draft.hashed_fields()
     return draft.model_copy(update={"record_hash": record_hash_of(hashed)})
 
 
-@lru_cache(maxsize=1)
-def schema_message() -> bytes:
-    """The Arrow IPC schema message that opens every ledger stream."""
-    return bytes(SCHEMA.serialize().to_pybytes())
+@lru_cache(maxsize=2)
+def schema_message(version: int = LATEST) -> bytes:
+    """The Arrow IPC schema message that opens every ledger stream of that record version."""
+    return bytes(schema_of(version).serialize().to_pybytes())
 
 
 def record_message(record: LedgerRecord) -> bytes:
     """The Arrow IPC record batch message (continuation, metadata, body) of one record."""
     row = record.model_dump()
     row["canonical"] = canonical_json(record.hashed_fields())
-    batch = pa.RecordBatch.from_pydict({name: [row[name]] for name, _ in ARROW_FIELDS}, schema=SCHEMA)
+    version = record.VERSION
+    if version >= 2:
+        for name in TIME_FIELDS:
+            if row[name] is not None:
+                row[name] = datetime.fromisoformat(row[name].replace("Z", "+00:00"))
+    fields = fields_of(version)
+    batch = pa.RecordBatch.from_pydict({name: [row[name]] for name, _ in fields}, schema=schema_of(version))
     return bytes(batch.serialize().to_pybytes())
 
 
 def record_from_row(row: dict[str, Any]) -> LedgerRecord:
-    """A record from one decoded Arrow row (the `canonical` column dropped)."""
-    return LedgerRecord.model_validate({k: v for k, v in row.items() if k != "canonical"})
+    """A record from one decoded Arrow row (the `canonical` column dropped); a `user` column means version 2."""
+    cls = LedgerRecordV2 if "user" in row else LedgerRecord
+    return cls.model_validate({k: v for k, v in row.items() if k != "canonical"})

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 
+from ledger.render import print_whole, whole_table
 from ledger.verdict import interval_text, verdict_lines
 
 if TYPE_CHECKING:
@@ -38,18 +38,20 @@ def _peak(n: int | None) -> str:
 
 
 def window_rows(doc: Mapping[str, Any]) -> list[list[str]]:
-    """One row per window: name, steps, A/C/B times (ms), CVs, ratio, drift, within noise."""
+    """One row per window: name, steps, A/C/B per-step times (ms: the window's time over its steps), CVs, ratio,
+    drift, within noise."""
     rows = []
     for w in doc["speedup"]["windows"]:
         cv = w["cv"]
+        n = max(len(w["steps"]), 1)
         rows.append(
             [
                 w["name"],
                 f"{w['steps'][0]}-{w['steps'][-1]}",
-                _ms(w["A"]),
-                _ms(w["C"]),
-                _ms(w["B"]),
-                f"{cv['A']:.3f}/{cv['C']:.3f}/{cv['B']:.3f}",
+                _ms(w["A"] / n),
+                _ms(w["C"] / n),
+                _ms(w["B"] / n),
+                f"{cv['A'] * 100:.1f}/{cv['C'] * 100:.1f}/{cv['B'] * 100:.1f}",
                 f"{w['ratio']:.4f}",
                 f"{w['drift']:.4f}",
                 "yes" if w["within_noise"] else "no",
@@ -58,7 +60,7 @@ def window_rows(doc: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
-WINDOW_HEADER = ["window", "steps", "A (ms)", "C (ms)", "B (ms)", "CV A/C/B", "ratio", "drift", "within noise"]
+WINDOW_HEADER = ["window", "steps", "A ms/step", "C ms/step", "B ms/step", "CV% A/C/B", "ratio", "drift", "in noise"]
 
 
 def exactness_lines(doc: Mapping[str, Any]) -> list[str]:
@@ -164,24 +166,17 @@ def render_terminal(result: AuditResult, console: Console) -> None:
         console.print(f"  {line}", markup=False)
     console.print(f"scope: {doc['scope']}", markup=False)
     console.print(attribution_line(doc), markup=False)
-    windows = Table(title="step-time windows (max over ranks, probe work excluded)")
-    for h in WINDOW_HEADER:
-        windows.add_column(h, justify="right", overflow="fold")
-    for row in window_rows(doc):
-        windows.add_row(*row)
-    console.print(windows)
+    print_whole(whole_table(WINDOW_HEADER, window_rows(doc), left=2,
+                            title="step-time windows: mean ms per step (max over ranks, probe work excluded)"),
+                console)
     for w in sp["windows"]:
         console.print(f"  {w['words']}", markup=False)
     console.print(f"  {sp['words']}", markup=False)
     console.print("[bold]exactness[/]")
     for line in exactness_lines(doc):
         console.print(f"  {line}", markup=False)
-    mem = Table(title=f"memory peaks ({doc['memory']['device']})")
-    for h in MEMORY_HEADER:
-        mem.add_column(h, justify="right", overflow="fold")
-    for row in memory_rows(doc):
-        mem.add_row(*row)
-    console.print(mem)
+    print_whole(whole_table(MEMORY_HEADER, memory_rows(doc), title=f"memory peaks ({doc['memory']['device']})"),
+                console)
     cost = doc["cost"]
     console.print(
         f"cost: {cost['total_gpu_seconds']:.1f} GPU-seconds ("
@@ -238,10 +233,13 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         "",
         "## Step-time windows",
         "",
-        "Step time = max over ranks of the step's duration, probe work excluded; ratio = mean(A, B) / C; "
+        "Step time = max over ranks of the step's duration, probe work excluded; A, C, B = the window's time "
+        "divided by its steps (ms per step); ratio = mean(A, B) / C of the window times; "
         "drift = |A - B| / mean(A, B); headline = minimum ratio.",
         "",
         _md_table(WINDOW_HEADER, window_rows(doc)),
+        "",
+        "![step times per arm: every step, and the measured windows with their spread](step_times.png)",
         "",
         *[f"- {w['words']}" for w in sp["windows"]],
         f"- {sp['words']}",
@@ -275,56 +273,47 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
 
 
 def plot_step_times(doc: Mapping[str, Any], path: Path) -> None:
-    """Step time per arm against the step index, the measurement windows shaded (PNG, CPU backend)."""
+    """Two panels (PNG, CPU backend): every step of each arm (log scale: the first steps are slow), and the
+    measured windows alone, each window's mean step time per arm with its spread (min-max of its steps)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a server; must precede pyplot
     import matplotlib.pyplot as plt
 
     sp = doc["speedup"]
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=100, gridspec_kw={"width_ratios": [1, 1.3]})
     try:
-        top = max(t for times in sp["step_times"].values() for t in times) * 1000 * 1.2
+        first = sp["windows"][0]["steps"][0] if sp["windows"] else 0
+        for label in ("A", "C", "B"):  # launch order
+            times = [t * 1000 for t in sp["step_times"][label]]
+            full.plot(range(len(times)), times, marker="o", ms=3, label=label, color=ARM_COLORS.get(label))
+            zoom.plot(range(first, len(times)), times[first:], marker="o", ms=3, lw=0.8, alpha=0.5,
+                      color=ARM_COLORS.get(label))
+        full.axvspan(first - 0.5, len(sp["step_times"]["A"]) - 0.5, color="0.9", zorder=0)
+        full.set_yscale("log")
+        full.set_xlabel("step")
+        full.set_ylabel("step time, max over ranks (ms, log scale)")
+        full.set_title("every step (warm-up, then the measured windows, shaded)", fontsize=9)
+        full.legend(title="arm", loc="upper right")
+        offsets = {"A": -0.2, "C": 0.0, "B": 0.2}
         for i, w in enumerate(sp["windows"]):
             lo, hi = w["steps"][0] - 0.5, w["steps"][-1] + 0.5
-            # alternate shades and edge lines keep adjacent windows apart
-            ax.axvspan(lo, hi, color="0.85" if i % 2 == 0 else "0.93", zorder=0)
-            ax.axvline(lo, color="0.6", lw=0.6, ls="--", zorder=0)
-            ax.text(
-                (lo + hi) / 2,
-                0.98,
-                f"{w['name']}\n{w['ratio']:.3f}x",
-                transform=ax.get_xaxis_transform(),
-                ha="center",
-                va="top",
-                fontsize=8,
-            )
-        first = sp["windows"][0]["steps"][0] if sp["windows"] else 0
-        ax.text(
-            (first - 1) / 2,
-            0.98,
-            "warm-up",
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            va="top",
-            fontsize=8,
-            color="0.4",
-        )
-        for label in ("A", "C", "B"):  # launch order
-            times = sp["step_times"][label]
-            ax.plot(
-                range(len(times)),
-                [t * 1000 for t in times],
-                marker="o",
-                ms=3,
-                label=f"{label}",
-                color=ARM_COLORS.get(label),
-            )
-        ax.set_xlabel("step")
-        ax.set_ylabel("step time, max over ranks (ms)")
-        ax.set_title(f"run {doc['run_id']}: verdict {doc['verdict']}, headline {sp['headline']:.4f}x")
-        ax.legend(title="arm", loc="lower left")
-        ax.set_ylim(0, top)
+            zoom.axvspan(lo, hi, color="0.88" if i % 2 == 0 else "0.95", zorder=0)
+            zoom.text((lo + hi) / 2, 0.98, f"{w['name']}  {w['ratio']:.3f}x\ndrift {w['drift']:.3f}",
+                      transform=zoom.get_xaxis_transform(), ha="center", va="top", fontsize=8)
+            for label in ("A", "C", "B"):
+                steps = [t * 1000 for t in w["step_times"][label]]
+                mean = sum(steps) / len(steps)
+                zoom.errorbar((lo + hi) / 2 + offsets[label], mean, yerr=[[mean - min(steps)], [max(steps) - mean]],
+                              fmt="s", ms=6, capsize=4, color=ARM_COLORS.get(label),
+                              label=label if i == 0 else None)
+        zoom.set_xlabel("step (measured windows only)")
+        zoom.set_ylabel("ms per step (window mean; bar: min-max)")
+        zoom.set_title(f"headline {sp['headline']:.4f}x ({sp['headline_window']}), verdict {doc['verdict']}",
+                       fontsize=9)
+        zoom.legend(title="arm", loc="lower right", fontsize=8)
+        zoom.margins(y=0.25)
+        fig.suptitle(f"run {doc['run_id']}", fontsize=10)
         fig.tight_layout()
         tmp = path.with_name(f".{path.name}.tmp")
         fig.savefig(tmp, format="png", metadata={"Software": None})

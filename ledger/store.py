@@ -34,12 +34,16 @@ from ledger.layout import CONTINUATION, Columns, frame, index_valid, layout
 from ledger.record import (
     ASSIGNED,
     GENESIS,
-    SCHEMA,
+    LATEST,
+    VERSIONS,
     LedgerRecord,
     canonical_json,
+    login_name,
+    record_class,
     record_from_row,
     record_message,
     schema_message,
+    schema_of,
     scrub_note,
     seal,
 )
@@ -133,14 +137,24 @@ class _Scan:
     spans: list[tuple[int, int]]
     end: int  # first byte not part of a complete message
     schema_problem: str | None
+    version: int = LATEST
 
 
-def _decode(raw: Any) -> dict[str, Any]:
+def file_version(buf: Any, size: int) -> int:
+    """The record version of a ledger file from its schema message (the latest for an empty file)."""
+    for version in VERSIONS:
+        msg = schema_message(version)
+        if size >= len(msg) and bytes(buf[: len(msg)]) == msg:
+            return version
+    return LATEST
+
+
+def _decode(raw: Any, version: int = LATEST) -> dict[str, Any]:
     """One record message decoded by pyarrow into a row dict; raises on anything else."""
     msg = pa.ipc.read_message(pa.py_buffer(raw))
     if msg is None or msg.type != "record batch" or len(msg.serialize()) != len(raw):
         raise ValueError("not one complete record batch message")
-    batch = pa.ipc.read_record_batch(msg, SCHEMA)
+    batch = pa.ipc.read_record_batch(msg, schema_of(version))
     batch.validate(full=True)
     if batch.num_rows != 1:
         raise ValueError(f"a record batch of {batch.num_rows} rows")
@@ -168,15 +182,19 @@ def _scan(buf: Any, size: int) -> _Scan:
     if schema_len is None:
         return _Scan([], 0, "the schema message does not parse")
     problem = None
+    version = LATEST
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(buf[:schema_len]))
-        if not schema.equals(SCHEMA, check_metadata=True):
+        known = [v for v in VERSIONS if schema.equals(schema_of(v), check_metadata=True)]
+        if known:
+            version = known[0]
+        else:
             problem = "the file's Arrow schema is not the ledger schema"
     except _UNPARSEABLE:
         problem = "the schema message does not parse"
     spans: list[tuple[int, int]] = []
     pos = schema_len
-    lay = layout()
+    lay = layout(version)
     if lay is not None and problem is None:
         starts = frame(buf, pos, size, lay)[0].tolist()
         # the last framed message may be torn inside: only trust the ones followed by another
@@ -188,12 +206,12 @@ def _scan(buf: Any, size: int) -> _Scan:
         if n is None:
             break
         try:
-            _decode(buf[pos : pos + n])
+            _decode(buf[pos : pos + n], version)
         except _UNPARSEABLE:
             break
         spans.append((pos, pos + n))
         pos += n
-    return _Scan(spans, pos, problem)
+    return _Scan(spans, pos, problem, version)
 
 
 class Ledger:
@@ -224,7 +242,13 @@ class Ledger:
 
     @contextlib.contextmanager
     def _mapped(self) -> Iterator[tuple[Any, int]]:
-        """The ledger bytes (read-only map) and their count, read under a shared lock."""
+        """The ledger bytes (read-only map) and their count, read under a shared lock.
+
+        A ledger that does not exist reads empty and nothing is created (reading never makes a home).
+        """
+        if not self.path.exists():
+            yield b"", 0
+            return
         with self._locked(exclusive=False):
             try:
                 fd = os.open(self.path, os.O_RDONLY)
@@ -262,22 +286,29 @@ class Ledger:
                 raise UsageError(f"ledger field {name} is assigned by the ledger, not by the caller")
         if fields.get("host") is None:
             fields["host"] = self.host_hash()
+        if fields.get("user") is None:
+            fields["user"] = login_name()
         if isinstance(fields.get("note"), str):
             fields["note"] = scrub_note(fields["note"])
         with self._locked(exclusive=True):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 size = os.fstat(fd).st_size
-                seq, prev_hash, prev_message, _ = self._tail(fd, size)
+                head = max(len(schema_message(v)) for v in VERSIONS)
+                version = file_version(os.pread(fd, head, 0), size) if size else LATEST
+                if version == 1:
+                    fields.pop("user", None)  # a version 1 ledger keeps version 1 records: its schema has no user
+                seq, prev_hash, prev_message, _ = self._tail(fd, size, version)
                 self._refuse_truncated(seq)
                 try:
-                    record = seal({**fields, "seq": seq, "prev_hash": prev_hash, "prev_message_sha256": prev_message})
+                    record = seal({**fields, "seq": seq, "prev_hash": prev_hash, "prev_message_sha256": prev_message},
+                                  version)
                 except ValidationError as err:
                     first = err.errors()[0]
                     where = ".".join(str(x) for x in first["loc"])
                     raise UsageError(f"ledger record refused: {where}: {first['msg']}") from None
                 message = record_message(record)
-                data = (schema_message() if size == 0 else b"") + message
+                data = (schema_message(version) if size == 0 else b"") + message
                 self._write(fd, size, data)
             finally:
                 os.close(fd)
@@ -312,16 +343,16 @@ class Ledger:
             raise FailedError(f"ledger write failed ({err.strerror or err}); the ledger is {state}; "
                               "free disk space or fix permissions and retry") from err
 
-    def _tail(self, fd: int, size: int) -> tuple[int, str, str, int | None]:
+    def _tail(self, fd: int, size: int, version: int = LATEST) -> tuple[int, str, str, int | None]:
         """(next seq, last record_hash, sha256 of the last message, its offset) of the file behind fd."""
         if size == 0:
-            return 0, GENESIS, hashlib.sha256(schema_message()).hexdigest(), None
+            return 0, GENESIS, hashlib.sha256(schema_message(version)).hexdigest(), None
         hint = self._read_tail_hint()
         if hint is not None and hint.get("size") == size and isinstance(hint.get("offset"), int):
             offset = int(hint["offset"])
             raw = os.pread(fd, size - offset, offset)
             try:
-                row = _decode(raw)
+                row = _decode(raw, version)
                 if int(row["seq"]) == int(hint.get("records", -1)) - 1:
                     return int(row["seq"]) + 1, str(row["record_hash"]), hashlib.sha256(raw).hexdigest(), offset
             except _UNPARSEABLE:
@@ -340,7 +371,7 @@ class Ledger:
                 return 0, GENESIS, hashlib.sha256(bytes(mm[:size])).hexdigest(), None
             start, end = scan.spans[-1]
             raw = bytes(mm[start:end])
-        row = _decode(raw)
+        row = _decode(raw, scan.version)
         return int(row["seq"]) + 1, str(row["record_hash"]), hashlib.sha256(raw).hexdigest(), start
 
     def _refuse_truncated(self, records: int) -> None:
@@ -395,8 +426,9 @@ class Ledger:
         Framing starts from the offset index when the index checks out against the bytes (vectorised),
         frames the rest message by message, and rewrites the index when it had to frame more than it held.
         """
-        lay = layout()
-        schema = schema_message()
+        version = file_version(buf, size)
+        lay = layout(version)
+        schema = schema_message(version)
         if lay is None or size < len(schema) or bytes(buf[: len(schema)]) != schema:
             return None
         try:
@@ -426,23 +458,35 @@ class Ledger:
 
         `dictionary=True` may return string columns dictionary-encoded (same values): what accounting groups on.
         """
-        names = columns or SCHEMA.names
         with self._mapped() as (buf, size):
+            schema = schema_of(file_version(buf, size))
+            names = columns or schema.names
             cols = self._columns(buf, size) if size else None
             if cols is not None:
                 arrays = cols.arrows(names, dictionary=dictionary)
                 if dictionary:
                     return pa.table([arrays[n] for n in names], names=names)
-                return pa.table([arrays[n] for n in names], schema=pa.schema([SCHEMA.field(n) for n in names]))
+                return pa.table([arrays[n] for n in names], schema=pa.schema([schema.field(n) for n in names]))
             scan = _scan(buf, size)
             if not scan.spans or scan.schema_problem:
-                return SCHEMA.empty_table().select(names)
+                return schema.empty_table().select(names)
             prefix = pa.py_buffer(bytes(buf[: scan.spans[-1][1]]))
             return pa.ipc.open_stream(prefix).read_all().select(names)
+
+    def column_names(self) -> list[str]:
+        """The columns of this ledger's record version (the latest for a ledger not yet written)."""
+        with self._mapped() as (buf, size):
+            return list(schema_of(file_version(buf, size)).names)
+
+    def version(self) -> int:
+        """The record version of this ledger file (the latest for a ledger not yet written)."""
+        with self._mapped() as (buf, size):
+            return file_version(buf, size)
 
     def records(self, run_id: str | None = None) -> list[LedgerRecord]:
         """The complete records in ledger order (only those of `run_id` when given)."""
         with self._mapped() as (buf, size):
+            version = file_version(buf, size)
             cols = self._columns(buf, size) if size else None
             if cols is not None:
                 chosen = np.arange(cols.n)
@@ -456,7 +500,7 @@ class Ledger:
                 spans = _scan(buf, size).spans
             out = []
             for i, (start, end) in enumerate(spans):
-                row = _decode_or_fail(buf, start, end, i)
+                row = _decode_or_fail(buf, start, end, i, version)
                 if run_id is None or row["run_id"] == run_id:
                     out.append(record_from_row(row))
             return out
@@ -516,7 +560,9 @@ class Ledger:
             ph0, pm0 = cols.part(0, 1).hex64(got["prev_hash"], got["prev_message_sha256"])
         except (ValueError, IndexError):
             return None
-        if ph0.tobytes() != GENESIS.encode() or pm0.tobytes() != hashlib.sha256(schema_message()).hexdigest().encode():
+        version = file_version(buf, size)
+        genesis_message = hashlib.sha256(schema_message(version)).hexdigest().encode()
+        if ph0.tobytes() != GENESIS.encode() or pm0.tobytes() != genesis_message:
             return None
         # the last message is pinned by no later digest: it must be the canonical serialization of its record
         try:
@@ -524,7 +570,7 @@ class Ledger:
             rh_last = cols.part(n - 1, n).hex64(last["record_hash"])[0].tobytes().decode()
             _, c_start, c_len, _ = last["canonical"]
             canonical = bytes(buf[int(c_start[0]) : int(c_start[0] + c_len[0])])
-            record = LedgerRecord.model_validate({**json.loads(canonical), "record_hash": rh_last})
+            record = record_class(version).model_validate({**json.loads(canonical), "record_hash": rh_last})
         except (ValueError, IndexError, ValidationError):
             return None
         if record_message(record) != bytes(buf[int(cols.starts[-1]) : size]):
@@ -566,7 +612,7 @@ class Ledger:
         for i, (start, end) in enumerate(scan.spans):
             raw = bytes(buf[start:end])
             try:
-                row = _decode(raw)
+                row = _decode(raw, scan.version)
             except _UNPARSEABLE:
                 flag(i, f"the message at offset {start} does not decode as a ledger record")
                 prev_hash, prev_message = "", hashlib.sha256(raw).hexdigest()
@@ -627,8 +673,9 @@ class Ledger:
         if cols is not None:
             with contextlib.suppress(ValueError):
                 return _hashes(cols.hex64(cols.extract(["record_hash"])["record_hash"])[0])
-        return [bytes.fromhex(str(_decode_or_fail(buf, s, e, i)["record_hash"]))
-                for i, (s, e) in enumerate(_scan(buf, size).spans)]
+        scan = _scan(buf, size)
+        return [bytes.fromhex(str(_decode_or_fail(buf, s, e, i, scan.version)["record_hash"]))
+                for i, (s, e) in enumerate(scan.spans)]
 
     def head(self) -> TreeHead:
         """RFC 6962 tree head over the record hashes of the complete records."""
@@ -660,7 +707,7 @@ class Ledger:
                     scan = _scan(mm, size)
                     if scan.end == size:
                         return None
-                    later = _complete_message_after(mm, scan.end, size)
+                    later = _complete_message_after(mm, scan.end, size, scan.version)
                     if later is not None:
                         raise FailedError(
                             f"ledger {self.path.name}: bytes at offset {scan.end} do not parse but a complete "
@@ -690,7 +737,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _complete_message_after(buf: Any, start: int, size: int) -> int | None:
+def _complete_message_after(buf: Any, start: int, size: int, version: int) -> int | None:
     """Offset of a decodable record message beginning after `start`, if any."""
     marker = CONTINUATION.to_bytes(4, "little")
     pos = bytes(buf[start:size]).find(marker, 1)
@@ -699,7 +746,7 @@ def _complete_message_after(buf: Any, start: int, size: int) -> int | None:
         n = _message_len(buf, at, size)
         if n is not None:
             try:
-                _decode(buf[at : at + n])
+                _decode(buf[at : at + n], version)
                 return at
             except _UNPARSEABLE:
                 pass
@@ -809,9 +856,9 @@ def _hashes(hex_rows: np.ndarray) -> list[bytes]:
     return [data[i : i + 32] for i in range(0, len(data), 32)]
 
 
-def _decode_or_fail(buf: Any, start: int, end: int, seq: int) -> dict[str, Any]:
+def _decode_or_fail(buf: Any, start: int, end: int, seq: int, version: int) -> dict[str, Any]:
     try:
-        return _decode(buf[start:end])
+        return _decode(buf[start:end], version)
     except _UNPARSEABLE as err:
         raise FailedError(f"ledger record {seq} does not decode ({err}); run `orch ledger verify`") from err
 

@@ -37,9 +37,12 @@ class Manifest(BaseModel):
     root: str
     include: list[str]
     entries: list[Entry]
+    # where the hashed tree lives, relative to the repository holding the manifest; not part of the root digest
+    sources_root: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=1, sort_keys=True) + "\n"
+        return json.dumps(self.model_dump(mode="json", by_alias=True, exclude_none=True), indent=1,
+                          sort_keys=True) + "\n"
 
     def to_sha256sum(self) -> str:
         return "".join(f"{e.sha256}  {e.path}\n" for e in self.entries)

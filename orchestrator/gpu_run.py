@@ -170,7 +170,7 @@ class _Forwarder:
 
 
 def _utc(dt: datetime) -> str:
-    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return dt.isoformat(timespec="microseconds").replace("+00:00", "Z")  # one time format everywhere
 
 
 def write_record(path: Path, record: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from orchestrator.blinding import quarantine, seal_outputs
 from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
 from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
 from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, sha256_file
+from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
 from orchestrator.sealing import SealedArm, check_seal, seal_arm, unseal_for_removal
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, os_error_line
@@ -394,6 +395,7 @@ def launch(
     `loaded` runs a protocol derived in memory (the A/A run of `orch calibrate`); `run_doc` adds to run.json.
     """
     loaded = loaded or load_protocol(protocol_path)
+    require_worker_packages(loaded)  # before any lock, run directory or ledger record
     home = resolve_home(home_dir)
     for d in (home.runs, home.ledger_dir, home.scratch):
         d.mkdir(parents=True, exist_ok=True)

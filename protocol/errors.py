@@ -5,6 +5,8 @@ Every command maps these to exit codes in one place; a message says what is wron
 
 from __future__ import annotations
 
+from typing import Any
+
 EXIT_OK = 0
 EXIT_FAILED = 1  # a package or the audit failed
 EXIT_USAGE = 2
@@ -18,9 +20,10 @@ class OrchError(Exception):
 
     exit_code: int = EXIT_FAILED
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, document: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.document = document  # what `--json` prints for this error, beside ok/exit_code/error
 
 
 class UsageError(OrchError):

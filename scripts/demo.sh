@@ -10,13 +10,17 @@ PROTOCOL=${PROTOCOL:-$default}
 echo "== orch verify: the working tree against the published commitment"
 $ORCH verify manifests/r3_mini.json --root examples/r3_mini
 echo "== orch launch $PROTOCOL"
-run_id=$($ORCH launch "$PROTOCOL" | tail -n 1)
-echo "== orch audit $run_id"
-# exit 1 with a recorded audit means the verdict "not exact" ("accepted" and "no difference shown" exit 0):
-# the demo shows it as recorded; any other failure stops the demo
-rc=0; $ORCH audit "$run_id" || rc=$?
+# launch and audit exit alike: 1 for the verdict "not exact" ("accepted" and "no difference shown" exit 0) or a
+# failed package; the demo shows a recorded verdict; any other failure stops the demo
 home=${ORCH_HOME:-.orch}
-if [ "$rc" -ne 0 ] && { [ "$rc" -ne 1 ] || [ ! -f "$home/runs/$run_id/audit.json" ]; }; then exit "$rc"; fi
+verdict_only() {  # exit status $1 of run $2 is a recorded verdict (not exact)
+  [ "$1" -eq 1 ] && [ -f "$home/runs/$2/audit.json" ]
+}
+rc=0; run_id=$($ORCH launch "$PROTOCOL" | tail -n 1) || rc=$?
+if [ "$rc" -ne 0 ] && ! verdict_only "$rc" "$run_id"; then exit "$rc"; fi
+echo "== orch audit $run_id"
+rc=0; $ORCH audit "$run_id" || rc=$?
+if [ "$rc" -ne 0 ] && ! verdict_only "$rc" "$run_id"; then exit "$rc"; fi
 echo "== orch ledger (GPU-seconds by package kind)"
 $ORCH ledger summary --by kind
 $ORCH ledger verify

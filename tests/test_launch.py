@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from ledger.store import Ledger
+from ledger.verdict import exit_code as verdict_exit_code
 from orchestrator import gpu_lock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,8 +137,9 @@ def test_complete_run_is_sealed_against_working_tree_edits_and_audited(tmp_path:
     edited = proj / "examples" / "r3_mini" / "train" / "train_utils.py"
     edited.write_text(edited.read_text() + "\nEDITED_DURING_RUN = True\n")
     out, err = proc.communicate(timeout=400)
-    assert proc.returncode == 0, err[-3000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = json.loads(out)  # with --json stdout is exactly one JSON document
+    # the exit code is the verdict's, the same as `orch audit` gives (0 only when accepted)
+    assert proc.returncode == verdict_exit_code(summary["verdict"]), err[-3000:]
     assert summary["status"] == "complete" and set(summary["packages"].values()) == {"ok"}
     assert "EDITED_DURING_RUN" not in (run_dir / "sealed" / "candidate" / "train" / "train_utils.py").read_text()
     # one open and one close record for each of the 9 packages, and an audit record
@@ -163,8 +165,9 @@ def test_complete_run_is_sealed_against_working_tree_edits_and_audited(tmp_path:
     # `orch audit` shows the recorded verdict and only then the DEV score, as information
     shown = subprocess.run(orch("audit", run_dir.name, "--home", str(home), "--json", cwd=proj), cwd=proj, env=env(),
                            capture_output=True, text=True, timeout=120)
-    doc = json.loads(shown.stdout.strip().splitlines()[-1])
+    doc = json.loads(shown.stdout)
     assert doc["written"] is False and doc["audit"]["verdict"] == audit["verdict"]
+    assert shown.returncode == proc.returncode
     assert doc["dev_score"]["informational"] is True and doc["dev_score"]["verified"] is True
 
 

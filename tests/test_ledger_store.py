@@ -75,8 +75,12 @@ def test_append_chain_and_plain_arrow_reader(ledger: Ledger, tmp_path: Path) -> 
     prev_msg = hashlib.sha256(schema_message()).hexdigest()
     data = ledger.path.read_bytes()
     starts = [*offsets(ledger.path), len(data)]
+    assert table.schema.field("started").type == pa.timestamp("us", tz="UTC")
     for i, row in enumerate(table.to_pylist()):
         hashed = {k: v for k, v in row.items() if k not in ("record_hash", "canonical")}
+        # in the canonical JSON (version 2) times are ISO 8601 with microseconds and Z, the columns real timestamps
+        hashed.update({k: v.strftime("%Y-%m-%dT%H:%M:%S.%fZ") for k, v in hashed.items() if hasattr(v, "strftime")})
+        assert hashed["user"] and hashed["user"] != socket.gethostname()
         canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         assert row["canonical"] == canonical
         assert row["record_hash"] == hashlib.sha256(canonical.encode()).hexdigest()
@@ -86,6 +90,7 @@ def test_append_chain_and_plain_arrow_reader(ledger: Ledger, tmp_path: Path) -> 
     records = ledger.records()
     assert [r.seq for r in records] == list(range(5))
     assert records[1].ended == "2025-03-01T10:01:00.250000Z" and records[1].gpu_seconds == 482.0
+    assert records[0].started == "2025-03-01T10:00:00.000000Z"  # one format: microseconds always
     assert [r.seq for r in ledger.records(run_id="run-0")] == list(range(5))
     assert ledger.table().equals(table.combine_chunks())  # the vectorised decoder equals pyarrow's reader
     assert ledger.verify().ok

@@ -1,0 +1,242 @@
+"""The published shape of the audit (`audit.json`, orch.audit/1) and of the evidence file (orch.evidence/1).
+
+`orch schema --kind audit|evidence` prints their JSON Schemas; times are seconds unless a field says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ArmTimes(_Doc):
+    A: float = Field(description="baseline A, seconds")
+    C: float = Field(description="candidate, seconds")
+    B: float = Field(description="baseline B, seconds")
+
+
+class ArmSeries(_Doc):
+    A: list[float] = Field(description="baseline A, seconds per step")
+    C: list[float] = Field(description="candidate, seconds per step")
+    B: list[float] = Field(description="baseline B, seconds per step")
+
+
+class Window(_Doc):
+    name: str = Field(description="w1, w2, ...")
+    steps: list[int] = Field(description="the window's steps (inclusive)")
+    A: float = Field(description="baseline A window time: the SUM of its steps' times, seconds (not a step time)")
+    C: float = Field(description="candidate window time: sum of its steps' times, seconds")
+    B: float = Field(description="baseline B window time: sum of its steps' times, seconds")
+    step_times: ArmSeries = Field(description="each step of the window, seconds (max over ranks)")
+    cv: ArmTimes = Field(description="coefficient of variation of the window's step times per arm (unitless)")
+    ratio: float = Field(description="mean(A, B) / C (unitless; > 1 means the candidate is faster)")
+    drift: float = Field(description="|A - B| / mean(A, B) (unitless)")
+    noise: float = Field(description="the window's noise estimate (unitless, relative)")
+    within_noise: bool
+    words: str
+
+
+class Speedup(_Doc):
+    windows: list[Window]
+    headline: float = Field(description="min over the windows of the ratio (unitless)")
+    headline_window: str
+    max_drift: float
+    drift_bound: float
+    noisy: bool
+    words: str
+    step_times: ArmSeries = Field(description="every step of each arm, seconds (max over ranks, probe excluded)")
+
+
+class MismatchDoc(_Doc):
+    check: str
+    step: int | None
+    rank: int | None
+    tensor: str | None
+    values: dict[str, str | None]
+    text: str
+
+
+class ForbiddenDoc(_Doc):
+    arm: str
+    rank: int
+    step: int
+    op: str
+    dtype: str
+
+
+class ExactnessDoc(_Doc):
+    exact: bool
+    ranks: int
+    digest_steps: list[int] = Field(description="first and last digest step (inclusive)")
+    steps_compared: int
+    tensors_compared: int
+    mismatches: int
+    first_mismatch: MismatchDoc | None
+    reload_equal: dict[str, bool]
+    rng_equal: bool
+    rng_first_mismatch: MismatchDoc | None
+    recipe_equal: bool
+    recipe_differences: list[str]
+    forbidden: list[ForbiddenDoc]
+    problems: list[str]
+
+
+class Peak(_Doc):
+    allocated: int | None = Field(description="bytes")
+    reserved: int | None = Field(description="bytes")
+
+
+class RankMemory(_Doc):
+    rank: int
+    A: Peak
+    C: Peak
+    B: Peak
+    delta_allocated: int | None = Field(description="C - max(A, B), bytes")
+    delta_reserved: int | None = Field(description="C - max(A, B), bytes")
+
+
+class Memory(_Doc):
+    device: str
+    measured: bool
+    ranks: list[RankMemory]
+    max_delta_allocated: int | None = Field(description="bytes")
+    max_delta_reserved: int | None = Field(description="bytes")
+
+
+class Cost(_Doc):
+    gpu_seconds: dict[str, float] = Field(description="GPU-seconds per package")
+    total_gpu_seconds: float
+    wall_s: dict[str, float] = Field(description="wall seconds per package")
+    total_wall_s: float
+    lock_wait_s: float | None = Field(description="seconds waited for the GPU lock (once per run)")
+
+
+class Attribution(_Doc):
+    label: str
+    training_code_only: bool
+    differs: list[str]
+    commitment_roots: dict[str, str | None]
+    sources_roots: dict[str, str | None]
+    sealed_roots: dict[str, str | None]
+    sources_differ: bool
+    switches: dict[str, dict[str, str | None]]
+    config: dict[str, dict[str, str | None]]
+
+
+class Integrity(_Doc):
+    seals_verified: list[str]
+    result_sha256: dict[str, str | None]
+    ledger_records: int
+
+
+class LedgerHead(_Doc):
+    size: int
+    root: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class AuditDocument(_Doc):
+    """audit.json: the verdict of one complete run, from that run's packages only."""
+
+    schema_: str = Field(alias="schema", description="orch.audit/1")
+    run_id: str
+    protocol_id: str
+    protocol_name: str
+    audited_at: str = Field(description="UTC, ISO 8601")
+    verdict: str = Field(description="accepted | noisy | no difference shown | not exact")
+    exact: bool
+    noisy: bool
+    reasons: list[str]
+    scope: str
+    measurement: dict[str, Any] = Field(description="the protocol's measurement section as recorded")
+    precision: str
+    speedup: Speedup
+    exactness: ExactnessDoc
+    memory: Memory
+    cost: Cost
+    attribution: Attribution
+    integrity: Integrity
+    versions: dict[str, str | None]
+    host_hash: str | None
+    ledger_head: LedgerHead
+
+
+class EvidenceWindow(_Doc):
+    name: str
+    steps: list[int]
+    A: float = Field(description="window time, sum of its steps, seconds")
+    C: float = Field(description="window time, sum of its steps, seconds")
+    B: float = Field(description="window time, sum of its steps, seconds")
+    cv: ArmTimes
+    ratio: float
+    drift: float
+    within_noise: bool
+
+
+class EvidenceMismatch(_Doc):
+    check: str
+    step: int | None
+    rank: int | None
+    tensor: str | None
+
+
+class EvidenceExactness(_Doc):
+    exact: bool
+    ranks: int
+    digest_steps: list[int]
+    tensors_compared: int
+    mismatches: int
+    first_mismatch: EvidenceMismatch | None
+    reload_equal: dict[str, bool]
+    rng_equal: bool
+    recipe_equal: bool
+    forbidden_ops: int
+
+
+class EvidenceAttribution(_Doc):
+    label: str
+    training_code_only: bool
+    differs: list[str]
+    switches: dict[str, dict[str, str | None]]
+    config_keys: list[str]
+
+
+class EvidenceMemory(_Doc):
+    device: str
+    peaks: list[RankMemory]
+    max_delta_allocated: int | None
+    max_delta_reserved: int | None
+
+
+class EvidenceDocument(_Doc):
+    """docs/validation/NAME.json written by `orch publish`: aggregate figures only, hygiene-checked."""
+
+    schema_: str = Field(alias="schema", description="orch.evidence/1")
+    run_id: str
+    protocol_id: str
+    protocol_name: str
+    audit_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    audited_at: str
+    verdict: str
+    scope: str
+    precision: str
+    measurement: dict[str, Any]
+    commitment_roots: dict[str, str | None]
+    attribution: EvidenceAttribution
+    versions: dict[str, str | None]
+    host_hash: str | None
+    windows: list[EvidenceWindow]
+    headline: float
+    headline_window: str
+    max_drift: float
+    drift_bound: float
+    noisy: bool
+    exactness: EvidenceExactness
+    memory: EvidenceMemory
+    gpu_seconds: dict[str, float]
+    total_gpu_seconds: float
+    ledger_head: LedgerHead

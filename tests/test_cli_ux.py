@@ -1,0 +1,239 @@
+"""The CLI as a new user meets it: version, help with examples, pure JSON on stdout, options where users put them,
+tables that keep every key and figure, verify that finds its root, pre-flight refusals before any record."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from ledger.render import print_whole, whole_table
+from ledger.store import Ledger
+from protocol.audit_doc import AuditDocument, EvidenceDocument
+from protocol.gpu_record import GpuRunRecord
+
+REPO = Path(__file__).resolve().parents[1]
+LONG_RUN = "20261201T121500Z-3844cbb9-ab12"
+
+
+def orch(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80", **(env or {})},
+                          timeout=120)
+
+
+def _home(tmp_path: Path, runs: int = 3) -> Path:
+    home = tmp_path / "X"
+    ledger = Ledger(home / "ledger" / "ledger.arrows", fsync=False)
+    for r in range(runs):
+        for kind in ("checks", "train", "score"):
+            ledger.append(run_id=f"{LONG_RUN}{r}", package=kind, kind=kind, status="ok", gpus=8,
+                          started="2026-12-01T12:15:00Z", ended="2026-12-01T12:35:00.125Z", wall_s=1200.125,
+                          gpu_seconds=9601.0, lock_wait_s=13.5, protocol_id="p" * 64)
+    return home
+
+
+def test_version_and_short_help(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    proc = orch("--version", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"orch {version('orch')}"
+    assert orch("-h", cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("command", [
+    ["freeze"], ["verify"], ["schema"], ["audit"], ["publish"], ["hygiene"], ["launch"], ["ledger"],
+    ["ledger", "summary"], ["ledger", "list"], ["ledger", "export"], ["ledger", "verify"], ["ledger", "head"],
+    ["ledger", "repair"],
+])
+def test_every_help_has_examples_and_plain_usage(command: list[str], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    res = CliRunner().invoke(app, [*command, "-h"], env={"COLUMNS": "100"})
+    assert res.exit_code == 0, res.output
+    assert "Examples:" in res.output and "$ orch " in res.output
+    assert "{" not in res.output.split("\n\n")[0] + res.output.splitlines()[1]  # usage reads RUN_ID, not {RUN_ID}
+    if command == ["audit"]:
+        assert "Usage: orch audit [OPTIONS] RUN_ID" in res.output
+
+
+def test_completion_is_offered(tmp_path: Path) -> None:
+    proc = orch("--show-completion", cwd=tmp_path, env={"SHELL": "/bin/bash"})
+    assert proc.returncode == 0 and "complete" in proc.stdout
+
+
+def test_group_options_apply_to_the_subcommand_and_nothing_is_created(tmp_path: Path) -> None:
+    home = _home(tmp_path)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    proc = orch("ledger", "--home", str(home), "verify", cwd=cwd)
+    assert proc.returncode == 0 and "ok: 9 records" in proc.stdout and str(home) in proc.stdout
+    head = orch("ledger", "--home", str(home), "--json", "head", cwd=cwd)
+    assert json.loads(head.stdout)["size"] == 9
+    assert not (cwd / ".orch").exists()  # read-only commands never create a home
+    wrong = orch("ledger", "--home", str(home), "--by", "run", "head", cwd=cwd)
+    assert wrong.returncode == 2 and wrong.stderr.strip().count("\n") == 0 and "--by" in wrong.stderr
+    missing = orch("ledger", "--home", str(tmp_path / "nothing"), "verify", cwd=cwd)
+    assert missing.returncode == 1 and "no ledger at" in missing.stderr
+    assert not (tmp_path / "nothing").exists() and not (cwd / ".orch").exists()
+
+
+def test_ledger_into_a_file_keeps_whole_ids_and_figures(tmp_path: Path) -> None:
+    home = _home(tmp_path)
+    with open(tmp_path / "f.txt", "w") as out:
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "ledger", "--by", "run", "--home",
+                               str(home)], stdout=out, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "f.txt").read_text()
+    for r in range(3):
+        assert f"{LONG_RUN}{r}" in text
+    assert "28,803.0" in text and "…" not in text and "total" in text
+
+
+def test_tables_keep_every_cell_in_an_80_column_terminal() -> None:
+    header = ["run", "runs", "packages", "ok", "failed", "not run", "open", "gpu seconds", "wall s", "lock wait s",
+              "GPU-h"]
+    row = [LONG_RUN, "1", "8", "8", "0", "0", "0", "1,234,567.5", "1,234.5", "13.5", "342.94"]
+    out = io.StringIO()
+    print_whole(whole_table(header, [row]), Console(file=out, width=80, force_terminal=True, no_color=True))
+    text = out.getvalue()
+    assert "…" not in text and all(cell in text for cell in row)
+
+
+def test_audit_json_is_one_document_and_launch_exit_follows_the_verdict(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_audit import RunSpec, make_run
+
+    make_run(tmp_path, "run1")
+    noisy_spec = RunSpec()
+    noisy_spec.durations["B"] = [0.2] * 12 + [0.22] * 4  # A/B drift above the bound: noisy
+    make_run(tmp_path, "run2", noisy_spec)
+    ok = orch("audit", "run1", "--home", str(tmp_path), "--json", cwd=tmp_path)
+    tool = subprocess.run([sys.executable, "-m", "json.tool"], input=ok.stdout, capture_output=True, text=True)
+    assert ok.returncode == 0 and tool.returncode == 0
+    doc = json.loads(ok.stdout)
+    AuditDocument.model_validate(doc["audit"])  # the published schema describes what is written
+    assert "verdict: accepted" in ok.stderr
+    noisy = orch("audit", "run2", "--home", str(tmp_path), "--json", cwd=tmp_path)
+    bad = json.loads(noisy.stdout)
+    assert noisy.returncode == 1 and bad["exit_code"] == 1 and bad["audit"]["verdict"] == "noisy"
+    statuses = {r.run_id: r.status for r in Ledger(tmp_path / "ledger" / "ledger.arrows").records()
+                if r.kind == "audit"}
+    assert statuses == {"run1": "accepted", "run2": "noisy"}  # the audit package's status is the verdict
+    none = orch("audit", "run9", "--home", str(tmp_path), "--json", cwd=tmp_path)
+    assert none.returncode == 2 and json.loads(none.stdout)["exit_code"] == 2  # no such run: one document too
+    mixed = orch("audit", "run1", "run2", "--home", str(tmp_path), cwd=tmp_path)
+    assert mixed.returncode == 2 and "never multiplied or mixed" in mixed.stderr
+    published = orch("publish", "run1", "--to", str(tmp_path / "e.json"), "--home", str(tmp_path), "--json",
+                     cwd=tmp_path)
+    assert published.returncode == 0, published.stderr
+    EvidenceDocument.model_validate(json.loads((tmp_path / "e.json").read_text()))
+
+
+@pytest.mark.parametrize("kind", ["protocol", "audit", "evidence", "gpu-run", "ledger-record"])
+def test_schema_kinds_print_json_schemas(kind: str, tmp_path: Path) -> None:
+    proc = orch("schema", "--kind", kind, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "properties" in json.loads(proc.stdout)
+    assert orch("schema", "--kind", "nope", cwd=tmp_path).returncode == 2
+
+
+def test_gpu_run_record_matches_its_schema(tmp_path: Path) -> None:
+    rec = tmp_path / "rec.json"
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.gpu_run", "--lock-dir", str(tmp_path / "locks"),
+                           "--record", str(rec), "--", "true"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "GPU_RUN_FAKE_NVML": _no_gpus(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    GpuRunRecord.model_validate_json(rec.read_text())
+
+
+def _no_gpus(tmp_path: Path) -> str:
+    path = tmp_path / "nvml.json"
+    path.write_text('{"devices": []}')
+    return str(path)
+
+
+def test_verify_finds_the_recorded_root_or_asks_for_one(tmp_path: Path) -> None:
+    proc = orch("verify", "manifests/r3_mini.json", "--json", cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ok"] is True
+    plain = json.loads((REPO / "manifests" / "r3_mini.json").read_text())
+    plain.pop("sources_root")
+    (tmp_path / "m.json").write_text(json.dumps(plain))
+    asked = orch("verify", str(tmp_path / "m.json"), cwd=tmp_path)
+    assert asked.returncode == 3 and "pass --root DIR" in asked.stderr
+    assert len(asked.stderr.strip().splitlines()) == 1
+
+
+def test_freeze_takes_several_globs_after_one_include_and_records_its_root(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    src = repo / "src"
+    (src / "train").mkdir(parents=True)
+    (src / "modeling").mkdir()
+    (src / "train" / "a.py").write_text("a = 1\n")
+    (src / "modeling" / "b.py").write_text("b = 2\n")
+    out = repo / "manifests" / "m.json"
+    out.parent.mkdir()
+    proc = orch("freeze", str(src), "--include", "train/*.py", "modeling/*.py", "-o", str(out), "--json", cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    assert doc["files"] == 2 and doc["sources_root"] == "src"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert orch("verify", str(out), cwd=elsewhere).returncode == 0  # the recorded root is found from anywhere
+    (src / "train" / "a.py").write_text("a = 2\n")
+    changed = orch("verify", str(out), "--json", cwd=elsewhere)
+    assert changed.returncode == 3 and json.loads(changed.stdout)["changed"] == ["train/a.py"]
+
+
+def test_hygiene_json(tmp_path: Path) -> None:
+    (tmp_path / "ok.txt").write_text("nothing here\n")
+    (tmp_path / "bad.txt").write_text("path /home/alice/x\n")
+    proc = orch("hygiene", str(tmp_path), "--json", cwd=tmp_path)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 3 and doc["ok"] is False and doc["findings"][0]["path"].endswith("bad.txt")
+
+
+def test_launch_refuses_missing_worker_packages_before_any_record(tmp_path: Path) -> None:
+    block = tmp_path / "block"
+    block.mkdir()
+    # this interpreter then finds no safetensors: what a machine without the workers extra looks like
+    (block / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('safetensors', 'torch'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, _Hide())\n"
+    )
+    home = tmp_path / "home"
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(REPO / "protocol" / "r3_mini.yaml"),
+                           "--home", str(home), "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "PYTHONPATH": f"{block}{os.pathsep}{REPO}"})
+    assert proc.returncode == 3, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and "torch, safetensors" in line and "pip install" in line
+    assert json.loads(proc.stdout)["exit_code"] == 3
+    assert not home.exists()  # no lock, no run directory, no ledger record
+
+
+def test_launch_json_refusal_is_one_document(tmp_path: Path) -> None:
+    bad = tmp_path / "p.yaml"
+    text = (REPO / "protocol" / "r3_mini.yaml").read_text().replace("lr: 5.0e-6", "lr: 1.0e-5")
+    bad.write_text(text)
+    shutil.copytree(REPO / "manifests", tmp_path / "manifests")
+    proc = orch("launch", str(bad), "--home", str(tmp_path / "h"), "--json", cwd=tmp_path)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 3 and doc["exit_code"] == 3 and doc["ok"] is False
