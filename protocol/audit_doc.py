@@ -69,6 +69,12 @@ class ForbiddenDoc(_Doc):
     dtype: str
 
 
+class WatchDoc(_Doc):
+    watched_steps: int = Field(description="(arm, rank, step) lines recorded with the forbidden-dtype watch on")
+    passed_through: dict[str, int] = Field(description="higher-order operators / compiled regions let through -> calls")
+    uninspected: list[str] = Field(description="what the watch could not look into")
+
+
 class ExactnessDoc(_Doc):
     exact: bool
     ranks: int
@@ -83,6 +89,7 @@ class ExactnessDoc(_Doc):
     recipe_equal: bool
     recipe_differences: list[str]
     forbidden: list[ForbiddenDoc]
+    watch: WatchDoc | None = None
     problems: list[str]
 
 
