@@ -5,25 +5,29 @@ Parses arguments, waits for the lock (orchestrator.gpu_lock), runs CMD in its ow
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from orchestrator.cli_common import CONTEXT, OrchCommand, examples
+from orchestrator.entry import run_app
 from orchestrator.gpu_lock import (
     DEFAULT_MIN_FOREIGN_MIB,
     ENV_FAKE_NVML,
@@ -58,59 +62,38 @@ set. SIGINT/SIGTERM/SIGHUP are forwarded to CMD's group, which gets SIGKILL afte
 group die with gpu-run, even when gpu-run is killed with SIGKILL.
 
 Exit status: CMD's, or 128+N when signal N ended it (as a shell reports it); 75 when the devices were not
-obtained within --timeout; 2 for a usage error; 126/127 when CMD cannot be run; 128+N when signal N
-interrupted the wait."""
+obtained within --timeout; 2 for a usage error; 126/127 when CMD cannot be run (said at once, before any
+wait); 128+N when signal N interrupted the wait."""
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """A usage error is one line (what is wrong, what to do), not argparse's usage block and message."""
+@dataclass(frozen=True)
+class Args:
+    """gpu-run's parsed options (the command line contract of DESIGN.md section 4)."""
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"gpu-run: {message}; see gpu-run --help\n")
+    gpus: int | None = None
+    devices: str | None = None
+    timeout: float | None = None
+    lock_dir: Path | None = None
+    record: Path | None = None
+    slots: int | None = None
+    min_foreign_mib: float = DEFAULT_MIN_FOREIGN_MIB
+    grace: float = 10.0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(
-        prog="gpu-run",
-        usage="gpu-run [--gpus N | --devices 0,3] [--timeout S] [--lock-dir DIR] [--record FILE] [options] -- CMD...",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--gpus", type=int, metavar="N", help="take the N lowest free devices (default 1)")
-    which.add_argument("--devices", metavar="LIST", help="take exactly these device indices, e.g. 0,3")
-    p.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds with exit 75 (default: wait)")
-    p.add_argument(
-        "--lock-dir",
-        type=Path,
-        metavar="DIR",
-        help=f"lock directory (default ${ENV_LOCK_DIR}, else /var/lock/gpu-run if writable, else /tmp/gpu-run)",
-    )
-    p.add_argument("--record", type=Path, metavar="FILE", help="write a JSON record of the grant (for the ledger)")
-    p.add_argument(
-        "--slots",
-        type=int,
-        metavar="N",
-        help=f"CPU slots on a host without GPUs (default ${ENV_SLOTS}, else the CPU count)",
-    )
-    p.add_argument(
-        "--min-foreign-mib",
-        type=float,
-        default=DEFAULT_MIN_FOREIGN_MIB,
-        metavar="M",
-        help="a foreign GPU process using less memory than this does not make the GPU busy (display servers); "
-        f"default {DEFAULT_MIN_FOREIGN_MIB:g}",
-    )
-    p.add_argument(
-        "--grace",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="seconds between a forwarded signal and SIGKILL of CMD's group (default 10)",
-    )
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command, after --")
-    p.epilog = f"Tests without hardware: ${ENV_FAKE_NVML}=FILE presents GPUs described by a JSON file."
-    return p
+def runnable(cmd: list[str]) -> tuple[int, str] | None:
+    """None when CMD can be started; else gpu-run's exit status for it (127 not found, 126 not executable) and
+    the line that says so. Checked before waiting for any device."""
+    exe = cmd[0]
+    if "/" not in exe:
+        if shutil.which(exe) is None:
+            return EXIT_NOT_FOUND, f"command not found: {exe}; check the command after --"
+        return None
+    path = Path(exe)
+    if not path.exists():
+        return EXIT_NOT_FOUND, f"command not found: {exe}; check the command after --"
+    if path.is_dir() or not os.access(path, os.X_OK):
+        return EXIT_NOT_EXECUTABLE, f"cannot execute {exe}; check its permissions"
+    return None
 
 
 class _StatusLine:
@@ -233,8 +216,12 @@ def _run_child(cmd: list[str], grant: Grant, fwd: _Forwarder) -> int:
             signal_group(proc, signal.SIGKILL)
 
 
-def run(args: argparse.Namespace, cmd: list[str]) -> int:
+def run(args: Args, cmd: list[str]) -> int:
     """Wait for the devices, run CMD, write the record; returns the exit status."""
+    refused = runnable(cmd)
+    if refused is not None:
+        print(f"gpu-run: {refused[1]}", file=sys.stderr)
+        return refused[0]
     started = datetime.now(UTC)
     t0 = time.monotonic()
     devices = None
@@ -303,23 +290,90 @@ def run(args: argparse.Namespace, cmd: list[str]) -> int:
     return rc
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point of `gpu-run`; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        print("gpu-run: no command given; put it after --, e.g. gpu-run --gpus 1 -- python train.py", file=sys.stderr)
-        return EXIT_USAGE
+app = typer.Typer(add_completion=True, pretty_exceptions_enable=False)
+
+
+class _GpuRunCommand(OrchCommand):
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return ["[--gpus N | --devices 0,3] [--timeout S] [--record FILE] [OPTIONS] -- CMD..."]
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"gpu-run (orch {version('orch')})")
+        raise typer.Exit(0)
+
+
+@app.command(
+    help="\n\n".join(" ".join(part.split()) for part in DESCRIPTION.split("\n\n")),
+    epilog=examples(
+        "gpu-run --gpus 8 -- torchrun --nproc-per-node 8 train.py",
+        "gpu-run --devices 0,3 --timeout 600 -- python bench.py",
+        "gpu-run --gpus 2 --record run.json -- ./job.sh",
+    ).replace("$ orch ", "$ ")
+    + f"\n\nTests without hardware: ${ENV_FAKE_NVML}=FILE presents GPUs described by a JSON file.",
+    cls=_GpuRunCommand,
+    context_settings={**CONTEXT, "allow_interspersed_args": False},
+)
+def gpu_run(
+    cmd: Annotated[list[str] | None, typer.Argument(metavar="CMD", help="the command, after --",
+                                                    show_default=False)] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", metavar="N", help="take the N lowest free devices (default 1)",
+                                             show_default=False)] = None,
+    devices: Annotated[str | None, typer.Option("--devices", metavar="LIST",
+                                                help="take exactly these device indices, e.g. 0,3")] = None,
+    timeout: Annotated[float | None, typer.Option("--timeout", metavar="S",
+                                                  help="give up after S seconds with exit 75 (default: wait)")] = None,
+    lock_dir: Annotated[Path | None, typer.Option(
+        "--lock-dir", metavar="DIR",
+        help=f"lock directory (default ${ENV_LOCK_DIR}, else /var/lock/gpu-run if writable, else /tmp/gpu-run)",
+    )] = None,
+    record: Annotated[Path | None, typer.Option("--record", metavar="FILE",
+                                                help="write a JSON record of the grant (for the ledger)")] = None,
+    slots: Annotated[int | None, typer.Option(
+        "--slots", metavar="N", help=f"CPU slots on a host without GPUs (default ${ENV_SLOTS}, else the CPU count)",
+    )] = None,
+    min_foreign_mib: Annotated[float, typer.Option(
+        "--min-foreign-mib", metavar="M",
+        help="a foreign GPU process using less memory than this does not make the GPU busy (display servers)",
+    )] = DEFAULT_MIN_FOREIGN_MIB,
+    grace: Annotated[float, typer.Option("--grace", metavar="S",
+                                         help="seconds between a forwarded signal and SIGKILL of CMD's group")] = 10.0,
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit", callback=_show_version,
+                                          is_eager=True)] = False,
+) -> None:
+    command = list(cmd or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    if gpus is not None and devices is not None:
+        print("gpu-run: give either --gpus N or --devices LIST, not both", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE)
+    if not command:
+        print("gpu-run: no command given; put it after --, e.g. gpu-run --gpus 1 -- python job.py", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE)
+    args = Args(gpus, devices, timeout, lock_dir, record, slots, min_foreign_mib, grace)
     try:
         if args.slots is not None:
             resolve_slots(args.slots)
-        return run(args, cmd)
+        rc = run(args, command)
     except UsageError as err:
         print(f"gpu-run: {err.message}", file=sys.stderr)
-        return EXIT_USAGE
+        rc = EXIT_USAGE
+    raise typer.Exit(rc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point of `gpu-run`; returns the exit status."""
+    if argv is not None:
+        sys.argv = ["gpu-run", *argv]
+    try:
+        run_app(app, "gpu-run")  # usage errors in one line (orchestrator.entry)
+    except SystemExit as done:
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else EXIT_USAGE)
+    return 0
 
 
 if __name__ == "__main__":

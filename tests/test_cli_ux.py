@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +238,45 @@ def test_launch_json_refusal_is_one_document(tmp_path: Path) -> None:
     proc = orch("launch", str(bad), "--home", str(tmp_path / "h"), "--json", cwd=tmp_path)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 3 and doc["exit_code"] == 3 and doc["ok"] is False
+
+
+def test_gpu_run_refuses_a_missing_command_at_once_even_when_busy(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GPU_RUN_FAKE_NVML": _no_gpus(tmp_path),
+           "GPU_RUN_LOCK_DIR": str(tmp_path / "locks"), "GPU_RUN_SLOTS": "1"}
+    holder = subprocess.Popen([sys.executable, "-m", "orchestrator.gpu_run", "--", "sleep", "30"], env=env,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not any((tmp_path / "locks").glob("slot0.lock")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # the only slot is held now
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.gpu_run", "--timeout", "30", "--",
+                               str(tmp_path / "nonexistent")], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 127 and "command not found" in proc.stderr
+        assert time.monotonic() - t0 < 15  # refused before waiting for the held slot (30 s)
+        assert "waiting" not in proc.stderr and "busy" not in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    usage = subprocess.run([sys.executable, "-m", "orchestrator.gpu_run", "-h"], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert usage.returncode == 0 and "Examples:" in usage.stdout and "-- CMD..." in usage.stdout
+    both = subprocess.run([sys.executable, "-m", "orchestrator.gpu_run", "--gpus", "1", "--devices", "0", "--",
+                           "true"], env=env, capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and len(both.stderr.strip().splitlines()) == 1
+
+
+def test_every_declared_dependency_is_used() -> None:
+    """A dependency nothing imports is weight for every install (filelock was one: the locks are flock(2))."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    imports = {"pyyaml": "yaml", "nvidia-ml-py": "pynvml"}
+    sources = "\n".join(p.read_text() for d in ("protocol", "manifests", "orchestrator", "ledger")
+                        for p in (REPO / d).rglob("*.py"))
+    for dep in deps:
+        name = re.split(r"[<>=;\[ ]", dep)[0].lower()
+        module = imports.get(name, name.replace("-", "_"))
+        assert re.search(rf"^\s*(import|from) {module}\b", sources, re.M), f"{name} is declared but never imported"
