@@ -46,6 +46,15 @@ RUN_SCHEMA = "orch.run/2"
 ARMS = ("baseline", "candidate")
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 M = TypeVar("M", bound=BaseModel)
+# the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
+AUDIT_UNITS = {
+    "speedup.windows[].A|C|B": "s: the window's time, the SUM of its steps' times",
+    "speedup.windows[].step_times, speedup.step_times": "s per step (max over ranks, probe work excluded)",
+    "speedup.windows[].ratio|drift|cv|noise, speedup.headline": "unitless",
+    "memory.ranks[].*, memory.max_delta_*": "bytes",
+    "cost.gpu_seconds, cost.total_gpu_seconds": "GPU-seconds",
+    "cost.wall_s, cost.total_wall_s, cost.lock_wait_s": "s",
+}
 MIX_REFUSAL = (
     "the audit reads one run's packages only: ratios from different runs, hosts, GPU counts or configurations "
     "are never multiplied or mixed (the owner's rule); audit each run on its own"
@@ -753,7 +762,7 @@ def audit_command(run_id: str, home: Path | None) -> dict[str, Any]:
         raise
     render_terminal(result, console)
     out: dict[str, Any] = {"audit": result.document, "written": result.written, "ledger_seq": result.ledger_seq,
-                           "exit_code": exit_code(result.verdict)}
+                           "exit_code": exit_code(result.verdict), "units": AUDIT_UNITS}
     if result.score is not None:
         out["dev_score"] = {
             "informational": True,

@@ -99,10 +99,13 @@ def report(fn: Callable[[], Any], as_json: bool) -> None:
         _emit(real, doc)
 
 
+OPTION_NAMES = {"fmt": "--format", "as_json": "--json"}  # parameter name -> the option a user typed
+
+
 def refuse_misplaced(command: str, given: dict[str, Any], accepted: tuple[str, ...]) -> None:
     """Group options that a subcommand does not take are refused, never silently ignored."""
     wrong = [name for name, value in given.items() if value is not None and name not in accepted]
     if wrong:
-        opts = ", ".join(f"--{n.replace('_', '-')}" for n in wrong)
+        opts = ", ".join(OPTION_NAMES.get(n, f"--{n.replace('_', '-')}") for n in wrong)
         with guard():
             raise UsageError(f"{opts} does not apply to `orch ledger {command}`; see `orch ledger {command} -h`")

@@ -84,6 +84,8 @@ def test_group_options_apply_to_the_subcommand_and_nothing_is_created(tmp_path: 
     assert not (cwd / ".orch").exists()  # read-only commands never create a home
     wrong = orch("ledger", "--home", str(home), "--by", "run", "head", cwd=cwd)
     assert wrong.returncode == 2 and wrong.stderr.strip().count("\n") == 0 and "--by" in wrong.stderr
+    ignored_before = orch("ledger", "--format", "json", "verify", "--home", str(home), cwd=cwd)
+    assert ignored_before.returncode == 2 and "--format does not apply" in ignored_before.stderr
     missing = orch("ledger", "--home", str(tmp_path / "nothing"), "verify", cwd=cwd)
     assert missing.returncode == 1 and "no ledger at" in missing.stderr
     assert not (tmp_path / "nothing").exists() and not (cwd / ".orch").exists()
@@ -125,7 +127,7 @@ def test_audit_json_is_one_document_and_launch_exit_follows_the_verdict(tmp_path
     assert ok.returncode == 0 and tool.returncode == 0
     doc = json.loads(ok.stdout)
     AuditDocument.model_validate(doc["audit"])  # the published schema describes what is written
-    assert "verdict: accepted" in ok.stderr
+    assert "verdict: accepted" in ok.stderr and "SUM" in doc["units"]["speedup.windows[].A|C|B"]
     noisy = orch("audit", "run2", "--home", str(tmp_path), "--json", cwd=tmp_path)
     bad = json.loads(noisy.stdout)
     assert noisy.returncode == 1 and bad["exit_code"] == 1 and bad["audit"]["verdict"] == "noisy"
