@@ -110,9 +110,12 @@ def launch_and_audit(
     doc = json.loads(shown.stdout)
     assert doc["audit"]["verdict"] == "not exact" and doc["audit"]["exact"] is False
     assert doc["audit"] == json.loads((run_dir / "audit.json").read_text())
-    assert "dev_mean_reward" not in json.dumps(doc["audit"]) + shown.stderr
+    assert "dev_mean_reward" not in json.dumps(doc["audit"])
+    # with --json the human report is on stderr: the DEV score shows there only after the verdict is recorded
+    report = shown.stderr
+    assert "dev_mean_reward" not in report[: report.index("written: audit.json")]
     assert doc["dev_score"]["informational"] is True and doc["dev_score"]["verified"] is True
-    assert shown.stdout.index("verdict: not exact") < shown.stdout.index("DEV score (informational")
+    assert report.index("verdict: not exact") < report.index("DEV score (informational")
     return run_dir, home, shown
 
 
