@@ -90,6 +90,13 @@ class ExactnessDoc(_Doc):
     recipe_differences: list[str]
     forbidden: list[ForbiddenDoc]
     watch: WatchDoc | None = None
+    watch_coverage: dict[str, list[int]] | None = Field(None, description="package -> steps the dtype watch covered")
+    replay_equal: bool | None = Field(None, description="watch-C replayed train-C bit for bit (null: no replay)")
+    replay_first_mismatch: MismatchDoc | None = None
+    scalars_equal: bool | None = Field(None, description="the trainer's own numbers equal across arms")
+    scalar_steps: list[int] | None = Field(None, description="first and last step of the compared trainer numbers")
+    scalars_compared: int | None = None
+    scalars_first_mismatch: MismatchDoc | None = None
     problems: list[str]
 
 
