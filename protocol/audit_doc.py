@@ -254,3 +254,4 @@ class EvidenceDocument(_Doc):
     gpu_seconds: dict[str, float]
     total_gpu_seconds: float
     ledger_head: LedgerHead
+    ledger_id: str | None = Field(None, description="the ledger whose head this is (checked by `orch audit`)")

