@@ -161,14 +161,23 @@ class AuditDocument(_Doc):
     protocol_id: str
     protocol_name: str
     audited_at: str = Field(description="UTC, ISO 8601")
-    verdict: str = Field(description="accepted | noisy | no difference shown | not exact")
+    verdict: str = Field(description="accepted | no difference shown | not exact (noisy: audits before repeats)")
+    direction: str | None = Field(None, description="faster | slower when accepted, else null")
+    verdict_words: str | None = Field(None, description="the verdict in one sentence")
     exact: bool
     noisy: bool
     reasons: list[str]
+    diagnostics: list[str] | None = Field(None, description="drift and other diagnostics, reported, not judged")
     scope: str
     measurement: dict[str, Any] = Field(description="the protocol's measurement section as recorded")
     precision: str
     speedup: Speedup
+    interval: dict[str, Any] | None = Field(
+        None, description="the speedup's confidence interval (ledger.verdict.interval_doc): estimate, low, high "
+        "(unitless ratios), level, method, df, launches per arm, covers_one, half_width (relative), variance "
+        "components (log scale), words")
+    replication: dict[str, Any] | None = Field(
+        None, description="the owner's headline of each triplet (ledger.verdict.replication_doc)")
     exactness: ExactnessDoc
     memory: Memory
     cost: Cost
@@ -176,6 +185,11 @@ class AuditDocument(_Doc):
     integrity: Integrity
     versions: dict[str, str | None]
     host_hash: str | None
+    calibration: dict[str, Any] | None = Field(
+        None, description="this host's latest A/A calibration of the protocol id, or why there is none")
+    quiet_host: dict[str, Any] | None = Field(None, description="per train package: how quiet the host was")
+    clock: dict[str, Any] | None = Field(None, description="the step clock cross-check (kernel send stamps)")
+    calibration_of: str | None = Field(None, description="for an A/A run: the protocol id it calibrates")
     ledger_head: LedgerHead
 
 
@@ -236,6 +250,11 @@ class EvidenceDocument(_Doc):
     audit_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     audited_at: str
     verdict: str
+    direction: str | None = Field(None, description="faster | slower when accepted")
+    interval: dict[str, Any] | None = Field(None, description="as in audit.json")
+    replication: dict[str, Any] | None = Field(None, description="as in audit.json")
+    diagnostics: list[str] | None = None
+    clock: str | None = Field(None, description="the step clock cross-check in words")
     scope: str
     precision: str
     measurement: dict[str, Any]

@@ -51,7 +51,8 @@ def test_version_and_short_help(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", [
-    ["freeze"], ["verify"], ["schema"], ["audit"], ["publish"], ["hygiene"], ["launch"], ["ledger"],
+    ["freeze"], ["verify"], ["schema"], ["audit"], ["publish"], ["hygiene"], ["launch"], ["calibrate"], ["rehearse"],
+    ["ledger"],
     ["ledger", "summary"], ["ledger", "list"], ["ledger", "export"], ["ledger", "verify"], ["ledger", "head"],
     ["ledger", "repair"],
 ])
@@ -116,24 +117,28 @@ def test_tables_keep_every_cell_in_an_80_column_terminal() -> None:
 
 def test_audit_json_is_one_document_and_launch_exit_follows_the_verdict(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "tests"))
-    from test_audit import RunSpec, make_run
+    from test_audit import TENSORS, RunSpec, make_run
 
     make_run(tmp_path, "run1")
-    noisy_spec = RunSpec()
-    noisy_spec.durations["B"] = [0.2] * 12 + [0.22] * 4  # A/B drift above the bound: noisy
-    make_run(tmp_path, "run2", noisy_spec)
+    make_run(tmp_path, "run2", RunSpec(diverge=("C", 3, 0, TENSORS[0])))  # the candidate's bits differ: not exact
+    drift = RunSpec()
+    drift.durations["B"] = [0.2] * 12 + [0.3] * 4  # a wide A/B spread: the interval covers 1
+    make_run(tmp_path, "run3", drift)
     ok = orch("audit", "run1", "--home", str(tmp_path), "--json", cwd=tmp_path)
     tool = subprocess.run([sys.executable, "-m", "json.tool"], input=ok.stdout, capture_output=True, text=True)
     assert ok.returncode == 0 and tool.returncode == 0
     doc = json.loads(ok.stdout)
     AuditDocument.model_validate(doc["audit"])  # the published schema describes what is written
     assert "verdict: accepted" in ok.stderr and "SUM" in doc["units"]["speedup.windows[].A|C|B"]
-    noisy = orch("audit", "run2", "--home", str(tmp_path), "--json", cwd=tmp_path)
-    bad = json.loads(noisy.stdout)
-    assert noisy.returncode == 1 and bad["exit_code"] == 1 and bad["audit"]["verdict"] == "noisy"
+    bad_run = orch("audit", "run2", "--home", str(tmp_path), "--json", cwd=tmp_path)
+    bad = json.loads(bad_run.stdout)
+    assert bad_run.returncode == 1 and bad["exit_code"] == 1 and bad["audit"]["verdict"] == "not exact"
+    same = orch("audit", "run3", "--home", str(tmp_path), "--json", cwd=tmp_path)
+    assert same.returncode == 0 and json.loads(same.stdout)["audit"]["verdict"] == "no difference shown"
     statuses = {r.run_id: r.status for r in Ledger(tmp_path / "ledger" / "ledger.arrows").records()
                 if r.kind == "audit"}
-    assert statuses == {"run1": "accepted", "run2": "noisy"}  # the audit package's status is the verdict
+    # the audit package's status is the verdict, never `failed`
+    assert statuses == {"run1": "accepted", "run2": "not exact", "run3": "no difference shown"}
     none = orch("audit", "run9", "--home", str(tmp_path), "--json", cwd=tmp_path)
     assert none.returncode == 2 and json.loads(none.stdout)["exit_code"] == 2  # no such run: one document too
     mixed = orch("audit", "run1", "run2", "--home", str(tmp_path), cwd=tmp_path)
