@@ -516,7 +516,8 @@ def test_repeats_give_per_triplet_headlines_and_an_accepted_direction(
     assert iv["df"] == 7 and (iv["low"] > 1.0 if direction == "faster" else iv["high"] < 1.0)
     assert iv["low"] < iv["estimate"] < iv["high"] and iv["estimate"] == pytest.approx(1 / factor, rel=0.1)
     assert set(doc["cost"]["gpu_seconds"]) == set(package_names(3)) and len(doc["cost"]["gpu_seconds"]) == 21
-    assert f"verdict: accepted ({direction})" in proc.stdout and "triplet 2 (B2 C2 A2): headline" in proc.stdout
+    # with --json the human report is on stderr
+    assert f"verdict: accepted ({direction})" in proc.stderr and "triplet 2 (B2 C2 A2): headline" in proc.stderr
 
 
 def test_configuration_change_is_named_not_training_code_only(tmp_path: Path) -> None:
