@@ -44,6 +44,8 @@ MODULES: dict[str, Target] = {
              "ledger.windows.x__window__mutmut_11"),
             "zip(ARM_LABELS, (a, c, b), strict=...): both are always three long, strictness cannot change a result"),
     }),
+    "ledger/stats.py": Target(("tests/test_stats.py",)),
+    "ledger/verdict.py": Target(("tests/test_stats.py", "tests/test_audit.py")),
     "ledger/merkle.py": Target(("tests/test_merkle.py",), equivalent={
         "ledger.merkle.x__subproof__mutmut_27": "complete=None instead of False: only its truth is read",
         **dict.fromkeys(
@@ -90,7 +92,8 @@ def _prepare(module: str, target: Target) -> Path:
     config = {
         "source_paths": PACKAGES,
         "only_mutate": [module],
-        "also_copy": ["examples/", "scripts/", "hooks/", "bench/"],
+        "also_copy": ["examples/", "scripts/", "hooks/", "bench/", "docs/", "README.md", "Makefile",
+                      "constraints-cpu.txt"],
         # the fast suite only: `slow` tests start trainers
         "pytest_add_cli_args": ["-p", "no:cacheprovider", "-m", "not slow", "-q", "-x", "--timeout=300"],
         "pytest_add_cli_args_test_selection": list(target.tests),
