@@ -147,12 +147,15 @@ def run_module(module: str, target: Target, timeout: float, max_children: int, m
     # a mutant that makes the tests hang is caught (the run never finishes green): mutmut's own convention
     score = (len(killed) + len(timeouts)) / judged if judged else None
     stale = sorted(set(target.equivalent) - set(status))
+    # mutmut stops before any mutant when the selected tests fail on the unmutated code: say which test
+    failing = [ln.strip() for ln in log.read_text(errors="replace").replace("\r", "\n").splitlines()
+               if ln.startswith(("FAILED ", "ERROR ")) or "failed to collect stats" in ln or "Failed to run" in ln]
     return {
         "module": module, "tests": list(target.tests), "mutants": len(status), "killed": len(killed),
         "timeout": len(timeouts), "survived": survived, "uncovered": uncovered, "not_run": len(not_run),
         "not_run_names": not_run, "equivalent": equivalent, "stale_equivalent": stale, "score": score,
         "complete": complete and proc.returncode == 0, "returncode": proc.returncode, "wall_s": round(wall, 1),
-        "log": str(log.relative_to(REPO)),
+        "log": str(log.relative_to(REPO)), "clean_run_problems": failing[:5] if not status else [],
     }
 
 
@@ -202,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"survived: {name}: {r['survivor_diffs'][name]}")
         for name in r["uncovered"]:
             print(f"no test: {name}: {r['survivor_diffs'][name]}")
+        for line in r["clean_run_problems"]:
+            print(f"{r['module']}: no mutant was judged: {line} (see {r['log']})")
         for name in r["stale_equivalent"]:
             print(f"stale equivalent-mutant entry (no such mutant now): {name}")
     print(f"figures: {args.json}")
