@@ -153,3 +153,35 @@ def test_freeze_of_real_tree_matches_sha256sum_file_by_file(tmp_path: Path, repo
     ref = subprocess.run(["sha256sum", *[e.path for e in m.entries]], cwd=src, capture_output=True, text=True,
                          check=True).stdout.splitlines()
     assert [line.split()[0] for line in ref] == [e.sha256 for e in m.entries]
+
+
+@pytest.mark.parametrize(("pattern", "matches", "misses"), [
+    ("train/**/*.py", ["train/a.py", "train/x/y/b.py"], ["train/a.pyc", "other/train/a.py", "train.py"]),
+    ("**/*.py", ["a.py", "x/y/a.py"], ["a.txt"]),
+    ("data/**", ["data/a", "data/x/y.json"], ["dat/a", "data"]),
+    ("*.py", ["a.py"], ["x/a.py", "a.pyi"]),
+    ("a?.py", ["ab.py"], ["a.py", "abc.py", "a/.py"]),
+    ("[ab].py", ["a.py", "b.py"], ["c.py", "ab.py"]),
+    ("[!ab].py", ["c.py"], ["a.py", "b.py"]),
+    ("a+b.py", ["a+b.py"], ["aab.py"]),  # a regex character stands for itself
+    ("[a", ["[a"], ["a"]),  # an unclosed bracket is a literal
+])
+def test_glob_patterns_match_as_written(pattern: str, matches: list[str], misses: list[str]) -> None:
+    from manifests.core import glob_regex
+
+    rx = glob_regex(pattern)
+    assert [p for p in matches if rx.match(p)] == matches
+    assert [p for p in misses if rx.match(p)] == []
+
+
+def test_the_root_is_the_sha256_of_the_sorted_entries_as_compact_json() -> None:
+    import hashlib
+
+    from manifests.core import Entry, root_digest
+
+    a = Entry(path="b.py", sha256="1" * 64, size=3)
+    b = Entry(path="a.py", sha256="2" * 64, size=10)
+    text = ('[{"path":"a.py","sha256":"' + "2" * 64 + '","size":10},'
+            '{"path":"b.py","sha256":"' + "1" * 64 + '","size":3}]')
+    assert root_digest([a, b]) == hashlib.sha256(text.encode()).hexdigest() == root_digest([b, a])
+    assert root_digest([]) == hashlib.sha256(b"[]").hexdigest()
