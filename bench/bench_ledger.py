@@ -33,7 +33,7 @@ HOST = hashlib.sha256(b"bench-host").hexdigest()
 
 def fields(i: int) -> dict[str, Any]:
     """Record i of a synthetic history: runs of 8 packages, each an open then a close record."""
-    run, step = divmod(i, 16)
+    run, step = i // 16, i % 16
     name, kind, arm = PACKAGES[step // 2]
     day = 1 + run % 28
     base: dict[str, Any] = {

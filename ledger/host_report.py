@@ -28,12 +28,12 @@ def quiet_host_doc(trains: Mapping[str, TrainResult], labels: Sequence[str]) -> 
     sm: list[int] = []
     throttles: set[str] = set()
     gpu_foreign: set[str] = set()
-    nvml = "not recorded"
+    gpu_note = "not recorded"
     for label in labels:
         q = trains[label].quiet_host
         if q is None:
             continue
-        nvml = q.nvml
+        gpu_note = q.gpu_note
         launches[label] = {
             "load_start": q.load_start, "load_end": q.load_end, "steal": q.steal,
             "busy_foreign": [{"name": p.name, "core_share": p.core_share} for p in q.busy_foreign],
@@ -63,7 +63,7 @@ def quiet_host_doc(trains: Mapping[str, TrainResult], labels: Sequence[str]) -> 
         parts.append("throttle reasons: " + (", ".join(sorted(throttles)) if throttles else "none"))
         parts.append("foreign GPU processes: " + (", ".join(sorted(gpu_foreign)) if gpu_foreign else "none"))
     else:
-        parts.append(f"GPU: {nvml}")
+        parts.append(f"GPU: {gpu_note}")
     return {"launches": launches, "words": "; ".join(parts) + " (observed at each train launch's start and end)"}
 
 

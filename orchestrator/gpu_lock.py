@@ -28,7 +28,6 @@ from types import TracebackType
 from typing import IO, Any, Literal, Protocol
 
 import psutil
-import pynvml
 
 from protocol.errors import LockTimeoutError, UsageError
 
@@ -58,6 +57,13 @@ class DeviceProbe(Protocol):
         ...
 
 
+def _gpu_library() -> Any:
+    """nvidia-ml-py, imported when a GPU is first probed: commands that never look at a GPU do not load it."""
+    import pynvml
+
+    return pynvml
+
+
 class NvmlProbe:
     """The real probe, through nvidia-ml-py (NVML); a host without a driver counts 0 GPUs."""
 
@@ -66,26 +72,28 @@ class NvmlProbe:
 
     def _init(self) -> bool:
         if self._ok is None:
+            lib = _gpu_library()
             try:
-                pynvml.nvmlInit()
+                lib.nvmlInit()
                 self._ok = True
-            except (pynvml.NVMLError, OSError):  # no library or no driver: a CPU host
+            except (lib.NVMLError, OSError):  # no library or no driver: a CPU host
                 self._ok = False
         return self._ok
 
     def count(self) -> int:
-        return int(pynvml.nvmlDeviceGetCount()) if self._init() else 0
+        return int(_gpu_library().nvmlDeviceGetCount()) if self._init() else 0
 
     def foreign_users(self, index: int) -> list[tuple[int, int]]:
         if not self._init():
             return []
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        lib = _gpu_library()
+        handle = lib.nvmlDeviceGetHandleByIndex(index)
         users: dict[int, int] = {}
-        getters = (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses)
+        getters = (lib.nvmlDeviceGetComputeRunningProcesses, lib.nvmlDeviceGetGraphicsRunningProcesses)
         for getter in getters:
             try:
                 procs = getter(handle)
-            except pynvml.NVMLError:  # e.g. graphics queries unsupported on compute-only boards
+            except lib.NVMLError:  # e.g. graphics queries unsupported on compute-only boards
                 continue
             for p in procs:
                 used = UNKNOWN_BYTES if p.usedGpuMemory is None else int(p.usedGpuMemory)

@@ -46,3 +46,8 @@ class QuietHost(_Doc):
     gpus_start: list[GpuState] = []
     gpus_end: list[GpuState] = []
     nvml: str  # "ok" or why there are no GPU figures
+
+    @property
+    def gpu_note(self) -> str:
+        """Whether the GPU figures were read ("ok") or why there are none."""
+        return self.nvml
