@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 
 from ledger.hygiene import classify_bytes
+from manifests.core import file_sha256
 
 # what may stay in a package's run folder although the trainer wrote it: nothing the hygiene scan calls a
 # checkpoint, tensor, image, trace or reward trace, and no HTML report (the trainer's evaluation pages)
@@ -59,12 +60,9 @@ def seal_outputs(trainer_dir: Path) -> dict[str, object]:
     kinds: dict[str, int] = {}
     for path in files:
         rel = path.relative_to(trainer_dir).as_posix()
-        h = hashlib.sha256()
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-        total += path.stat().st_size
-        tree.update(f"{h.hexdigest()}  {rel}\n".encode())
+        digest, size = file_sha256(path)
+        total += size
+        tree.update(f"{digest}  {rel}\n".encode())
         kind = _kind(path) or "other"
         kinds[kind] = kinds.get(kind, 0) + 1
         path.chmod(stat.S_IRUSR)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from protocolutil import BAGEL, bagel_variant
 from typer.testing import CliRunner
 
 from ledger.exactness import model_differences
@@ -15,18 +16,7 @@ from protocol.results import ObservedRecipe
 from protocol.schema import canonical_json, load_protocol
 from workers.model_shape import layer_counts
 
-REPO = Path(__file__).resolve().parents[1]
-BAGEL = REPO / "protocol" / "r3_bagel7b_8xh100.yaml"
 runner = CliRunner()
-
-
-def _variant(tmp_path: Path, old: str, new: str) -> Path:
-    text = BAGEL.read_text()
-    assert old in text
-    path = tmp_path / "protocol" / "p.yaml"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(text.replace(old, new, 1))
-    return path
 
 
 def test_shipped_bagel_protocol_runs_the_full_model() -> None:
@@ -40,7 +30,7 @@ def test_shipped_bagel_protocol_runs_the_full_model() -> None:
 
 @pytest.mark.parametrize("flag", ['--debug, "True",', '--debug, "1",', '"--debug=true",'])
 def test_a_shrinking_flag_is_refused_naming_it(tmp_path: Path, flag: str) -> None:
-    path = _variant(tmp_path, "--log_dir,", f"{flag} --log_dir,")
+    path = bagel_variant(tmp_path, "--log_dir,", f"{flag} --log_dir,")
     with pytest.raises(RefusedError) as err:
         load_protocol(path)
     msg = str(err.value)
@@ -52,16 +42,16 @@ def test_a_shrinking_flag_is_refused_naming_it(tmp_path: Path, flag: str) -> Non
 
 
 def test_debug_false_is_not_a_shrinking_flag(tmp_path: Path) -> None:
-    path = _variant(tmp_path, "--log_dir,", '--debug, "False", --log_dir,')
+    path = bagel_variant(tmp_path, "--log_dir,", '--debug, "False", --log_dir,')
     assert load_protocol(path).protocol.model is not None
 
 
 def test_declared_model_enters_the_id_but_older_protocols_keep_theirs(tmp_path: Path) -> None:
-    without = _variant(tmp_path, "model: {layers: 28, layer_prefix: language_model.model.layers}\n", "")
+    without = bagel_variant(tmp_path, "model: {layers: 28, layer_prefix: language_model.model.layers}\n", "")
     a, b = load_protocol(BAGEL), load_protocol(without)
     assert "model" not in json.loads(canonical_json(b.protocol)) and "model" in json.loads(canonical_json(a.protocol))
     assert a.id != b.id
-    deeper = _variant(tmp_path, "model: {layers: 28,", "model: {layers: 29,")
+    deeper = bagel_variant(tmp_path, "model: {layers: 28,", "model: {layers: 29,")
     assert load_protocol(deeper).id != a.id
 
 

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from protocolutil import BAGEL, bagel_variant
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -16,17 +17,7 @@ from protocol.errors import RefusedError
 from protocol.recipe import UPSTREAM_RECIPE
 from protocol.schema import Protocol, canonical_json, load_protocol, protocol_id
 
-BAGEL = Path(__file__).resolve().parents[1] / "protocol" / "r3_bagel7b_8xh100.yaml"
 runner = CliRunner()
-
-
-def _variant(tmp_path: Path, old: str, new: str) -> Path:
-    text = BAGEL.read_text()
-    assert old in text
-    path = tmp_path / "protocol" / "p.yaml"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(text.replace(old, new, 1))
-    return path
 
 
 def test_bagel_target_validates_and_its_command_carries_every_recipe_value() -> None:
@@ -44,7 +35,7 @@ def test_bagel_target_validates_and_its_command_carries_every_recipe_value() -> 
 
 
 def test_changed_lr_is_refused_naming_key_line_and_both_values(tmp_path: Path) -> None:
-    path = _variant(tmp_path, "lr: 5.0e-6", "lr: 1.0e-5")
+    path = bagel_variant(tmp_path, "lr: 5.0e-6", "lr: 1.0e-5")
     with pytest.raises(RefusedError) as err:
         load_protocol(path)
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith("lr:"))
@@ -53,7 +44,7 @@ def test_changed_lr_is_refused_naming_key_line_and_both_values(tmp_path: Path) -
 
 
 def test_fp16_precision_is_refused_through_the_cli_with_exit_3(tmp_path: Path) -> None:
-    path = _variant(tmp_path, "precision: bf16", "precision: fp16")
+    path = bagel_variant(tmp_path, "precision: bf16", "precision: fp16")
     line = path.read_text().splitlines().index("precision: fp16") + 1
     result = runner.invoke(app, ["freeze", "--protocol", str(path)])
     # the whole output is the one refusal line: the words alone also occur in pytest's folder name for this test
@@ -64,13 +55,13 @@ def test_fp16_precision_is_refused_through_the_cli_with_exit_3(tmp_path: Path) -
 
 
 def test_recipe_flag_that_disagrees_with_the_recipe_is_refused(tmp_path: Path) -> None:
-    path = _variant(tmp_path, '--beta1, "0.9"', '--beta1, "0.8"')
+    path = bagel_variant(tmp_path, '--beta1, "0.9"', '--beta1, "0.8"')
     with pytest.raises(RefusedError, match=r"--beta1 0.8 \(recipe beta1 = 0.9\)"):
         load_protocol(path)
 
 
 def test_unknown_field_names_file_line_and_field(tmp_path: Path) -> None:
-    path = _variant(tmp_path, "precision: bf16", "precision: bf16\nturbo: true")
+    path = bagel_variant(tmp_path, "precision: bf16", "precision: bf16\nturbo: true")
     with pytest.raises(RefusedError) as err:
         load_protocol(path)
     line = path.read_text().splitlines().index("turbo: true") + 1
@@ -78,7 +69,7 @@ def test_unknown_field_names_file_line_and_field(tmp_path: Path) -> None:
 
 
 def test_several_recipe_differences_are_all_named(tmp_path: Path) -> None:
-    path = _variant(tmp_path, "  rounds: 2\n", "  rounds: 3\n")
+    path = bagel_variant(tmp_path, "  rounds: 2\n", "  rounds: 3\n")
     text = path.read_text().replace("  eps: 1.0e-8", "  eps: 1.0e-6")
     path.write_text(text)
     with pytest.raises(RefusedError) as err:
@@ -144,22 +135,22 @@ def _line_of(path: Path, text: str, nth: int = 1) -> int:
 
 
 def test_duplicate_keys_are_refused_naming_the_line_of_the_repeat(tmp_path: Path) -> None:
-    path = _variant(tmp_path, "precision: bf16", "precision: bf16\nname: another-name")
+    path = bagel_variant(tmp_path, "precision: bf16", "precision: bf16\nname: another-name")
     line = _line_of(path, "name:", 2)
     assert f"p.yaml:{line}: duplicate key 'name' (first at line {_line_of(path, 'name:')})" in _refusal(path)
     # a repeated recipe value is named where it repeats, not where the first one stands
-    path = _variant(tmp_path, "  lr: 5.0e-6", "  lr: 5.0e-6\n  lr: 1.0e-5")
+    path = bagel_variant(tmp_path, "  lr: 5.0e-6", "  lr: 5.0e-6\n  lr: 1.0e-5")
     assert f"p.yaml:{_line_of(path, 'lr:', 2)}: duplicate key 'lr'" in _refusal(path)
 
 
 def test_protocol_over_1_mib_is_refused_before_parsing(tmp_path: Path) -> None:
-    path = _variant(tmp_path, "precision: bf16", "precision: bf16\n" + "# padding\n" * 110_000)
+    path = bagel_variant(tmp_path, "precision: bf16", "precision: bf16\n" + "# padding\n" * 110_000)
     assert path.stat().st_size > 1 << 20
     assert "larger than 1048576 bytes" in _refusal(path)
 
 
 def test_non_utf8_protocol_is_refused_naming_line_and_byte(tmp_path: Path) -> None:
-    path = _variant(tmp_path, "precision: bf16", "precision: bf16")
+    path = bagel_variant(tmp_path, "precision: bf16", "precision: bf16")
     data = path.read_bytes().replace(b"name: r3-bagel7b-8xh100", b"name: r3-\xff\xfe")
     line = _line_of(path, "name:")
     path.write_bytes(data)
@@ -171,7 +162,7 @@ def test_non_utf8_protocol_is_refused_naming_line_and_byte(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("value", ["-5", "0"])
 def test_timeouts_must_be_positive(tmp_path: Path, value: str) -> None:
-    path = _variant(tmp_path, "train: 7200", f"train: {value}")
+    path = bagel_variant(tmp_path, "train: 7200", f"train: {value}")
     line = _refusal(path)
     assert "timeouts.train" in line and "greater than 0" in line
 
@@ -181,7 +172,7 @@ def test_alias_expansion_is_bounded(tmp_path: Path) -> None:
     for i, name in enumerate("bcdefg"):
         prev = "abcdefg"[i]
         bomb += f"  {name}: &{name} [{', '.join([f'*{prev}'] * 10)}]\n"
-    path = _variant(tmp_path, "precision: bf16", "precision: bf16\n" + bomb)
+    path = bagel_variant(tmp_path, "precision: bf16", "precision: bf16\n" + bomb)
     assert "expands to more than 100000 YAML nodes" in _refusal(path)
 
 
