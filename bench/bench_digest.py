@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
-from workers.digest import digest_cpu, tx128_lanes_reference
+from workers.digest import digest_cpu
+from workers.tx128 import tx128_lanes_reference
 
 
 def cpu_figures(mib: int, reps: int) -> dict[str, float]:

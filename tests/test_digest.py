@@ -16,15 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.digest import (
-    combined_digest,
-    digest_cpu,
-    digest_many,
-    tensor_header,
-    tx128_finalize,
-    tx128_lanes_reference,
-    tx128_reference,
-)
+from workers.digest import combined_digest, digest_cpu, digest_many
+from workers.tx128 import tensor_header, tx128_finalize, tx128_lanes_reference, tx128_reference
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -101,7 +94,7 @@ def test_tx128_position_dependent_and_length_bound() -> None:
 
 _KERNEL_CHECK = r"""
 import numpy as np, torch
-from workers.digest import tx128_reference
+from workers.tx128 import tx128_reference
 from workers.digest_triton import tx128_cuda_many
 dev = "{device}"
 g = torch.Generator().manual_seed(0)
@@ -146,7 +139,7 @@ def test_triton_kernel_equals_reference_cuda() -> None:
 
 _BATCH_CHECK = r"""
 import torch
-from workers.digest import tx128_reference
+from workers.tx128 import tx128_reference
 from workers.digest_triton import tx128_cuda_many, tx128_cuda_many_per_tensor
 dev = "{device}"
 g = torch.Generator().manual_seed(1)

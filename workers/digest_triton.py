@@ -1,6 +1,6 @@
 """The tx128 digest as Triton kernels: one memory-bound pass, 16-byte loads; many tensors in two launches.
 
-Integer-exact and defined by workers/digest.py (tx128_lanes_reference); any BLOCK or grid gives the same value.
+Integer-exact and defined by workers/tx128.py (tx128_lanes_reference); any BLOCK or grid gives the same value.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
-from workers.digest import GOLD, KAE, KAO, KBE, KBO, tx128_finalize
+from workers.tx128 import GOLD, KAE, KAO, KBE, KBO, byte_view, local_tensor, tx128_finalize
 
 DEFAULT_BLOCK = 1024  # chunks (16 B each) per loop iteration of a program: 16 KiB in flight
 DEFAULT_PROGRAMS_PER_SM = 8
 
-# jit code reads only constexpr globals: the constants of workers/digest.py, split into scalars
+# jit code reads only constexpr globals: the constants of workers/tx128.py, split into scalars
 _GOLD = tl.constexpr(GOLD)
 _KAE0, _KAE1 = tl.constexpr(KAE[0]), tl.constexpr(KAE[1])
 _KAO0, _KAO1 = tl.constexpr(KAO[0]), tl.constexpr(KAO[1])
@@ -101,8 +101,6 @@ def tx128_partials(
 
 def _word_parts(t: torch.Tensor) -> tuple[list[tuple[torch.Tensor, int]], int]:
     """The tensor's bytes as (int32 words, chunk offset) parts: the whole chunks, then the zero-padded tail."""
-    from workers.digest import byte_view
-
     u8 = byte_view(t)
     nbytes = u8.numel()
     main = nbytes // 16
@@ -313,6 +311,4 @@ def tx128_cuda_many(tensors: list[Any], block: int | None = None, programs: int 
 
 
 def tx128_tensor(t: Any, block: int | None = None, programs: int | None = None) -> str:
-    from workers.digest import local_tensor
-
     return tx128_cuda_many([local_tensor(t)], block=block, programs=programs)[0]

@@ -24,9 +24,10 @@ from typing import Any
 
 from protocol.clock import CLOCK_FUNCTIONS
 from workers.common import RANK_FAILED
-from workers.digest import combined_digest, digest_many, local_tensor
+from workers.digest import combined_digest, digest_many
 from workers.model_shape import layer_counts
 from workers.scalars import TrainerNumbers
+from workers.tx128 import local_tensor
 from workers.watch import WatchLog, inspect_compiled_graphs, make_watch
 
 # bound when the probe is imported, before any trainer code runs: a trainer that patches `time` cannot reach these

@@ -262,7 +262,7 @@ def encode(value: Any) -> str:
         return code
     import torch
 
-    from workers.digest import local_tensor
+    from workers.tx128 import local_tensor
 
     t = local_tensor(value).detach().reshape(-1)[:1].cpu().contiguous()
     raw = t.view(torch.uint8).numpy().tobytes()
