@@ -35,6 +35,7 @@ from ledger.windows import Speedup, step_times
 from ledger.witness import check_witnessed, record_head, repository_root
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from protocol.errors import FailedError, OrchError, UsageError
+from protocol.hashing import canonical_json, sha256_file
 from protocol.home import Home, resolve_home
 from protocol.plan import launch_labels, package_names, replay_label, triplets
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
@@ -120,14 +121,6 @@ class AuditResult:
     @property
     def verdict(self) -> str:
         return str(self.document["verdict"])
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _first_error(err: ValidationError) -> str:
@@ -624,7 +617,7 @@ def compute_audit(
 
 
 def canonical_bytes(doc: Mapping[str, Any]) -> bytes:
-    return (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    return canonical_json(doc, ensure_ascii=False, pretty=True).encode()
 
 
 def evidence_part(doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ledger.hygiene import scan_bytes, this_host_names
 from ledger.store import Ledger
 from ledger.witness import EVIDENCE_DIR, ledger_id, record_head, repository_root
 from protocol.errors import RefusedError, UsageError
+from protocol.hashing import canonical_json
 from protocol.home import resolve_home
 
 EVIDENCE_SCHEMA = "orch.evidence/1"
@@ -152,7 +153,7 @@ def publish_run(home: Path | None, run_id: str, to: Path, repo: Path | None = No
         )
     ledger = Ledger(h.ledger_path)
     doc = evidence_document(json.loads(data), digest, ledger_id(ledger))
-    text = (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    text = canonical_json(doc, ensure_ascii=False, pretty=True).encode()
     findings = scan_bytes(str(to), text, this_host_names())
     if findings:
         for f in findings:

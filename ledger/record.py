@@ -7,7 +7,6 @@ Version 2 (new ledgers) adds `user` and stores times as timestamp[us, UTC]; vers
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import pwd
@@ -19,6 +18,8 @@ from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from protocol.hashing import canonical_json as dumps_canonical
 
 FORMAT = "orch.ledger/1"
 FORMAT_V2 = "orch.ledger/2"
@@ -211,7 +212,7 @@ def record_class(version: int) -> type[LedgerRecord]:
 
 def canonical_json(fields: dict[str, Any]) -> str:
     """Sorted keys, no whitespace: the bytes that record_hash is the SHA256 of."""
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return dumps_canonical(fields, ensure_ascii=False, allow_nan=False)
 
 
 def record_hash_of(fields: dict[str, Any]) -> str:

@@ -16,9 +16,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.errors import RefusedError
+from protocol.hashing import canonical_json, file_sha256
 
 MANIFEST_SCHEMA = "orch.manifest/1"
-_CHUNK = 1 << 20
 _PARALLEL_MIN_FILES = 2000
 
 
@@ -41,8 +41,8 @@ class Manifest(BaseModel):
     sources_root: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json", by_alias=True, exclude_none=True), indent=1,
-                          sort_keys=True) + "\n"
+        return canonical_json(self.model_dump(mode="json", by_alias=True, exclude_none=True), ensure_ascii=True,
+                              pretty=True)
 
     def to_sha256sum(self) -> str:
         return "".join(f"{e.sha256}  {e.path}\n" for e in self.entries)
@@ -50,20 +50,7 @@ class Manifest(BaseModel):
 
 def root_digest(entries: Iterable[Entry]) -> str:
     canonical = [e.model_dump() for e in sorted(entries, key=lambda e: e.path)]
-    return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def file_sha256(path: Path | str) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while chunk := os.read(fd, _CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    return h.hexdigest(), size
+    return hashlib.sha256(canonical_json(canonical, ensure_ascii=True).encode()).hexdigest()
 
 
 def glob_regex(pattern: str) -> re.Pattern[str]:

@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 
 from ledger.hygiene import classify_bytes
-from manifests.core import file_sha256
+from protocol.hashing import file_sha256
 
 # what may stay in a package's run folder although the trainer wrote it: nothing the hygiene scan calls a
 # checkpoint, tensor, image, trace or reward trace, and no HTML report (the trainer's evaluation pages)

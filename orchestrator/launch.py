@@ -29,16 +29,18 @@ from orchestrator import gpu_lock
 from orchestrator.blinding import quarantine, seal_outputs
 from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
 from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
-from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, sha256_file
+from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package
 from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
 from orchestrator.sealing import SealedArm, check_seal, seal_arm, unseal_for_removal
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, os_error_line
+from protocol.hashing import canonical_json, sha256_file
 from protocol.home import Home, resolve_home
 from protocol.package import CommandSpec, PackageSpec, ScoreTarget
 from protocol.plan import PlannedPackage, kept_checkpoints, plan, score_labels
 from protocol.results import ChecksResult, TrainResult
-from protocol.schema import Arm, LoadedProtocol, canonical_json, load_protocol
+from protocol.schema import Arm, LoadedProtocol, load_protocol
+from protocol.schema import canonical_json as protocol_canonical_json
 
 RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines
 PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K)
@@ -155,7 +157,7 @@ class RunContext:
         return len(self.grant.devices) if self.grant is not None and self.grant.kind == "gpu" else 0
 
     def write_run_json(self) -> None:
-        write_atomic(self.run_dir / "run.json", (json.dumps(self.doc, indent=1, sort_keys=True) + "\n").encode())
+        write_atomic(self.run_dir / "run.json", canonical_json(self.doc, ensure_ascii=True, pretty=True).encode())
 
     def record(self, pkg: PlannedPackage, status: str, **fields: Any) -> None:
         (self.opened if status == "open" else self.closed).add(pkg.name)
@@ -256,7 +258,7 @@ def _create_run_dir(run_dir: Path, protocol_json: bytes, run_doc: dict[str, Any]
     try:
         staging.mkdir()
         write_atomic(staging / "protocol.json", protocol_json)
-        write_atomic(staging / "run.json", (json.dumps(run_doc, indent=1, sort_keys=True) + "\n").encode())
+        write_atomic(staging / "run.json", canonical_json(run_doc, ensure_ascii=True, pretty=True).encode())
         os.rename(staging, run_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -431,7 +433,7 @@ def launch(
             },
             **(run_doc or {}),
         }
-        _create_run_dir(run_dir, canonical_json(loaded.protocol), ctx.doc)
+        _create_run_dir(run_dir, protocol_canonical_json(loaded.protocol), ctx.doc)
         scratch.mkdir(parents=True)
         say(f"run {run_id}")
         launcher = loaded.protocol.launcher

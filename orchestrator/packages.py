@@ -6,7 +6,6 @@ Allow-listed environment, cwd in the sealed copy, a timeout, logs to files, one 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from ledger.audit import write_atomic
 from orchestrator.gpu_lock import exit_status, spawn_in_group, terminate_group, wait_group
 from orchestrator.isolation import isolate
 from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
+from protocol.hashing import canonical_json
 from protocol.package import PackageSpec
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, TrainResult
 
@@ -92,19 +92,11 @@ def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_spec(spec: PackageSpec) -> Path:
     pkg_dir = Path(spec.package_dir)
     pkg_dir.mkdir(parents=True, exist_ok=True)
     path = pkg_dir / "package.json"
-    text = json.dumps(spec.model_dump(mode="json", by_alias=True), indent=1, sort_keys=True) + "\n"
+    text = canonical_json(spec.model_dump(mode="json", by_alias=True), ensure_ascii=True, pretty=True)
     write_atomic(path, text.encode())
     path.chmod(0o444)
     return path

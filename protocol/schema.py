@@ -6,7 +6,6 @@ A protocol freezes one experiment; its id is the SHA256 of its canonical JSON. R
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from protocol.errors import RefusedError
+from protocol.hashing import canonical_json as dumps_canonical
 from protocol.recipe import ALLOWED_PRECISIONS, UPSTREAM_RECIPE, flag_value_equal
 
 PROTOCOL_SCHEMA = "orch.protocol/1"
@@ -208,7 +208,7 @@ def canonical_json(protocol: Protocol) -> bytes:
     for (section, key), default in _LATER_DEFAULTS.items():
         if data.get(section, {}).get(key, default) == default:
             data.get(section, {}).pop(key, None)
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return dumps_canonical(data, ensure_ascii=False).encode()
 
 
 def protocol_id(protocol: Protocol) -> str:

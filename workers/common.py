@@ -6,8 +6,6 @@ A worker exits 0 with result.json written, or non-zero with one line on stderr s
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -16,6 +14,7 @@ from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from protocol.hashing import canonical_json
 from protocol.package import PackageSpec
 
 R = TypeVar("R", bound=BaseModel)
@@ -38,24 +37,16 @@ def load_spec(path: str | Path, kind: str) -> PackageSpec:
     return spec
 
 
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_json(path: str | Path, doc: BaseModel | dict[str, Any], mode: int | None = None) -> None:
     """Atomic write: a reader never sees half a document."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(doc, BaseModel):
-        text = doc.model_dump_json(by_alias=True, indent=1)
+        text = doc.model_dump_json(by_alias=True, indent=1) + "\n"
     else:
-        text = json.dumps(doc, indent=1, sort_keys=True)
+        text = canonical_json(doc, ensure_ascii=True, pretty=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text + "\n")
+    tmp.write_text(text)
     if mode is not None:
         os.chmod(tmp, mode)
     os.replace(tmp, path)

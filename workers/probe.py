@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.clock import CLOCK_FUNCTIONS
+from protocol.hashing import sha256_file
 from workers.common import RANK_FAILED
 from workers.digest import combined_digest, digest_many
 from workers.model_shape import layer_counts
@@ -72,14 +73,6 @@ def parse_steps(text: str) -> set[int]:
         lo, _, hi = part.partition("-")
         out.update(range(int(lo), int(hi or lo) + 1))
     return out
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _is_module(obj: Any, module_type: type) -> bool:
@@ -425,7 +418,7 @@ class Probe:
         tmp = path.with_suffix(".pt.tmp")
         torch.save(doc, tmp)
         os.replace(tmp, path)
-        return path.name, _sha256_file(path)
+        return path.name, sha256_file(path)
 
     def observed_recipe(self) -> dict[str, Any] | None:
         if self.recipe is None:
@@ -449,7 +442,7 @@ class Probe:
             "complete": complete,
             "steps": self.step + (1 if complete else 0),
             "steps_file": self.steps_path.name,
-            "steps_sha256": _sha256_file(self.steps_path),
+            "steps_sha256": sha256_file(self.steps_path),
             "final_digests": self.final_digests or {},
             "final_combined": combined_digest(self.final_digests) if self.final_digests else None,
             "observed_recipe": self.observed_recipe(),

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from protocol.hashing import sha256_file
 from protocol.package import PackageSpec
 from protocol.results import ReloadRank, ReloadResult
-from workers.common import WorkerFailed, run_entry_point, sha256_file
+from workers.common import WorkerFailed, run_entry_point
 from workers.digest import combined_digest, digest_many
 
 

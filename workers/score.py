@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from protocol.hashing import sha256_file
 from protocol.package import PackageSpec, ScoreTarget
 from protocol.results import ScoreResult
-from workers.common import WorkerFailed, run_entry_point, sha256_file, write_json
+from workers.common import WorkerFailed, run_entry_point, write_json
 
 
 def score_target(spec: PackageSpec, target: ScoreTarget) -> dict[str, Any]:

@@ -25,10 +25,11 @@ from protocol.clock import (
     compare,
     independent_durations,
 )
+from protocol.hashing import sha256_file
 from protocol.package import PackageSpec
 from protocol.results import ObservedRecipe, RankSummary, StepRecord, TrainResult
 from workers.clock import StepClock
-from workers.common import RANK_FAILED_RE, WorkerFailed, run_entry_point, sha256_file
+from workers.common import RANK_FAILED_RE, WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
 
 _PR_SET_PDEATHSIG = 1

@@ -36,6 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from protocol.hashing import canonical_json as dumps_canonical
+
 HOST = "127.0.0.1"
 READY_SCHEMA = "orch.rehearsal-judge-ready/1"
 COUNTS_SCHEMA = "orch.rehearsal-judge-counts/1"
@@ -45,7 +47,7 @@ MAX_BODY = 64 << 20  # a 512x512 JPEG as base64 is well under 1 MiB; refuse anyt
 
 
 def canonical_json(doc: Any) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return dumps_canonical(doc, ensure_ascii=False).encode()
 
 
 def chat_verdict(messages: Any) -> tuple[int, str]:

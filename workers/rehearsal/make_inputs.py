@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import hashlib
 import importlib.machinery
 import importlib.util
 import json
@@ -28,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.hashing import sha256_file
 from protocol.rehearsal_inputs import DataInfo, DeclaredModel, InputFile, RehearsalInputs, TokenizerInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,14 +97,6 @@ class Sizes:
             raise Refused("--layers, --intermediate, --vit-intermediate, --train-prompts, --val-prompts must be >= 1")
         if self.bpe_vocab < 256:
             raise Refused(f"--bpe-vocab {self.bpe_vocab}: a byte-level BPE needs at least the 256 byte symbols")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_json(path: Path, doc: Any) -> None:
