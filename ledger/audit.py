@@ -37,14 +37,13 @@ from manifests.core import diff_manifests, hash_tree, load_manifest
 from protocol.errors import FailedError, OrchError, UsageError
 from protocol.hashing import canonical_json, sha256_file
 from protocol.home import Home, resolve_home
-from protocol.plan import launch_labels, package_names, replay_label, triplets
+from protocol.plan import ARMS, BASELINE_ROLES, KINDS, ROLES, launch_labels, package_names, replay_label, triplets
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
 from protocol.schema import Protocol
 
 AUDIT_SCHEMA = "orch.audit/1"
 PACKAGES = package_names(1)  # the owner's run; with measurement.repeats K the plan lists package_names(K)
 RUN_SCHEMA = "orch.run/2"
-ARMS = ("baseline", "candidate")
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 M = TypeVar("M", bound=BaseModel)
 # the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
@@ -457,7 +456,7 @@ def _speedup_doc(sp: Speedup, times: Mapping[str, Sequence[float]]) -> dict[str,
         "drift_bound": sp.drift_bound,
         "noisy": sp.noisy,
         "words": sp.words,
-        "step_times": {label: list(times[label]) for label in ("A", "C", "B")},
+        "step_times": {label: list(times[label]) for label in ROLES},
     }
 
 
@@ -467,14 +466,14 @@ def _memory_doc(ev: RunEvidence, roles: Mapping[str, str]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for rank in ranks:
         row: dict[str, Any] = {"rank": rank}
-        for label in ("A", "C", "B"):
+        for label in ROLES:
             summary = next((r for r in ev.trains[roles[label]].ranks if r.rank == rank), None)
             row[label] = {
                 "allocated": summary.peak_allocated if summary else None,
                 "reserved": summary.peak_reserved if summary else None,
             }
         for kind in ("allocated", "reserved"):
-            base = [row[label][kind] for label in ("A", "B")]
+            base = [row[label][kind] for label in BASELINE_ROLES]
             cand = row["C"][kind]
             # candidate minus the larger baseline peak: a positive delta is more memory
             row[f"delta_{kind}"] = cand - max(base) if cand is not None and None not in base else None
@@ -604,7 +603,7 @@ def compute_audit(
         "integrity": {
             "seals_verified": list(ARMS),
             "result_sha256": {name: ev.closes[name].result_digest for name in ev.names},
-            "ledger_records": sum(1 for r in ev.records if r.kind in ("checks", "train", "reload", "replay", "score")),
+            "ledger_records": sum(1 for r in ev.records if r.kind in KINDS),
         },
         "versions": dict(ev.checks.versions),
         "host_hash": (host or {}).get("host_hash"),

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.plan import ROLES
 from protocol.results import ObservedRecipe, ReloadResult, StepRecord, TrainResult
 
 Steps = Mapping[str, Mapping[int, Sequence[StepRecord]]]  # arm label -> rank -> step lines
@@ -274,7 +275,7 @@ def _listed(values: Sequence[str]) -> str:
     return "[" + ", ".join(values[:4]) + (f", ... {len(values) - 4} more" if len(values) > 4 else "") + "]"
 
 
-def structure_differences(observed: Mapping[str, ObservedRecipe], reference: str = "A") -> list[str]:
+def structure_differences(observed: Mapping[str, ObservedRecipe], reference: str = ROLES[0]) -> list[str]:
     """Frozen and trainable sets, parameter counts and optimizer groups of every arm against the baseline A's."""
     diffs: list[str] = []
     ref = observed[reference]
@@ -400,8 +401,8 @@ def exactness(
     n_steps: int,
     digest_first: int,
     digest_last: int,
-    labels: Sequence[str] = ("A", "C", "B"),
-    replay_of: str = "C",  # the candidate launch that watch-C replays (C1 with repeats)
+    labels: Sequence[str] = ROLES,
+    replay_of: str = ROLES[1],  # the candidate launch that watch-C replays (C1 with repeats)
     model: Mapping[str, Any] | None = None,
     watch: TrainResult | None = None,
     watch_steps: Mapping[int, Sequence[StepRecord]] | None = None,

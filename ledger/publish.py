@@ -20,6 +20,7 @@ from ledger.witness import EVIDENCE_DIR, ledger_id, record_head, repository_root
 from protocol.errors import RefusedError, UsageError
 from protocol.hashing import canonical_json
 from protocol.home import resolve_home
+from protocol.plan import ROLES
 
 EVIDENCE_SCHEMA = "orch.evidence/1"
 
@@ -97,7 +98,7 @@ def evidence_document(audit: Mapping[str, Any], audit_sha256: str, ledger_id: st
             "peaks": [
                 {
                     "rank": r["rank"],
-                    **{label: r[label] for label in ("A", "C", "B")},
+                    **{label: r[label] for label in ROLES},
                     "delta_allocated": r["delta_allocated"],
                     "delta_reserved": r["delta_reserved"],
                 }

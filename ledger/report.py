@@ -14,6 +14,7 @@ from rich.console import Console
 
 from ledger.render import print_whole, whole_table
 from ledger.verdict import interval_text, verdict_lines
+from protocol.plan import ROLES
 
 if TYPE_CHECKING:
     from ledger.audit import AuditResult
@@ -127,7 +128,7 @@ def memory_rows(doc: Mapping[str, Any]) -> list[list[str]]:
     for r in doc["memory"]["ranks"]:
         rows.append(
             [str(r["rank"])]
-            + [f"{_peak(r[label]['allocated'])} / {_peak(r[label]['reserved'])}" for label in ("A", "C", "B")]
+            + [f"{_peak(r[label]['allocated'])} / {_peak(r[label]['reserved'])}" for label in ROLES]
             + [f"{_bytes(r['delta_allocated'])} / {_bytes(r['delta_reserved'])}"]
         )
     return rows
@@ -284,7 +285,7 @@ def plot_step_times(doc: Mapping[str, Any], path: Path) -> None:
     fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=100, gridspec_kw={"width_ratios": [1, 1.3]})
     try:
         first = sp["windows"][0]["steps"][0] if sp["windows"] else 0
-        for label in ("A", "C", "B"):  # launch order
+        for label in ROLES:  # launch order
             times = [t * 1000 for t in sp["step_times"][label]]
             full.plot(range(len(times)), times, marker="o", ms=3, label=label, color=ARM_COLORS.get(label))
             zoom.plot(range(first, len(times)), times[first:], marker="o", ms=3, lw=0.8, alpha=0.5,
@@ -301,7 +302,7 @@ def plot_step_times(doc: Mapping[str, Any], path: Path) -> None:
             zoom.axvspan(lo, hi, color="0.88" if i % 2 == 0 else "0.95", zorder=0)
             zoom.text((lo + hi) / 2, 0.98, f"{w['name']}  {w['ratio']:.3f}x\ndrift {w['drift']:.3f}",
                       transform=zoom.get_xaxis_transform(), ha="center", va="top", fontsize=8)
-            for label in ("A", "C", "B"):
+            for label in ROLES:
                 steps = [t * 1000 for t in w["step_times"][label]]
                 mean = sum(steps) / len(steps)
                 zoom.errorbar((lo + hi) / 2 + offsets[label], mean, yerr=[[mean - min(steps)], [max(steps) - mean]],

@@ -11,9 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from protocol.errors import FailedError
+from protocol.plan import ROLES
 from protocol.results import StepRecord
-
-ARM_LABELS = ("A", "C", "B")  # launch order: baseline A, candidate C, baseline B
 
 
 @dataclass(frozen=True)
@@ -94,13 +93,13 @@ def coefficient_of_variation(xs: Sequence[float]) -> float:
 
 
 def _window(name: str, steps: tuple[int, ...], times: Mapping[str, Sequence[float]]) -> WindowStats:
-    per_arm = {label: tuple(times[label][s] for s in steps) for label in ARM_LABELS}
+    per_arm = {label: tuple(times[label][s] for s in steps) for label in ROLES}
     # fsum: the sum does not depend on the order of steps, so swapping arms cannot change a figure
-    a, c, b = (math.fsum(per_arm[label]) for label in ARM_LABELS)
-    for label, total in zip(ARM_LABELS, (a, c, b), strict=True):
+    a, c, b = (math.fsum(per_arm[label]) for label in ROLES)
+    for label, total in zip(ROLES, (a, c, b), strict=True):
         if not total > 0:
             raise FailedError(f"window {name}: arm {label} has non-positive time {total!r}")
-    cv_a, cv_c, cv_b = (coefficient_of_variation(per_arm[label]) for label in ARM_LABELS)
+    cv_a, cv_c, cv_b = (coefficient_of_variation(per_arm[label]) for label in ROLES)
     ratio = window_ratio(a, c, b)
     drift = window_drift(a, b)
     noise = max(drift, cv_a, cv_c, cv_b)
@@ -142,7 +141,7 @@ def speedup(
     drift_bound: float,
 ) -> Speedup:
     """Windows, per-window ratio and drift, headline = min ratio; noisy when any drift exceeds the bound."""
-    for label in ARM_LABELS:
+    for label in ROLES:
         if len(times.get(label, ())) != steps:
             raise FailedError(f"arm {label}: {len(times.get(label, ()))} step times, expected {steps}")
     stats = tuple(_window(f"w{i + 1}", ws, times) for i, ws in enumerate(window_steps(steps, warmup, window)))

@@ -15,6 +15,7 @@ import typer
 from manifests.core import Manifest, diff_manifests, hash_tree, load_manifest, write_text_atomic
 from manifests.sources import arm_source_dir
 from protocol.errors import RefusedError, UsageError
+from protocol.plan import ARMS
 from protocol.schema import json_schema, load_protocol
 
 
@@ -48,7 +49,7 @@ def freeze_command(root: Path | None, include: list[str], protocol_path: Path | 
         if root is not None or include:
             raise UsageError("give either ROOT --include GLOB... or --protocol P, not both")
         loaded = load_protocol(protocol_path)
-        if arm not in ("baseline", "candidate"):
+        if arm not in ARMS:
             raise UsageError(f"--arm {arm!r} is not an arm; use baseline or candidate")
         arm_spec = getattr(loaded.protocol.arms, arm)
         tree = loaded.resolve(loaded.protocol.sources.root)

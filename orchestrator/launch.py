@@ -37,7 +37,7 @@ from protocol.errors import FailedError, InterruptedRunError, OrchError, Refused
 from protocol.hashing import canonical_json, sha256_file
 from protocol.home import Home, resolve_home
 from protocol.package import CommandSpec, PackageSpec, ScoreTarget
-from protocol.plan import PlannedPackage, kept_checkpoints, plan, score_labels
+from protocol.plan import ARMS, PlannedPackage, kept_checkpoints, plan, score_labels
 from protocol.results import ChecksResult, TrainResult
 from protocol.schema import Arm, LoadedProtocol, load_protocol
 from protocol.schema import canonical_json as protocol_canonical_json
@@ -98,7 +98,7 @@ def verify_arms(loaded: LoadedProtocol, workdir: Path, say: Callable[[str], None
     """Hash each arm's sources and compare with its commitment (exit 3 with the diff when they differ)."""
     include = list(loaded.protocol.sources.include)
     out: dict[str, VerifiedArm] = {}
-    for name in ("baseline", "candidate"):
+    for name in ARMS:
         arm: Arm = getattr(loaded.protocol.arms, name)
         commitment_path = loaded.resolve(arm.commitment)
         commitment = load_manifest(commitment_path)

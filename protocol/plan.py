@@ -8,12 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ARMS = ("baseline", "candidate")
+ROLES = ("A", "C", "B")  # the owner's roles in one triplet, in the owner's launch order: baseline, candidate, baseline
+BASELINE_ROLES = ("A", "B")  # the two baseline launches of a triplet
+KINDS = ("checks", "train", "reload", "replay", "score")  # the kinds of the plan's packages
 
 
 @dataclass(frozen=True)
 class PlannedPackage:
     name: str
-    kind: str  # checks | train | reload | score
+    kind: str  # one of KINDS
     arm_label: str | None = None  # A | C | B (repeats 1); A1, C1, B1, B2, C2, A2, ... (repeats K)
 
     @property
@@ -34,12 +37,12 @@ class Triplet:
     @property
     def labels(self) -> dict[str, str]:
         """Owner's role (A, C, B) -> this triplet's label."""
-        return {"A": self.a, "C": self.c, "B": self.b}
+        return dict(zip(ROLES, (self.a, self.c, self.b), strict=True))
 
 
 def arm_of(label: str) -> str:
     """A* and B* are baseline launches, C* candidate launches."""
-    if not label or label[0] not in "ACB":
+    if not label or label[0] not in ROLES:
         raise ValueError(f"not an arm label: {label!r}")
     return "candidate" if label[0] == "C" else "baseline"
 
@@ -52,7 +55,7 @@ def triplets(repeats: int) -> list[Triplet]:
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if repeats == 1:
-        return [Triplet(1, "A", "C", "B", ("A", "C", "B"))]
+        return [Triplet(1, *ROLES, order=ROLES)]
     out = []
     for k in range(1, repeats + 1):
         a, c, b = f"A{k}", f"C{k}", f"B{k}"

@@ -42,7 +42,7 @@ MODULES: dict[str, Target] = {
         **dict.fromkeys(
             ("ledger.windows.x__window__mutmut_7", "ledger.windows.x__window__mutmut_10",
              "ledger.windows.x__window__mutmut_11"),
-            "zip(ARM_LABELS, (a, c, b), strict=...): both are always three long, strictness cannot change a result"),
+            "zip(ROLES, (a, c, b), strict=...): both are always three long, strictness cannot change a result"),
         "ledger.windows.x__window__mutmut_53": "'faster' if ratio >= 1.0: the words branch runs only beyond the noise, "
                                                "and a ratio of exactly 1 is always within it (|1 - 1| = 0 <= noise)",
     }),
