@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null mutation clean
+.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null attack mutation clean
 
 all: test
 
@@ -56,6 +56,12 @@ bench-probe: $(STAMP)
 # one device call (~8 min on one H200): null runs with repeats and a known 25% slowdown; figures under $$OUT
 bench-null: $(STAMP)
 	$(BIN)/python bench/bench_null.py $(BENCH_NULL_ARGS)
+
+# issue 17's attacks re-run for real on r3-mini (CPU): cheats, faults, tampers, bad inputs; slow (~30-40 min on 2
+# busy cores), not part of `make test`. ATTACK_ARGS="--only input,tamper" for some families. Writes
+# docs/validation/attack_battery_cpu.json.
+attack: $(STAMP)
+	nice -n 5 $(BIN)/python bench/attack/battery.py $(ATTACK_ARGS)
 
 # mutation testing of the core (docs/MUTATION.md); not in CI. MODULES="ledger/windows.py ..." for some of them,
 # MUTATION_TIMEOUT seconds per module. mutmut is installed here, not in the dev extra, so CI's install stays as it is.

@@ -32,6 +32,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(ledger_app, name="ledger")
+# checked while parsing (one usage line, exit 2), before any run folder, ledger record or lock exists
+LockTimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--lock-timeout", min=0.0, help="give up waiting for the GPU lock after S seconds (exit 75)"),
+]
 
 
 def orch_version() -> str:
@@ -198,9 +203,7 @@ def launch(
     protocol: Annotated[Path, typer.Argument(help="protocol.yaml to run", show_default=False)],
     home: HomeOpt = None,
     json_out: JsonOpt = False,
-    lock_timeout: Annotated[
-        float | None, typer.Option("--lock-timeout", help="give up waiting for the GPU lock after S seconds (exit 75)")
-    ] = None,
+    lock_timeout: LockTimeoutOpt = None,
     lock_dir: Annotated[Path | None, typer.Option("--lock-dir", help="host-wide lock directory of gpu-run")] = None,
 ) -> None:
     """Run the protocol: verified sources, one GPU lock, sealed packages, ledger, then the audit.
@@ -224,9 +227,7 @@ def rehearse(
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs to rehearse on (policy groups sized to fit)")] = 1,
     home: HomeOpt = None,
     json_out: JsonOpt = False,
-    lock_timeout: Annotated[
-        float | None, typer.Option("--lock-timeout", help="give up waiting for the GPU lock after S seconds (exit 75)")
-    ] = None,
+    lock_timeout: LockTimeoutOpt = None,
     compile_cache: Annotated[
         Path | None, typer.Option("--compile-cache", help="keep torch.compile's cache here across rehearsals")
     ] = None,
@@ -267,9 +268,7 @@ def calibrate(
     ] = None,
     home: HomeOpt = None,
     json_out: JsonOpt = False,
-    lock_timeout: Annotated[
-        float | None, typer.Option("--lock-timeout", help="give up waiting for the GPU lock after S seconds (exit 75)")
-    ] = None,
+    lock_timeout: LockTimeoutOpt = None,
     lock_dir: Annotated[Path | None, typer.Option("--lock-dir", help="host-wide lock directory of gpu-run")] = None,
 ) -> None:
     """A/A run (candidate = baseline): this host's noise floor for the workload, recorded in the ledger."""

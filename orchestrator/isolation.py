@@ -1,12 +1,14 @@
 """Package isolation: each package gets a private TMPDIR and HOME under the run's scratch and, where the kernel
 allows, its own mount namespace in which the shared temporary folders and the user's home are read-only.
 
-Guarantee (namespace mode): a package cannot write /tmp, /var/tmp or the user's home except the run directory,
-the run's scratch and TRITON_CACHE_DIR (a write fails with EROFS, which names the path in the package's log), and
-gets a fresh /dev/shm that ends with it; so nothing it leaves there can reach a later launch. Without namespaces
-(scan mode) new entries in those folders are detected after the package and fail it, naming them. Limits: a
-process with privileges in its namespace (root, or the mapped root of an unprivileged user namespace) can undo
-its own mounts, and root can always escape; folders other than these (e.g. a project checkout) are not covered.
+Guarantee (namespace mode): a package cannot write /tmp, /var/tmp, the user's home or orch's home (ledger,
+witness, other runs) except the run directory, the run's scratch and TRITON_CACHE_DIR (a write fails with EROFS,
+which names the path in the package's log), and gets a fresh /dev/shm that ends with it; so nothing it leaves
+there can reach a later launch or the evidence. Without namespaces (scan mode) new entries in those folders are
+detected after the package and fail it, naming them (a change inside an existing file, such as an append to the
+ledger, is not). Limits: a process with privileges in its namespace (root, or the mapped root of an unprivileged
+user namespace) can undo its own mounts, and root can always escape; folders other than these (e.g. the rest of a
+project checkout) are not covered.
 """
 
 from __future__ import annotations
@@ -163,13 +165,18 @@ def _shown(path: str) -> str:
     return path
 
 
-def isolate(scratch_dir: str, name: str, keep: Sequence[str], mode: str = "auto") -> PackageIsolation:
+def isolate(scratch_dir: str, name: str, keep: Sequence[str], mode: str = "auto",
+            protect: Sequence[str] = ()) -> PackageIsolation:
     """The isolation of package `name`: private folders under scratch/isolated/NAME; mode auto = namespace where
-    the kernel allows, else scan."""
+    the kernel allows, else scan. `protect`: more folders made read-only in the namespace (orch's home: its ledger,
+    witness and other runs), `keep` stays writable inside them."""
     if mode == "auto":
         mode = "namespace" if namespaces_work() else "scan"
     if mode not in ("namespace", "scan"):
         raise ValueError(f"isolation mode {mode!r} is not namespace, scan or auto")
     extra = [os.environ["TRITON_CACHE_DIR"]] if os.environ.get("TRITON_CACHE_DIR") else []
     keep_paths = [os.path.realpath(k) for k in [*keep, *extra]]
-    return PackageIsolation(mode, Path(scratch_dir) / "isolated" / name, keep_paths, protected_dirs())
+    protected = protected_dirs()
+    more = [os.path.realpath(p) for p in protect if os.path.isdir(p)]
+    protected += [p for p in more if not any(_under(p, d) for d in protected)]
+    return PackageIsolation(mode, Path(scratch_dir) / "isolated" / name, keep_paths, protected)

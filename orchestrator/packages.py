@@ -146,7 +146,9 @@ def _run_package(
     caches = [env[k] for k in COMPILE_CACHE_VARS if env.get(k) and os.path.isabs(env[k])]
     for cache in caches:
         os.makedirs(cache, exist_ok=True)
-    iso = isolate(spec.scratch_dir, spec.name, [str(run_dir), spec.scratch_dir, *caches], isolation)
+    # orch's home (ledger, witness, other runs) is read-only to the package: a candidate cannot rewrite evidence
+    iso = isolate(spec.scratch_dir, spec.name, [str(run_dir), spec.scratch_dir, *caches], isolation,
+                  protect=[str(run_dir.parent.parent)])
     iso.start()
     cmd = iso.command([sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)], spec.sealed_dir)
     env = iso.env(env)

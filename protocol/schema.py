@@ -6,6 +6,7 @@ A protocol freezes one experiment; its id is the SHA256 of its canonical JSON. R
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -286,6 +287,41 @@ def launch_flag_differences(protocol: Protocol) -> list[str]:
     return problems
 
 
+def _recipe_flag_named(token: str, flags: Sequence[str]) -> str | None:
+    """The recipe flag an argument sets, the way argparse reads it: `--key`, `--key=value` or an abbreviation."""
+    key = token.partition("=")[0]
+    if not key.startswith("--") or len(key) < 3:
+        return None
+    if key in flags:
+        return key
+    matches = [f for f in flags if f.startswith(key)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def recipe_overrides(protocol: Protocol) -> list[str]:
+    """Arguments that would set a recipe value a second time, behind the one checked `--key value` (the trainer's
+    parser keeps the last): a repeated flag, a `--key=value` form, an abbreviation argparse accepts, or an arm's
+    `config` key (passed as `--key value` after the launcher's arguments)."""
+    flags = [f"--{key}" for key in protocol.recipe.model_dump()]
+    problems = []
+    seen: set[str] = set()
+    for token in protocol.launcher.args:
+        flag = _recipe_flag_named(token, flags)
+        if flag is None:
+            continue
+        if token != flag:
+            problems.append(f"launcher.args {token!r} sets {flag} (write it once as `{flag} VALUE`)")
+        elif flag in seen:
+            problems.append(f"launcher.args give {flag} twice (the trainer keeps the last)")
+        seen.add(flag)
+    for arm in ("baseline", "candidate"):
+        for key in getattr(protocol.arms, arm).config:
+            flag = _recipe_flag_named(f"--{key}", flags)
+            if flag is not None:
+                problems.append(f"arms.{arm}.config.{key} sets the recipe's {flag} after the launcher's arguments")
+    return problems
+
+
 def _read_text(path: Path) -> str:
     """The protocol's text: at most MAX_PROTOCOL_BYTES of UTF-8, checked before any parsing."""
     try:
@@ -387,6 +423,11 @@ def load_protocol(path: str | Path) -> LoadedProtocol:
         raise RefusedError(
             f"{path}:{line}: launcher.args do not carry the recipe: {'; '.join(flags)}; pass every recipe value"
         )
+    again = recipe_overrides(protocol)
+    if again:
+        line = _line(_node_at(root_node, ("launcher", "args")))
+        raise RefusedError(f"{path}:{line}: the recipe is set again behind its checked flag: {'; '.join(again)}; "
+                           "remove the extra setting (the recipe is frozen)")
     shrink = shrinking_flags(protocol) if protocol.model is not None else []
     if shrink:
         line = _line(_node_at(root_node, ("launcher", "args")))

@@ -251,6 +251,20 @@ def test_launch_json_refusal_is_one_document(tmp_path: Path) -> None:
     assert proc.returncode == 3 and doc["exit_code"] == 3 and doc["ok"] is False
 
 
+@pytest.mark.parametrize("command", ["launch", "calibrate"])
+def test_negative_lock_timeout_is_one_usage_line_before_any_run(command: str, tmp_path: Path) -> None:
+    # found by the attack battery: launch made a run folder, 9 not-run records and a scratch before refusing
+    shutil.copytree(REPO / "manifests", tmp_path / "manifests")
+    shutil.copytree(REPO / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    home = tmp_path / "home"
+    proc = orch(command, str(REPO / "protocol" / "r3_mini.yaml"), "--home", str(home), "--lock-timeout", "-1",
+                cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    out = (proc.stdout + proc.stderr).strip()
+    assert "\n" not in out and "--lock-timeout" in out, out
+    assert not home.exists()  # no run folder, no ledger record, no scratch
+
+
 def test_gpu_run_refuses_a_missing_command_at_once_even_when_busy(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "GPU_RUN_FAKE_NVML": _no_gpus(tmp_path),
            "GPU_RUN_LOCK_DIR": str(tmp_path / "locks"), "GPU_RUN_SLOTS": "1"}

@@ -102,3 +102,22 @@ def test_a_compile_cache_the_protocol_declares_stays_writable(tmp_path: Path) ->
         import shutil
 
         shutil.rmtree(cache, ignore_errors=True)
+
+
+@pytest.mark.skipif(not namespaces_work(), reason="this kernel or user cannot make a mount namespace")
+def test_orchs_home_is_read_only_to_a_package_even_outside_tmp(tmp_path: Path) -> None:
+    # found by the attack battery: with the home in a project checkout (./.orch, the default), a candidate's package
+    # appended a well-formed record to the ledger mid-run; tmp_path is under /tmp, so the home goes under the repo
+    base = Path(__file__).resolve().parents[1] / ".orch" / f"isolation-{secrets.token_hex(6)}"
+    try:
+        spec = _spec(base, str(base / "home" / "ledger" / "ledger.arrows"))
+        (base / "home" / "ledger").mkdir()
+        outcome = run_package(spec, _env(), 120)
+        assert outcome.status == "ok", outcome.note
+        seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
+        assert seen["shared"] == "OSError: Read-only file system"  # the run directory itself stayed writable
+        assert not (base / "home" / "ledger" / "ledger.arrows").exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)

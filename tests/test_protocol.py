@@ -60,6 +60,22 @@ def test_recipe_flag_that_disagrees_with_the_recipe_is_refused(tmp_path: Path) -
         load_protocol(path)
 
 
+@pytest.mark.parametrize(("old", "new", "named"), [
+    # found by the attack battery: each passed pre-flight and the trainer's parser kept the later value
+    ('--beta1, "0.9"', '--beta1, "0.9", --lr, "1e-5"', "launcher.args give --lr twice (the trainer keeps the last)"),
+    ('--beta1, "0.9"', '--beta1, "0.9", "--eps=1e-6"', "launcher.args '--eps=1e-6' sets --eps"),
+    ('--beta1, "0.9"', '--beta1, "0.9", --kl_weight_te, "0"', "launcher.args '--kl_weight_te' sets --kl_weight_text"),
+    ("switches: {}", 'switches: {}\n    config: {kl_weight_text: "0"}',
+     "arms.baseline.config.kl_weight_text sets the recipe's --kl_weight_text"),
+])
+def test_a_recipe_value_set_again_behind_its_checked_flag_is_refused(tmp_path: Path, old: str, new: str,
+                                                                     named: str) -> None:
+    path = bagel_variant(tmp_path, old, new)
+    with pytest.raises(RefusedError) as err:
+        load_protocol(path)
+    assert named in err.value.message and "\n" not in err.value.message, err.value.message
+
+
 def test_unknown_field_names_file_line_and_field(tmp_path: Path) -> None:
     path = bagel_variant(tmp_path, "precision: bf16", "precision: bf16\nturbo: true")
     with pytest.raises(RefusedError) as err:

@@ -1,0 +1,157 @@
+"""`make attack`: the reviewer's attacks of issue 17 re-run for real on r3-mini (CPU, 2 ranks) against this tree.
+
+Cheating candidates (patched files, bent protocols), faults (real signals, a real full disk, a real foreign lock),
+ledger and evidence tampers (real byte flips and rewrites, a witnessed head outside the home) and bad inputs.
+Prints a table (attack, expected, observed, pass/fail) and writes an aggregate JSON summary with provenance.
+
+Usage: python bench/attack/battery.py [--only cheat,fault,tamper,input] [--out FILE] [--work DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cheats import mix2_cheats, mix_cheats, preflight_cheats, separate_cheats
+from common import REPO, Launch, Reference, Row, Work, cli, make_project, orch_argv, remove_tree
+from faults import faults
+from inputs import inputs
+from tampers import tampers
+
+FAMILIES = ("input", "tamper", "cheat", "fault")
+SCHEMA = "orch.attack-battery/1"
+
+
+def reference(work: Work) -> Reference:
+    """One complete run of the shipped protocol (rollouts shortened), audited with a head witnessed outside it."""
+    base = work.fresh("reference")
+    proj = make_project(base)
+    witness = base / "published-heads.jsonl"
+    home = base / "home"
+    launch = Launch(proj, proj / "protocol" / "small.yaml", home, "reference", extra_env={"ORCH_WITNESS": str(witness)})
+    rc = launch.wait(timeout=1500)
+    run_id = launch.run_id()
+    if not (home / "runs" / run_id / "audit.json").exists():
+        raise RuntimeError(f"the reference run did not complete (exit {rc}): {launch.stderr.strip()[-1500:]}")
+    audit = cli(orch_argv("audit", run_id, "--home", str(home)), cwd=proj, extra_env={"ORCH_WITNESS": str(witness)})
+    return Reference(proj, home, run_id, audit.returncode, witness, {"launch_exit": rc})
+
+
+def table(rows: list[Row]) -> str:
+    """Every cell whole: long cells fold onto continuation lines, never cut."""
+    widths = (6, 44, 40, 60, 4)
+    head = ("family", "attack", "expected", "observed", "pass")
+    out = []
+
+    def emit(cells: tuple[str, ...]) -> None:
+        wrapped = [textwrap.wrap(c, w, break_long_words=True) or [""] for c, w in zip(cells, widths, strict=True)]
+        for i in range(max(len(w) for w in wrapped)):
+            out.append(" | ".join((w[i] if i < len(w) else "").ljust(width)
+                                  for w, width in zip(wrapped, widths, strict=True)).rstrip())
+
+    emit(head)
+    out.append("-+-".join("-" * w for w in widths))
+    for r in rows:
+        emit((r.family, r.name, r.expected, r.observed, "PASS" if r.ok else "FAIL"))
+    return "\n".join(out)
+
+
+def counts(rows: list[Row]) -> dict[str, dict[str, int]]:
+    return {f: {"passed": sum(r.ok for r in rows if r.family == f), "total": sum(r.family == f for r in rows)}
+            for f in FAMILIES if any(r.family == f for r in rows)}
+
+
+def commit() -> dict[str, object]:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True, check=False)
+    return {"commit": head.stdout.strip() or None, "tracked_changes": bool(dirty.stdout.strip())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(FAMILIES), help="families to run, comma-separated")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "validation" / "attack_battery_cpu.json")
+    ap.add_argument("--work", type=Path, default=REPO / ".orch" / "attack")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (homes, runs) for inspection")
+    opts = ap.parse_args(argv)
+    only = [f.strip() for f in opts.only.split(",") if f.strip()]
+    unknown = sorted(set(only) - set(FAMILIES))
+    if unknown:
+        ap.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
+    remove_tree(opts.work)
+    opts.work.mkdir(parents=True)
+    work = Work(opts.work.resolve())
+    started = time.time()
+    rows: list[Row] = []
+    timings: dict[str, float] = {}
+
+    def step(name: str, fn: Callable[[], list[Row]]) -> None:
+        t0 = time.monotonic()
+        try:
+            got = fn()
+        except Exception as err:  # an attack that could not run is a failed row, never a silent pass
+            got = [Row(name.split(":")[0], name, "runs", work.scrub(f"could not run: {type(err).__name__}: {err}"))]
+        timings[name] = round(time.monotonic() - t0, 1)
+        for r in got:
+            r.seconds = timings[name]
+            print(f"[{'PASS' if r.ok else 'FAIL'}] {r.family}: {r.name} -- {r.observed}", flush=True)
+        rows.extend(got)
+
+    ref: Reference | None = None
+    if {"input", "tamper"} & set(only):
+        t0 = time.monotonic()
+        ref = reference(work)
+        timings["reference run"] = round(time.monotonic() - t0, 1)
+        print(f"reference run complete, audit exit {ref.audit_exit} ({timings['reference run']} s)", flush=True)
+    if "input" in only and ref is not None:
+        step("input: bad inputs", lambda: inputs(work, ref))
+    if "tamper" in only and ref is not None:
+        step("tamper: ledger and evidence", lambda: tampers(work, ref))
+    if "cheat" in only:
+        step("cheat: pre-flight", lambda: preflight_cheats(work))
+        step("cheat: mix launch 1", lambda: mix_cheats(work))
+        step("cheat: mix launch 2", lambda: mix2_cheats(work))
+        step("cheat: failing launches", lambda: separate_cheats(work))
+    if "fault" in only:
+        step("fault: faults", lambda: faults(work))
+    print()
+    print(table(rows))
+    summary = counts(rows)
+    print()
+    for fam, c in summary.items():
+        print(f"{fam}: {c['passed']}/{c['total']}")
+    doc = {
+        "schema": SCHEMA,
+        "what": "issue 17's attacks re-run for real on r3-mini (2 CPU ranks, gloo): cheating candidates, faults, "
+                "ledger/evidence tampers with a witnessed head, bad inputs",
+        "provenance": {**commit(), "command": "make attack (nice -n 5 .venv/bin/python bench/attack/battery.py "
+                                              f"--only {','.join(only)})",
+                       "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                     time.gmtime(started)),
+                       "wall_s": round(time.time() - started, 1), "family_seconds": timings},
+        "counts": summary,
+        "attacks": [{"family": r.family, "attack": r.name, "expected": r.expected, "observed": r.observed,
+                     "pass": r.ok} for r in rows],
+    }
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps(doc, indent=1) + "\n")
+    hygiene = cli(orch_argv("hygiene", str(opts.out)), cwd=REPO, timeout=120)
+    print(f"wrote {opts.out.relative_to(REPO) if opts.out.is_relative_to(REPO) else opts.out}; "
+          f"hygiene exit {hygiene.returncode}{': ' + hygiene.stdout.strip() if hygiene.returncode else ''}")
+    if not opts.keep:
+        remove_tree(opts.work)
+    return 0 if all(r.ok for r in rows) and hygiene.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
