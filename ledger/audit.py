@@ -690,7 +690,7 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
     ev = collect_evidence(h, run_id)
     ledger = Ledger(h.ledger_path)
     # a forged run re-appended with orch's own code verifies on its own: only heads seen before can refuse it
-    check_witnessed(h, ledger, repository_root(Path.cwd()))
+    check_witnessed(h, ledger, repository_root(Path.cwd()), run_id)
     problems = verify_integrity(ev, ledger)
     if problems:
         raise IncompleteRunError(

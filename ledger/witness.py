@@ -69,7 +69,18 @@ def record_head(home: Home, ledger: Ledger, by: str) -> TreeHead:
     return head
 
 
-def _file_heads(path: Path, lid: str, own: bool) -> list[Witnessed]:
+def _saw_run(by: str, run_id: str | None) -> bool:
+    """Whether a witness line (`launch RUN`, `audit RUN`, `publish RUN TO`) was written for run `run_id`."""
+    words = by.split()
+    return run_id is not None and len(words) >= 2 and words[1] == run_id
+
+
+def _replaced(where: str, run_id: str, other: str) -> FailedError:
+    return FailedError(f"{where} saw run {run_id} in another ledger ({other[:12]}): the ledger that holds it was "
+                       "replaced since; no audit: restore the ledger from a copy")
+
+
+def _file_heads(path: Path, lid: str, own: bool, run_id: str | None = None) -> list[Witnessed]:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
@@ -94,12 +105,14 @@ def _file_heads(path: Path, lid: str, own: bool) -> list[Witnessed]:
             if own:  # the home's own file witnesses only the home's ledger
                 raise FailedError(f"witness file {path}:{n} holds a head of another ledger ({ledger[:12]}): this "
                                   "home's ledger was replaced since; no audit: restore the ledger from a copy")
+            if _saw_run(str(doc.get("by", "")), run_id):  # a file shared by homes: this run was in another ledger
+                raise _replaced(f"witness file {path}:{n}", str(run_id), ledger)
             continue
         out.append(Witnessed(head, f"{path}:{n}", str(doc.get("by", "?"))))
     return out
 
 
-def _published_heads(repo: Path | None, lid: str) -> list[Witnessed]:
+def _published_heads(repo: Path | None, lid: str, run_id: str | None = None) -> list[Witnessed]:
     """Heads in evidence that `orch publish` wrote for this ledger into the repository's docs/validation/."""
     if repo is None:
         return []
@@ -107,7 +120,11 @@ def _published_heads(repo: Path | None, lid: str) -> list[Witnessed]:
     for path in sorted(repo.joinpath(*EVIDENCE_DIR).glob("*.json")):
         try:
             doc = json.loads(path.read_bytes())
-            if not isinstance(doc, dict) or doc.get("ledger_id") != lid:
+            if not isinstance(doc, dict) or "ledger_id" not in doc:
+                continue
+            if doc["ledger_id"] != lid:
+                if run_id is not None and doc.get("run_id") == run_id:
+                    raise _replaced(str(path.relative_to(repo)), run_id, str(doc["ledger_id"]))
                 continue
             head = TreeHead(size=int(doc["ledger_head"]["size"]), root=str(doc["ledger_head"]["root"]))
         except (OSError, ValueError, KeyError, TypeError):
@@ -116,21 +133,24 @@ def _published_heads(repo: Path | None, lid: str) -> list[Witnessed]:
     return out
 
 
-def witnessed_heads(home: Home, ledger: Ledger, repo: Path | None) -> list[Witnessed]:
+def witnessed_heads(home: Home, ledger: Ledger, repo: Path | None, run_id: str | None = None) -> list[Witnessed]:
     lid = ledger_id(ledger)
     files = witness_files(home)
-    heads = [w for i, path in enumerate(files) for w in _file_heads(path, lid, own=i == 0)]
-    return heads + _published_heads(repo, lid)
+    heads = [w for i, path in enumerate(files) for w in _file_heads(path, lid, own=i == 0, run_id=run_id)]
+    return heads + _published_heads(repo, lid, run_id)
 
 
-def check_witnessed(home: Home, ledger: Ledger, repo: Path | None) -> int:
+def check_witnessed(home: Home, ledger: Ledger, repo: Path | None, run_id: str | None = None) -> int:
     """FailedError (one line) unless the ledger extends every head witnessed for it; returns how many were checked.
+
+    With `run_id` (an audit), a head witnessed for that run in another ledger (a witness file shared by several
+    homes, published evidence) is refused too: the ledger was replaced, salt and all, since the run was seen.
 
     With every leaf at hand, the ledger extends head (s, r) exactly when the root of its first s leaves is r:
     one pass over the leaves gives every witnessed prefix root, and the largest head is also checked through
     the RFC 6962 consistency proof of `orch ledger verify --against`.
     """
-    heads = witnessed_heads(home, ledger, repo)
+    heads = witnessed_heads(home, ledger, repo, run_id)
     if not heads:
         return 0
     leaves = [merkle.leaf_hash(h) for h in ledger.record_hashes()]

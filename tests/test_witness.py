@@ -141,3 +141,26 @@ def test_replaced_ledger_and_damaged_witness_lines_are_refused(tmp_path: Path) -
     make_run(home, "run9")
     with pytest.raises(FailedError, match="holds a head of another ledger"):
         audit_run(home, "run9")
+
+
+def test_a_run_witnessed_in_a_replaced_ledger_is_refused_through_a_named_witness_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by the attack battery: ledger, salt and the home's witness replaced by a re-appended copy audited as
+    # before, because heads of another ledger id in a $ORCH_WITNESS file were skipped
+    elsewhere = tmp_path / "offsite" / "heads.jsonl"
+    monkeypatch.setenv(ENV_WITNESS, str(elsewhere))
+    home = tmp_path / "home"
+    _honest_history(home)
+    h = resolve_home(home)
+    records = [r.model_dump() for r in Ledger(h.ledger_path).records()]
+    shutil.rmtree(h.ledger_dir)
+    shutil.rmtree(h.witness_dir)
+    forged = Ledger(h.ledger_path)  # a new salt: another ledger id
+    for r in records:
+        forged.append(**{k: v for k, v in r.items() if k not in ("seq", "prev_hash", "prev_message_sha256",
+                                                                  "record_hash", "canonical")})
+    with pytest.raises(FailedError, match=rf"{elsewhere}:2 saw run run1 in another ledger"):
+        audit_run(home, "run1")
+    monkeypatch.delenv(ENV_WITNESS)
+    assert audit_run(home, "run1").verdict  # nothing else knew this home's ledger: the limit the README states
