@@ -87,9 +87,26 @@ def summarize(home: Path) -> dict[str, Any]:
     }
 
 
+def aggregate(doc: dict[str, Any]) -> dict[str, Any]:
+    """Evidence is aggregate only: tensor names become a count, the judge's per-port counts one total per kind."""
+    doc = json.loads(json.dumps(doc))
+    model = doc.get("model") or {}
+    if isinstance(model.get("all_zero_tensors"), list):
+        model["all_zero_tensors"] = len(model["all_zero_tensors"])
+    judge = doc.get("judge") or {}
+    if isinstance(judge.get("counts"), dict):
+        totals: dict[str, int] = {}
+        for per_port in judge["counts"].values():
+            for kind, n in (per_port or {}).items():
+                totals[kind] = totals.get(kind, 0) + int(n)
+        judge["servers"] = len(judge["counts"])
+        judge["counts"] = dict(sorted(totals.items()))
+    return doc
+
+
 def main() -> int:
     home, out = Path(sys.argv[1]), Path(sys.argv[2])
-    doc = summarize(home)
+    doc = aggregate(summarize(home))
     (out / "rehearsal_findings.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"run {doc['run_id']}: {doc['status']}, verdict {doc['verdict']}")
     print(f"{'package':<10} {'status':<8} {'wall s':>8} {'step0 s':>8} {'med s':>8} {'probe/step':>10} {'opt+':>5}")
