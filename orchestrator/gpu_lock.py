@@ -1,13 +1,11 @@
 """The shared-host GPU lock: one flock(2) file per GPU (or CPU slot), taken all at once or not at all.
 
-Also the process-group helpers (spawn, signal, wait, terminate) that keep a child from outliving its parent.
+Children run under it through orchestrator/process_group.py, which keeps them from outliving their parent.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import errno
 import fcntl
 import itertools
@@ -16,16 +14,13 @@ import os
 import pwd
 import random
 import shlex
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import psutil
 
@@ -636,164 +631,3 @@ def acquire(
         delay = min(0.5, 0.05 * 1.5 ** min(attempt, 20)) * random.uniform(0.75, 1.25)
         time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - now)))
     raise AssertionError("unreachable")  # itertools.count() never ends
-
-
-# ---------------------------------------------------------------- process groups
-
-
-PR_SET_PDEATHSIG = 1
-_LIBC: ctypes.CDLL | None = None
-
-# The watchdog reads one byte: b"x" means stand down; EOF means our parent died, so kill the child's group.
-_WATCHDOG_CODE = (
-    "import os,signal,sys\n"
-    "signal.signal(signal.SIGINT,signal.SIG_IGN)\n"
-    "if os.read(0,1)!=b'x':\n"
-    "    try: os.killpg(int(sys.argv[1]),signal.SIGKILL)\n"
-    "    except OSError: pass\n"
-)
-# leader pid -> (leader, write end of its watchdog's pipe, watchdog)
-_WATCHDOGS: dict[int, tuple[subprocess.Popen[bytes], int, subprocess.Popen[bytes]]] = {}
-
-
-def _libc() -> ctypes.CDLL:
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-    return _LIBC
-
-
-def _die_with_parent(parent_pid: int, libc: ctypes.CDLL) -> Callable[[], None]:
-    def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
-def spawn_in_group(
-    cmd: Sequence[str],
-    env: Mapping[str, str] | None = None,
-    cwd: Path | str | None = None,
-    stdout: int | IO[Any] | None = None,
-    stderr: int | IO[Any] | None = None,
-    *,
-    stdin: int | IO[Any] | None = None,
-    watchdog: bool = True,
-) -> subprocess.Popen[bytes]:
-    """Start `cmd` as the leader of a new session/process group that dies with this process.
-
-    The child gets PR_SET_PDEATHSIG=SIGKILL; with `watchdog`, a tiny helper also SIGKILLs the whole group
-    when this process dies (PDEATHSIG reaches only the direct child). Spawn from a long-lived thread:
-    PDEATHSIG fires when the spawning *thread* exits. End it with wait_group() or terminate_group(): they
-    stand the watchdog down before the leader's pid can be reused (a leader reaped another way, e.g. by
-    proc.wait(), is stood down at the next spawn and at exit).
-    """
-    _sweep()
-    libc = _libc()
-    proc = subprocess.Popen(
-        list(cmd),
-        env=None if env is None else dict(env),
-        cwd=cwd,
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        start_new_session=True,
-        preexec_fn=_die_with_parent(os.getpid(), libc),
-    )
-    if watchdog:
-        read_fd, write_fd = os.pipe()  # non-inheritable: only the watchdog gets the read end, as stdin
-        try:
-            guard = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _WATCHDOG_CODE, str(proc.pid)],
-                stdin=read_fd,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except BaseException:
-            os.close(write_fd)
-            terminate_group(proc, 0)
-            raise
-        finally:
-            os.close(read_fd)
-        _WATCHDOGS[proc.pid] = (proc, write_fd, guard)
-    return proc
-
-
-def _disarm(proc: subprocess.Popen[bytes]) -> None:
-    entry = _WATCHDOGS.get(proc.pid)
-    if entry is None or entry[0] is not proc:
-        return
-    del _WATCHDOGS[proc.pid]
-    _, write_fd, guard = entry
-    with contextlib.suppress(OSError):
-        os.write(write_fd, b"x")
-    os.close(write_fd)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        guard.wait(timeout=5)
-
-
-@atexit.register
-def _sweep() -> None:
-    """Stand down the watchdogs of leaders already reaped (their group id may be reused by a stranger)."""
-    for proc, _, _ in list(_WATCHDOGS.values()):
-        if proc.returncode is not None:
-            _disarm(proc)
-
-
-def signal_group(proc: subprocess.Popen[bytes], sig: int) -> bool:
-    """Send `sig` to the group led by `proc`, only while proc is unreaped (so its pid cannot be reused)."""
-    if proc.returncode is not None:
-        return False
-    try:
-        os.killpg(proc.pid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def _leader_exited(proc: subprocess.Popen[bytes], block: bool) -> bool:
-    """Whether the leader has exited, without reaping it (WNOWAIT), so its group id stays ours."""
-    flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
-    try:
-        return os.waitid(os.P_PID, proc.pid, flags) is not None
-    except ChildProcessError:  # already reaped by someone else
-        return True
-
-
-def wait_group(proc: subprocess.Popen[bytes], timeout: float | None = None, poll_s: float = 0.05) -> int:
-    """Wait for the leader; then SIGKILL what it left running in its group, reap it, return its returncode.
-
-    Raises subprocess.TimeoutExpired after `timeout` seconds (nothing is signalled then).
-    """
-    if proc.returncode is None:
-        if timeout is None:
-            _leader_exited(proc, block=True)
-        else:
-            deadline = time.monotonic() + timeout
-            while not _leader_exited(proc, block=False):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise subprocess.TimeoutExpired(proc.args, timeout)
-                time.sleep(min(poll_s, left))
-        signal_group(proc, signal.SIGKILL)  # leftovers would keep devices after the lock is released
-        proc.wait()
-    _disarm(proc)
-    return proc.returncode
-
-
-def terminate_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int:
-    """SIGTERM the group, SIGKILL it after `grace_s`; returns the leader's returncode (negative: signal)."""
-    signal_group(proc, signal.SIGTERM)
-    try:
-        return wait_group(proc, timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        signal_group(proc, signal.SIGKILL)
-        return wait_group(proc)
-
-
-def exit_status(returncode: int) -> int:
-    """A shell's view of a child's end: its exit code, or 128 + signal number when a signal killed it."""
-    return 128 - returncode if returncode < 0 else returncode

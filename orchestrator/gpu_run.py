@@ -35,13 +35,10 @@ from orchestrator.gpu_lock import (
     ENV_SLOTS,
     Grant,
     acquire,
-    exit_status,
     probe_from_env,
     resolve_slots,
-    signal_group,
-    spawn_in_group,
-    wait_group,
 )
+from orchestrator.process_group import exit_status, signal_group, spawn_in_group, wait_group
 from protocol.errors import EXIT_LOCK_TIMEOUT, EXIT_USAGE, LockTimeoutError, UsageError
 
 RECORD_SCHEMA = "gpu-run.record/1"

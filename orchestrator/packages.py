@@ -17,8 +17,8 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from ledger.audit import write_atomic
-from orchestrator.gpu_lock import exit_status, spawn_in_group, terminate_group, wait_group
 from orchestrator.isolation import isolate
+from orchestrator.process_group import exit_status, spawn_in_group, terminate_group, wait_group
 from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
 from protocol.hashing import canonical_json
 from protocol.package import PackageSpec

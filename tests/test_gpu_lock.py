@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from lockutil import gone, is_free
 
 from orchestrator import gpu_lock as gl
+from orchestrator import process_group as pg
 from protocol.errors import EXIT_LOCK_TIMEOUT, LockTimeoutError, UsageError
 
 pytestmark = pytest.mark.timeout(60)
@@ -180,36 +181,36 @@ def test_lock_dir_and_files_are_usable_by_every_user(tmp_path: Path) -> None:
 
 def test_terminate_group_reaches_grandchildren(tmp_path: Path) -> None:
     pidfile = tmp_path / "gc"
-    proc = gl.spawn_in_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"])
+    proc = pg.spawn_in_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"])
     while not pidfile.exists() or not pidfile.read_text().strip():
         time.sleep(0.02)
     grandchild = int(pidfile.read_text())
     assert os.getpgid(grandchild) == proc.pid != os.getpgid(0)
-    assert gl.terminate_group(proc, grace_s=5) == -15
+    assert pg.terminate_group(proc, grace_s=5) == -15
     assert gone(grandchild)
 
 
 def test_terminate_group_kills_after_grace(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    proc = gl.spawn_in_group(["sh", "-c", f"trap '' TERM; touch {ready}; while :; do sleep 0.1; done"])
+    proc = pg.spawn_in_group(["sh", "-c", f"trap '' TERM; touch {ready}; while :; do sleep 0.1; done"])
     while not ready.exists():
         time.sleep(0.02)
-    assert gl.terminate_group(proc, grace_s=0.3) == -9
-    assert gl.exit_status(-9) == 137 and gl.exit_status(3) == 3
+    assert pg.terminate_group(proc, grace_s=0.3) == -9
+    assert pg.exit_status(-9) == 137 and pg.exit_status(3) == 3
 
 
 def test_wait_group_removes_leftovers(tmp_path: Path) -> None:
     pidfile = tmp_path / "left"
-    proc = gl.spawn_in_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; exit 4"])
-    assert gl.wait_group(proc) == 4
+    proc = pg.spawn_in_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; exit 4"])
+    assert pg.wait_group(proc) == 4
     assert gone(int(pidfile.read_text()))
-    assert gl.signal_group(proc, 15) is False  # reaped: its pid may be reused, so never signalled again
+    assert pg.signal_group(proc, 15) is False  # reaped: its pid may be reused, so never signalled again
 
 
 def test_watchdog_stands_down_for_a_leader_reaped_elsewhere() -> None:
-    proc = gl.spawn_in_group(["true"])
+    proc = pg.spawn_in_group(["true"])
     proc.wait()  # reaped without wait_group: the watchdog must not outlive this knowledge
-    guard = gl._WATCHDOGS[proc.pid][2]
-    assert gl.wait_group(gl.spawn_in_group(["true"])) == 0  # the next spawn sweeps
-    assert proc.pid not in gl._WATCHDOGS
+    guard = pg._WATCHDOGS[proc.pid][2]
+    assert pg.wait_group(pg.spawn_in_group(["true"])) == 0  # the next spawn sweeps
+    assert proc.pid not in pg._WATCHDOGS
     assert guard.wait(timeout=5) == 0  # it read the stand-down byte and exited without signalling

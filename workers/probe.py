@@ -24,6 +24,7 @@ from typing import Any
 
 from protocol.clock import CLOCK_FUNCTIONS
 from protocol.hashing import sha256_file
+from protocol.process import die_with_parent
 from workers.common import RANK_FAILED
 from workers.digest import combined_digest, digest_many
 from workers.model_shape import layer_counts
@@ -536,15 +537,11 @@ def _destroy_process_group() -> None:
 
 def _die_with_launcher() -> None:
     """torchrun starts each rank in its own session: without this a rank outlives a SIGKILLed launcher."""
-    import ctypes
-
-    parent = os.getppid()
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+        arm = die_with_parent(signal.SIGKILL, parent=os.getppid())
+    except (OSError, AttributeError):  # no prctl: not Linux
         return
-    if os.getppid() != parent:  # the launcher died before prctl took effect
-        os._exit(1)
+    arm()
 
 
 def pin_cpus() -> str:

@@ -5,7 +5,6 @@ Usage: python -m workers.train --spec package.json  (cwd = the arm's sealed copy
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -27,18 +26,11 @@ from protocol.clock import (
 )
 from protocol.hashing import sha256_file
 from protocol.package import PackageSpec
+from protocol.process import die_with_parent
 from protocol.results import ObservedRecipe, RankSummary, StepRecord, TrainResult
 from workers.clock import StepClock
 from workers.common import RANK_FAILED_RE, WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: torchrun gets SIGTERM if this worker dies."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def torchrun_command(spec: PackageSpec, clock: str | None = None) -> list[str]:
@@ -234,7 +226,7 @@ def run(spec: PackageSpec) -> TrainResult:
         with log.open("wb") as out:  # the trainer's own output stays in scratch: it may log sealed evaluations
             proc = subprocess.Popen(
                 torchrun_command(spec, clock.name), cwd=spec.sealed_dir, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(signal.SIGTERM),  # SIGTERM when this worker dies
             )  # fmt: skip
             try:
                 rc = proc.wait()
