@@ -140,7 +140,7 @@ def test_triton_kernel_equals_reference_cuda() -> None:
 _BATCH_CHECK = r"""
 import torch
 from workers.tx128 import tx128_reference
-from workers.digest_triton import tx128_cuda_many, tx128_cuda_many_per_tensor
+from workers.digest_triton import tx128_cuda_many, tx128_cuda_many_per_tensor, tx128_cuda_many_two_launch
 dev = "{device}"
 g = torch.Generator().manual_seed(1)
 dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.uint8]
@@ -161,12 +161,25 @@ def cases():
 for rnd in range(2):  # the second round: same shapes (cached launch tables), new bytes and addresses
     ts = cases()
     ref = [tx128_reference(t.cpu().contiguous().view(torch.uint8).numpy(), str(t.dtype), t.shape) for t in ts]
-    assert tx128_cuda_many_per_tensor(ts) == ref
-    for block, programs in {configs}:
+    for block, programs in {configs} if rnd == 0 else [(None, None)]:
         got = tx128_cuda_many(ts, block=block, programs=programs)
         bad = [(i, ts[i].dtype, tuple(ts[i].shape)) for i in range(len(ts)) if got[i] != ref[i]]
         assert not bad, (block, programs, bad)
+    if rnd:
+        break
+    assert tx128_cuda_many_per_tensor(ts) == ref
+    assert tx128_cuda_many_two_launch(ts) == ref
+    # launch groups of 1, 4, 16, ... tensors (or a few hundred bytes), an accumulator grown past its capacity
+    few = list(range(0, len(ts), 3))
+    for first_group, capacity in (((1, 1 << 40), None), ((1 << 20, 300), 1)):
+        got = tx128_cuda_many([ts[i] for i in few], block=64, programs=3, first_group=first_group, capacity=capacity)
+        assert got == [ref[i] for i in few], (first_group, capacity)
     assert tx128_cuda_many(ts[::-1]) == ref[::-1]  # order of the batch does not matter
+    steps = [t.reshape(-1)[:1].reshape(()).clone() for t in ts[:8] if t.numel()]  # 0-dim tensors: tails only
+    assert tx128_cuda_many(steps, block=16, programs=2) == tx128_cuda_many_per_tensor(steps)
+    empty = [t[:0] for t in ts[:5]]
+    assert tx128_cuda_many(empty) == tx128_cuda_many_per_tensor(empty)  # nothing to launch: lanes stay zero
+assert tx128_cuda_many([]) == []
 print("ok", len(ts))
 """
 
@@ -191,3 +204,20 @@ def test_tx128_batch_equals_reference_and_per_tensor_interpreted() -> None:
 @pytest.mark.cuda
 def test_tx128_batch_equals_reference_and_per_tensor_cuda() -> None:
     _run_batch_check("cuda", 300, "[(16, 1), (64, 7), (256, None), (1024, None), (4096, 100000)]", False)
+
+
+@pytest.mark.cuda
+def test_digest_many_on_cuda_equals_per_tensor_and_sha256_of_cpu_tensors() -> None:
+    """The probe's call: CUDA tensors (launch groups overlapped with the walk), CPU ones (SHA256) in one mapping."""
+    from workers.digest_triton import tx128_cuda_many_per_tensor
+
+    g = torch.Generator().manual_seed(3)
+    cuda = {f"c{i}": torch.randn(int(n), generator=g).cuda() for i, n in enumerate(torch.randint(1, 1 << 20, (80,)))}
+    cuda["big"] = torch.randn(3 << 24, generator=g).cuda()  # 192 MiB: a group of its own
+    cuda["step"] = torch.tensor(7.0).cuda()
+    cpu = {"s0": torch.tensor(3.0), "s1": torch.arange(5)}
+    mixed = {**dict(list(cuda.items())[:40]), **cpu, **dict(list(cuda.items())[40:])}
+    got = digest_many(mixed)
+    assert list(got) == list(mixed)
+    assert [got[k] for k in cuda] == tx128_cuda_many_per_tensor(list(cuda.values()))
+    assert all(got[k] == digest_cpu(v) for k, v in cpu.items())

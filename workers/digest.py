@@ -28,19 +28,32 @@ def digest_cpu(t: Any) -> str:
 
 
 def digest_many(tensors: Mapping[str, Any]) -> dict[str, str]:
-    """name -> digest; CUDA tensors go through tx128 in one batch (one host sync), CPU ones through SHA256."""
+    """name -> digest; CUDA tensors through tx128 (launched while the walk goes on, one host copy per device),
+    CPU ones through SHA256 while the device works."""
     out: dict[str, str] = {}
-    cuda: dict[str, Any] = {}
+    cpu: list[tuple[str, Any]] = []
+    batches: dict[int, Any] = {}  # CUDA device index -> Tx128Batch
+    rows: list[tuple[str, Any, int]] = []
     for name, t in tensors.items():
-        lt = local_tensor(t)
-        if lt.device.type == "cuda":
-            cuda[name] = lt
-        else:
-            out[name] = digest_cpu(lt)
-    if cuda:
-        from workers.digest_triton import tx128_cuda_many
+        to_local = getattr(t, "to_local", None)
+        lt = to_local() if to_local is not None else t  # a DTensor's own shard (no autograd under no_grad)
+        if lt.is_cuda:
+            dev = lt.get_device()
+            batch = batches.get(dev)
+            if batch is None:
+                from workers.digest_triton import Tx128Batch
 
-        out.update(zip(cuda, tx128_cuda_many(list(cuda.values())), strict=True))
+                batch = batches[dev] = Tx128Batch(lt.device, capacity=len(tensors))
+            rows.append((name, dev, batch.add(lt)))
+        else:
+            cpu.append((name, lt))
+    for batch in batches.values():
+        batch.launch()  # the device reads while the host hashes the CPU tensors
+    for name, lt in cpu:
+        out[name] = digest_cpu(lt)
+    done = {dev: batch.finish() for dev, batch in batches.items()}
+    for name, dev, row in rows:
+        out[name] = done[dev][row]
     return {k: out[k] for k in tensors}
 
 
