@@ -44,8 +44,9 @@ bench-freeze: $(STAMP)
 bench-ledger: $(STAMP)
 	$(BIN)/python bench/bench_ledger.py
 
+# the probe's digest path against torch.sum on a 7B shard set and r3-mini's (< 3 min on one H200); --out FILE
 bench-digest: $(STAMP)
-	$(BIN)/python bench/bench_digest.py
+	$(BIN)/python bench/bench_digest.py $(BENCH_DIGEST_ARGS)
 
 bench-r3mini: $(STAMP)
 	$(BIN)/python bench/bench_r3mini.py

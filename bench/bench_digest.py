@@ -1,25 +1,32 @@
-"""Digest throughput: tx128 (Triton) against the HBM read bandwidth of torch.sum on the same GPU, a probe step's
-300 tensors batched vs per-tensor, and the CPU digest against hashlib SHA256. Prints a table, writes JSON (--out)."""
+"""Digest throughput: the probe's digest path (workers.digest.digest_many) against torch.sum over the same bytes on
+a 7B shard set and on r3-mini's, the former batched path and the kernel alone beside it, the single-tensor kernel,
+and the CPU digest against hashlib SHA256. Prints tables, writes JSON (--out). CUDA figures need a GPU."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
-import os
+import math
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
 
-from workers.digest import digest_cpu
-from workers.tx128 import tx128_lanes_reference
+from workers.digest import combined_digest, digest_cpu, digest_many
+from workers.tx128 import tx128_lanes_reference, tx128_reference
+
+REPO = Path(__file__).resolve().parents[1]
+# Qwen2-7B (the language model of BAGEL-7B): hidden, intermediate, layers, kv width, vocabulary
+QWEN2_7B = {"hidden": 3584, "intermediate": 18944, "layers": 28, "kv": 512, "vocab": 152064}
 
 
 def cpu_figures(mib: int, reps: int) -> dict[str, float]:
@@ -29,17 +36,17 @@ def cpu_figures(mib: int, reps: int) -> dict[str, float]:
     buf = memoryview(t.numpy()).cast("B")
     nbytes = t.numel() * 4
 
-    def best(fn: object) -> float:
+    def best(fn: Callable[[], object]) -> float:
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            fn()  # type: ignore[operator]
+            fn()
             times.append(time.perf_counter() - t0)
         return nbytes / statistics.median(times)
 
     hl = best(lambda: hashlib.sha256(buf).digest())
     ours = best(lambda: digest_cpu(t))
-    small = np.frombuffer(buf[: 64 * 2**20], dtype=np.uint8)
+    small = np.frombuffer(buf[: 16 * 2**20], dtype=np.uint8)
     t0 = time.perf_counter()
     tx128_lanes_reference(small)
     ref = small.size / (time.perf_counter() - t0)
@@ -47,103 +54,273 @@ def cpu_figures(mib: int, reps: int) -> dict[str, float]:
             "numpy_tx128_reference_Bps": ref}  # fmt: skip
 
 
-def _time_cuda(fn: object, reps: int) -> float:
+def time_cuda(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds of fn between two CUDA events (after one warm-up call): host time the device waits on counts."""
     start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    fn()  # type: ignore[operator]  # warm-up (compilation, caches)
+    fn()  # warm-up (compilation, cached launch tables)
     torch.cuda.synchronize()
     for s, e in zip(start, end, strict=True):
         s.record()
-        fn()  # type: ignore[operator]
+        fn()
         e.record()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) / 1e3 for s, e in zip(start, end, strict=True))
 
 
-def cuda_figures(gib: float, reps: int) -> dict[str, object]:
-    from workers.digest_triton import tx128_cuda_many, tx128_partials
+def single_tensor_figures(gib: float, reps: int) -> dict[str, object]:
+    """The single-tensor kernel (tx128_partials, not the probe's path) over one large tensor: a configuration sweep."""
+    from workers.digest_triton import tx128_partials
 
     n = int(gib * 2**30) // 4
     x = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
     nbytes = n * 4
-    sum_s = _time_cuda(lambda: x.sum(), reps)
+    sum_s = time_cuda(lambda: x.sum(), reps)
     words = x.view(torch.int32)
     configs = []
-    for block in (512, 1024, 2048, 4096):
-        for pps in (2, 4, 8, 16):
-            for warps in (4, 8):
-                s = _time_cuda(lambda b=block, p=pps, w=warps: tx128_partials(  # type: ignore[misc]
-                    words, block=b, programs_per_sm=p, num_warps=w), reps)  # fmt: skip
-                configs.append({"block": block, "programs_per_sm": pps, "num_warps": warps, "Bps": nbytes / s})
-    best = max(configs, key=lambda c: float(c["Bps"]))  # type: ignore[arg-type]
-    os.environ["ORCH_TX128_BLOCK"] = str(best["block"])
-    e2e = _time_cuda(lambda: tx128_cuda_many([x]), reps)  # includes the host copy of partials and finalisation
-    return {
-        "gpu": torch.cuda.get_device_name(0), "bytes": nbytes, "hbm_read_sum_Bps": nbytes / sum_s,
-        "tx128_best": best, "tx128_best_fraction_of_sum": float(best["Bps"]) / (nbytes / sum_s),  # type: ignore[arg-type]
-        "tx128_end_to_end_Bps": nbytes / e2e, "configs": configs,
+    for block in (512, 1024, 2048):
+        for pps in (4, 8, 16):
+            s = time_cuda(lambda b=block, p=pps: tx128_partials(words, block=b, programs_per_sm=p), reps)  # type: ignore[misc]
+            configs.append({"block": block, "programs_per_sm": pps, "num_warps": 8, "Bps": nbytes / s})
+    best = max(configs, key=lambda c: float(c["Bps"]))
+    default = next(c for c in configs if c["block"] == 1024 and c["programs_per_sm"] == 8)
+    return {"kernel": "tx128_partials (single tensor)", "bytes": nbytes, "torch_sum_Bps": nbytes / sum_s,
+            "default": default, "default_fraction_of_sum": float(default["Bps"]) * sum_s / nbytes,
+            "best": best, "best_fraction_of_sum": float(best["Bps"]) * sum_s / nbytes, "configs": configs}  # fmt: skip
+
+
+def shard_7b(ranks: int, counters: int, dims: dict[str, int], device: str = "cuda") -> dict[str, torch.Tensor]:
+    """One rank's parameters and AdamW states of a Qwen2-7B-shaped model under FSDP2 (dim-0 shards of `ranks`),
+    float32, named as the probe names them; `counters` 0-dim step counters on the device (fused/capturable Adam)."""
+    h, inter, kv, vocab = dims["hidden"], dims["intermediate"], dims["kv"], dims["vocab"]
+    layer = [("self_attn.q_proj.weight", (h, h)), ("self_attn.q_proj.bias", (h,)), ("self_attn.k_proj.weight", (kv, h)),
+             ("self_attn.k_proj.bias", (kv,)), ("self_attn.v_proj.weight", (kv, h)), ("self_attn.v_proj.bias", (kv,)),
+             ("self_attn.o_proj.weight", (h, h)), ("mlp.gate_proj.weight", (inter, h)),
+             ("mlp.up_proj.weight", (inter, h)), ("mlp.down_proj.weight", (h, inter)),
+             ("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]  # fmt: skip
+    shapes = [("model.embed_tokens.weight", (vocab, h))]
+    shapes += [(f"model.layers.{i}.{n}", s) for i in range(dims["layers"]) for n, s in layer]
+    shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (vocab, h))]
+    g = torch.Generator(device=device).manual_seed(0)
+    params: dict[str, torch.Tensor] = {}
+    optim: dict[str, torch.Tensor] = {}
+    for name, shape in shapes:
+        local = (math.ceil(shape[0] / ranks), *shape[1:])  # rank 0's shard
+        params[f"param/{name}"] = torch.empty(local, device=device).uniform_(generator=g)
+        for key in ("exp_avg", "exp_avg_sq"):
+            optim[f"optim/{name}/{key}"] = torch.empty(local, device=device).uniform_(generator=g)
+    for i, (name, _) in enumerate(shapes[:counters]):
+        optim[f"optim/{name}/step"] = torch.tensor(float(i + 1), device=device)
+    return {**params, **optim}
+
+
+def shard_r3mini(device: str = "cuda") -> dict[str, torch.Tensor]:
+    """r3-mini on one GPU as its trainer builds it (frozen ViT), after one real AdamW step: what the probe digests."""
+    sys.path.insert(0, str(REPO / "examples" / "r3_mini"))
+    from train.online_rl import ModelArguments, TrainingArguments, build_model
+
+    targs = TrainingArguments()
+    model = build_model(ModelArguments(), targs, 0)
+    if targs.freeze_vit:
+        for p in model.vit_model.parameters():
+            p.requires_grad = False
+    model.to(device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=targs.lr, betas=(targs.beta1, targs.beta2))
+    sum(p.float().square().sum() for p in trainable).backward()  # type: ignore[union-attr]
+    opt.step()
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = {f"param/{n}": p for n, p in model.named_parameters()}
+    for p in trainable:
+        for key, value in opt.state[p].items():
+            if isinstance(value, torch.Tensor):
+                out[f"optim/{names[id(p)]}/{key}"] = value
+    return out
+
+
+def shard_figures(label: str, named: dict[str, torch.Tensor], reps: int, sweep: bool) -> dict[str, Any]:
+    """The probe's call (digest_many) against torch.sum over the same device bytes concatenated, in one process."""
+    from workers.digest_triton import Tx128Batch, tx128_cuda_many, tx128_cuda_many_per_tensor
+    from workers.digest_triton import tx128_cuda_many_two_launch as two_launch
+
+    dev = [t for t in named.values() if t.is_cuda]
+    nbytes = sum(t.nbytes for t in dev)
+    flat = torch.cat([t.detach().reshape(-1).view(torch.uint8) for t in dev])
+    flat = flat[: flat.numel() // 4 * 4].view(torch.float32)  # the same bytes, read as float32 by torch.sum
+    digests = digest_many(named)
+    per_tensor = tx128_cuda_many_per_tensor(dev)
+    if [digests[k] for k, t in named.items() if t.is_cuda] != per_tensor or two_launch(dev) != per_tensor:
+        raise SystemExit(f"{label}: the probe's path, the per-tensor and the two-launch digests differ: not timing")
+    small = [(k, t) for k, t in named.items() if t.nbytes <= 1 << 22][:64]
+    for k, t in small:  # the NumPy reference over the small ones (it reads 0.2 GB/s)
+        c = t.detach().cpu().contiguous()
+        if t.is_cuda and digests[k] != tx128_reference(c.view(torch.uint8).numpy(), str(t.dtype), t.shape):
+            raise SystemExit(f"{label}: {k} differs from the NumPy reference: not timing")
+
+    def kernel_only(block: int | None = None, programs: int | None = None, maxnreg: int | None = -1) -> list[str]:
+        b = Tx128Batch(dev[0].device, block=block, programs=programs, capacity=len(dev), first_group=(1 << 30, 1 << 62),
+                       maxnreg=maxnreg)  # fmt: skip
+        for t in dev:
+            b.add(t)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(5_000_000)  # the device waits (~2.5 ms) while the host enqueues: no host time in s..e
+        s.record()
+        b.launch()  # one launch over every tensor: the kernel's own time
+        e.record()
+        out = b.finish()
+        kernel_times.append(s.elapsed_time(e) / 1e3)
+        return out
+
+    def kernel_s(**kw: Any) -> float:
+        kernel_times.clear()
+        if kernel_only(**kw) != per_tensor:
+            raise SystemExit(f"{label}: the table kernel at {kw} differs from the per-tensor digests")
+        for _ in range(reps):
+            kernel_only(**kw)
+        return statistics.median(kernel_times[1:])
+
+    kernel_times: list[float] = []
+    sum_s = time_cuda(lambda: flat.sum(), reps)
+    probe_s = time_cuda(lambda: digest_many(named), reps)
+    many_s = time_cuda(lambda: tx128_cuda_many(dev), reps)
+    old_s = time_cuda(lambda: two_launch(dev), reps)
+    kern_s = kernel_s()
+    doc: dict[str, Any] = {
+        "set": label, "tensors": len(named), "device_tensors": len(dev), "bytes": nbytes,
+        "torch_sum_s": sum_s, "torch_sum_Bps": nbytes / sum_s,
+        "probe_path": "workers.digest.digest_many (Tx128Batch: table kernel per launch group, one host copy)",
+        "probe_path_s": probe_s, "probe_path_Bps": nbytes / probe_s, "probe_path_fraction_of_sum": sum_s / probe_s,
+        "tx128_cuda_many_s": many_s, "tx128_cuda_many_fraction_of_sum": sum_s / many_s,
+        "two_launch_s": old_s, "two_launch_fraction_of_sum": sum_s / old_s,
+        "kernel_only_s": kern_s, "kernel_only_fraction_of_sum": sum_s / kern_s,
+        "host_s": probe_s - kern_s,  # what the probe's path spends beyond its kernels' device time
+        "speedup_over_two_launch": old_s / probe_s,
     }  # fmt: skip
+    if sweep:
+        configs = []
+        for block, pps, maxnreg in ((1024, 8, -1), (1024, 8, None), (1024, 4, -1), (1024, 16, -1), (512, 8, None),
+                                    (512, 16, None), (2048, 4, None), (2048, 8, None)):  # fmt: skip
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            s = kernel_s(block=block, programs=sms * pps, maxnreg=maxnreg)
+            configs.append({"block": block, "programs_per_sm": pps, "maxnreg": "default" if maxnreg == -1 else maxnreg,
+                            "kernel_only_s": s, "fraction_of_sum": sum_s / s})  # fmt: skip
+        doc["kernel_configs"] = configs
+    return doc
 
 
-def many_tensor_figures(n: int, reps: int) -> dict[str, object]:
-    """One probe digest step's shape on r3-mini: n tensors (matrices 64 KiB..4 MiB, small vectors, 0-dim steps),
-    the per-tensor launches against the batched path, end to end (host copy and finalisation included)."""
-    from workers.digest_triton import tx128_cuda_many, tx128_cuda_many_per_tensor
+def record_figures(named: dict[str, torch.Tensor], reps: int) -> dict[str, float]:
+    """The probe's other work at a boundary for this set: RNG fingerprints, memory peaks, a digest step's record."""
+    digests = digest_many(named)
 
-    g = torch.Generator().manual_seed(0)
-    n_vec, n_step = n // 5, n // 10
-    sizes = [int(2 ** (16 + 6 * float(u))) // 4 for u in torch.rand(n - n_vec - n_step, generator=g)]  # log-uniform
-    sizes += [int(v) for v in torch.randint(64, 4096, (n_vec,), generator=g)] + [1] * n_step
-    tensors = [torch.empty(k, dtype=torch.float32, device="cuda").uniform_() for k in sizes]
-    tensors[n - n_step :] = [t.reshape(()) for t in tensors[n - n_step :]]  # Adam's 0-dim step counters
-    if tx128_cuda_many(tensors) != tx128_cuda_many_per_tensor(tensors):
-        raise SystemExit("batched and per-tensor tx128 differ: not timing a wrong result")
-    per_tensor_s = _time_cuda(lambda: tx128_cuda_many_per_tensor(tensors), reps)
-    batched_s = _time_cuda(lambda: tx128_cuda_many(tensors), reps)
-    nbytes = sum(t.numel() * 4 for t in tensors)
-    return {"tensors": n, "bytes": nbytes, "per_tensor_median_s": per_tensor_s, "batched_median_s": batched_s,
-            "speedup": per_tensor_s / batched_s, "batched_Bps": nbytes / batched_s}  # fmt: skip
+    def rng() -> None:
+        hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()
+        h = hashlib.sha256()
+        for state in torch.cuda.get_rng_state_all():
+            h.update(state.numpy().tobytes())
+        _ = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+
+    def record() -> None:
+        json.dumps({"digests": digests, "combined": combined_digest(digests), "step": 0}, sort_keys=True)
+
+    def median(fn: Callable[[], None]) -> float:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return {"rng_and_peaks_s": median(rng), "digest_record_s": median(record)}
+
+
+def projection(doc: dict[str, Any], params: float, ranks: int) -> dict[str, Any]:
+    """A 7B shard's probe cost per step from the measured figures: the digest at the probe path's measured bandwidth
+    over the shard's bytes (fp32 parameters and two AdamW states), and the steps long enough for the goals."""
+    big = doc["sets"]["7b"]
+    rec = doc["record_7b"]
+    shard_bytes = params * 12 / ranks
+    digest_s = shard_bytes / big["probe_path_Bps"]
+    with_digests = digest_s + rec["digest_record_s"] + rec["rng_and_peaks_s"]
+    without = rec["rng_and_peaks_s"]
+    return {"params": params, "ranks": ranks, "shard_bytes": shard_bytes, "probe_path_Bps": big["probe_path_Bps"],
+            "digest_s": digest_s, "probe_s_with_digests": with_digests, "probe_s_without_digests": without,
+            "min_step_s_for_3pct_with_digests": with_digests / 0.03,
+            "min_step_s_for_1pct_without_digests": without / 0.01}  # fmt: skip
+
+
+def print_tables(doc: dict[str, Any]) -> None:
+    cpu = doc["cpu"]
+    print(f"{'CPU (one core)':52} {'GB/s':>10}")
+    print(f"{'hashlib.sha256':52} {cpu['hashlib_sha256_Bps'] / 1e9:10.3f}")
+    print(f"{'digest_cpu (sha256 of raw bytes)':52} {cpu['digest_cpu_Bps'] / 1e9:10.3f}")
+    print(f"{'NumPy tx128 reference':52} {cpu['numpy_tx128_reference_Bps'] / 1e9:10.3f}")
+    if "sets" not in doc:
+        return
+    print(f"\nGPU {doc['gpu']}: median of {doc['reps']}, CUDA events; fraction = torch.sum time / path time")
+    head = f"{'set':8} {'tensors':>7} {'GiB':>7} {'path':34} {'ms':>9} {'GB/s':>8} {'x sum':>7}"
+    print(head)
+    print("-" * len(head))
+    for label, s in doc["sets"].items():
+        rows = [("torch.sum (same bytes, concatenated)", s["torch_sum_s"]),
+                ("probe path: digest_many", s["probe_path_s"]), ("tx128_cuda_many", s["tx128_cuda_many_s"]),
+                ("before: two-launch batched path", s["two_launch_s"]), ("table kernel alone (one launch)",
+                                                                          s["kernel_only_s"])]  # fmt: skip
+        for i, (name, sec) in enumerate(rows):
+            lead = f"{label:8} {s['tensors']:7d} {s['bytes'] / 2**30:7.3f}" if i == 0 else " " * 24
+            print(f"{lead} {name:34} {sec * 1e3:9.3f} {s['bytes'] / sec / 1e9:8.1f} {s['torch_sum_s'] / sec:7.3f}")
+    for c in doc["sets"]["7b"].get("kernel_configs", []):
+        print(f"  7b kernel alone: block {c['block']:5d}, {c['programs_per_sm']:2d} programs/SM, maxnreg "
+              f"{c['maxnreg']!s:7}: {c['kernel_only_s'] * 1e3:8.3f} ms = {c['fraction_of_sum']:.3f} x sum")
+    st = doc["single_tensor"]
+    print(f"single-tensor kernel tx128_partials (not the probe's path), {st['bytes'] / 2**30:.1f} GiB: default "
+          f"{st['default_fraction_of_sum']:.3f} x sum, best {st['best_fraction_of_sum']:.3f} x sum "
+          f"(block {st['best']['block']}, {st['best']['programs_per_sm']} programs/SM)")
+    p = doc["projection_7b"]
+    print(f"projection, {p['params'] / 1e9:.1f}B params on {p['ranks']} ranks ({p['shard_bytes'] / 2**30:.2f} GiB "
+          f"per rank): digest {p['digest_s'] * 1e3:.2f} ms, probe with digests {p['probe_s_with_digests'] * 1e3:.2f} "
+          f"ms (<= 3% of steps >= {p['min_step_s_for_3pct_with_digests']:.3f} s), without "
+          f"{p['probe_s_without_digests'] * 1e3:.3f} ms (<= 1% of steps >= "
+          f"{p['min_step_s_for_1pct_without_digests']:.3f} s)")
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=".orch/bench/digest.json")
-    ap.add_argument("--gib", type=float, default=4.5, help="GPU tensor size (>= 4 GiB for the HBM reference)")
-    ap.add_argument("--cpu-mib", type=int, default=256)
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--many", type=int, default=300, help="tensors in the many-tensor case (a probe digest step)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cpu-mib", type=int, default=64)
+    ap.add_argument("--gib", type=float, default=4.5, help="the single-tensor kernel's tensor (>= 4 GiB)")
+    ap.add_argument("--ranks", type=int, default=8, help="FSDP2 ranks of the 7B shard set")
+    ap.add_argument("--layers", type=int, default=QWEN2_7B["layers"], help="decoder layers of the 7B shard set")
+    ap.add_argument("--counters", type=int, default=4, help="0-dim step counters on the device in the 7B set")
+    ap.add_argument("--project-params", type=float, default=7e9, help="parameters of the projected model")
     args = ap.parse_args()
-    doc: dict[str, object] = {
-        "schema": "orch.bench.digest/1", "python": platform.python_version(), "torch": torch.__version__,
-        "cpu": cpu_figures(args.cpu_mib, max(3, args.reps // 2)),
-    }  # fmt: skip
-    cpu = doc["cpu"]
-    assert isinstance(cpu, dict)
-    print(f"{'measure':44} {'GB/s':>10}")
-    print(f"{'CPU hashlib.sha256 (1 core)':44} {cpu['hashlib_sha256_Bps'] / 1e9:10.3f}")
-    print(f"{'CPU digest_cpu (sha256 of raw bytes)':44} {cpu['digest_cpu_Bps'] / 1e9:10.3f}")
-    print(f"{'CPU ratio digest_cpu / hashlib':44} {cpu['ratio']:10.3f}")
-    print(f"{'CPU NumPy tx128 reference':44} {cpu['numpy_tx128_reference_Bps'] / 1e9:10.3f}")
+    doc: dict[str, Any] = {"schema": "orch.bench.digest/2", "python": platform.python_version(),
+                           "torch": torch.__version__, "reps": args.reps,
+                           "cpu": cpu_figures(args.cpu_mib, max(3, args.reps))}  # fmt: skip
     if torch.cuda.is_available():
         import triton
 
+        t0 = time.perf_counter()
         doc["triton"] = triton.__version__
-        gpu = cuda_figures(args.gib, args.reps)
-        doc["cuda"] = gpu
-        best = gpu["tx128_best"]
-        assert isinstance(best, dict)
-        print(f"{'GPU HBM read (torch.sum, ' + str(gpu['gpu']) + ')':44} {float(gpu['hbm_read_sum_Bps']) / 1e9:10.1f}")  # type: ignore[arg-type]
-        label = f"GPU tx128 block={best['block']} pps={best['programs_per_sm']} warps={best['num_warps']}"
-        print(f"{label:44} {float(best['Bps']) / 1e9:10.1f}")
-        print(f"{'GPU tx128 / HBM read':44} {float(gpu['tx128_best_fraction_of_sum']):10.3f}")  # type: ignore[arg-type]
-        print(f"{'GPU tx128 end to end (one tensor)':44} {float(gpu['tx128_end_to_end_Bps']) / 1e9:10.1f}")  # type: ignore[arg-type]
-        many = many_tensor_figures(args.many, max(args.reps, 20))
-        doc["cuda_many"] = many
-        print(f"{'GPU many tensors: ' + str(many['tensors']) + ' tensors, MiB':44} {int(many['bytes']) / 2**20:10.1f}")  # type: ignore[call-overload]
-        print(f"{'GPU many: per-tensor launches, median ms':44} {float(many['per_tensor_median_s']) * 1e3:10.3f}")  # type: ignore[arg-type]
-        print(f"{'GPU many: batched (2 launches), median ms':44} {float(many['batched_median_s']) * 1e3:10.3f}")  # type: ignore[arg-type]
-        print(f"{'GPU many: speedup per-tensor / batched':44} {float(many['speedup']):10.2f}")  # type: ignore[arg-type]
-    else:
+        doc["gpu"] = torch.cuda.get_device_name(0)
+        doc["sets"] = {}
+        named = shard_7b(args.ranks, args.counters, {**QWEN2_7B, "layers": args.layers})
+        doc["sets"]["7b"] = shard_figures("7b", named, args.reps, sweep=True)
+        doc["record_7b"] = record_figures(named, args.reps)
+        del named
+        torch.cuda.empty_cache()
+        try:
+            mini = shard_r3mini()
+        except ImportError as e:  # the trainer's imports (safetensors) are missing on this machine
+            print(f"r3-mini set skipped: {e}")
+        else:
+            doc["sets"]["r3-mini"] = shard_figures("r3-mini", mini, args.reps, sweep=False)
+            del mini
+        doc["single_tensor"] = single_tensor_figures(args.gib, args.reps)
+        doc["projection_7b"] = projection(doc, args.project_params, args.ranks)
+        doc["cuda_wall_s"] = time.perf_counter() - t0
+    print_tables(doc)
+    if "sets" not in doc:
         print("no CUDA device: CPU figures only")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

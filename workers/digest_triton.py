@@ -456,6 +456,9 @@ def _group_table(key: tuple[int, ...], anchor: int, block: int, programs: int, d
 _ANCHORS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # int32 and uint8 views, one allocation
 _SMS: dict[torch.device, int] = {}
 _HEADERS: dict[tuple[Any, ...], Any] = {}  # (dtype, shape) -> SHA256 state over the tx128 header
+# registers per thread of the table kernel at 8 warps: at block 1024 ptxas (Triton 3.6, sm_90a) needs 80 (3
+# programs per SM), at 64 it spills nothing and 4 fit, as many as the single-tensor kernel's 59 allow
+TABLE_MAXNREG = {1024: 64}
 _FIRST_GROUP = (32, 64 << 20)  # tensors, bytes: the first launch starts the device early
 _GROUP_GROWTH = 4  # each later group may hold this many times more, so the host stays ahead of the device
 
@@ -465,9 +468,11 @@ class Tx128Batch:
     finish() makes the batch's one host copy. Values equal tx128_lanes_reference's for any block size and grid."""
 
     def __init__(self, device: torch.device, block: int | None = None, programs: int | None = None,
-                 capacity: int = 0, first_group: tuple[int, int] = _FIRST_GROUP) -> None:  # fmt: skip
+                 capacity: int = 0, first_group: tuple[int, int] = _FIRST_GROUP,
+                 maxnreg: int | None = -1) -> None:  # fmt: skip
         self.device = device
         self.block = block or int(os.environ.get("ORCH_TX128_BLOCK", DEFAULT_BLOCK))
+        self.maxnreg = TABLE_MAXNREG.get(self.block) if maxnreg == -1 else maxnreg  # -1: the measured default
         if programs is None:
             if device not in _SMS:
                 _SMS[device] = _max_programs(device, DEFAULT_PROGRAMS_PER_SM)
@@ -521,7 +526,7 @@ class Tx128Batch:
         if g is not None:
             _tx128_table_kernel[(g.grid,)](
                 self.anchor, self.anchor8, g.table, self.acc, g.n_main, g.n_tail,
-                BLOCK=self.block, WIDE=g.wide, UNIT=g.unit, num_warps=8,
+                BLOCK=self.block, WIDE=g.wide, UNIT=g.unit, num_warps=8, maxnreg=self.maxnreg,
             )  # fmt: skip
 
     def finish(self) -> list[str]:
