@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
 
+from ledger.orphans import compact_pairs, encode, unclosed
 from ledger.record import FAILURES, VERDICTS, LedgerRecord, utc_iso
 from protocol.errors import UsageError
 
@@ -84,32 +85,6 @@ def _as_table(records: pa.Table | Sequence[LedgerRecord]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def encode(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
-    """Integer codes (-1 for null) into distinct values: grouping on integers, never on Python strings."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not pa.types.is_dictionary(arr.type):
-        arr = pc.dictionary_encode(arr)
-    codes = arr.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    # a given dictionary may repeat a value: re-encode the (small) dictionary so equal values share a code
-    unique = pc.dictionary_encode(arr.dictionary)
-    remap = np.append(unique.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), -1)
-    return remap[codes], unique.dictionary
-
-
-def _compact(key: np.ndarray, other: np.ndarray, other_count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Dense ids of the (key, other) pairs, and the key of each pair id."""
-    width = max(other_count, 1)
-    pair = key * width + other
-    span = (int(key.max()) + 1) * width if len(key) else 0
-    if span <= 4 * len(key) + 1024:  # a small product space: mark and count instead of sorting
-        seen = np.zeros(span, dtype=bool)
-        seen[pair] = True
-        dense = np.cumsum(seen) - 1
-        return dense[pair], np.flatnonzero(seen) // width
-    ids, inverse = np.unique(pair, return_inverse=True)
-    return inverse.reshape(-1), ids // width
-
-
 def round6(values: list[float] | np.ndarray) -> list[float]:
     """Python's round(x, 6) of each value (correctly rounded), vectorised wherever that gives the same float.
 
@@ -124,18 +99,6 @@ def round6(values: list[float] | np.ndarray) -> list[float]:
     for i in np.flatnonzero(unsafe).tolist():
         out[i] = round(float(x[i]), 6)
     return out
-
-
-def unclosed(run: np.ndarray, package: np.ndarray, n_packages: int, is_open: np.ndarray,
-             seq: np.ndarray) -> np.ndarray:
-    """True for open records with no later close (any other status) of the same (run_id, package)."""
-    if not is_open.any():
-        return np.zeros(len(run), dtype=bool)
-    pair, _ = _compact(run, package, n_packages)
-    last_close = np.full(int(pair.max()) + 1, np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(last_close, pair[~is_open], seq[~is_open])
-    result: np.ndarray = is_open & ~(last_close[pair] > seq)
-    return result
 
 
 def _floats(t: pa.Table, name: str) -> np.ndarray:
@@ -202,7 +165,7 @@ def summarize(
     if by == "run":
         pair, pair_key = codes, np.arange(k)  # one run per group
     else:
-        pair, pair_key = _compact(codes, run, int(run.max()) + 1 if len(run) else 1)
+        pair, pair_key = compact_pairs(codes, run, int(run.max()) + 1 if len(run) else 1)
     runs: list[Any] = np.bincount(pair_key, minlength=k).tolist()
     per_run_wait = np.full(len(pair_key), -np.inf)
     np.maximum.at(per_run_wait, pair, wait)

@@ -21,7 +21,8 @@ from rich.console import Console
 from ledger.calibration import find_calibration
 from ledger.exactness import Exactness, Mismatch, exactness
 from ledger.host_report import clock_doc, quiet_host_doc
-from ledger.store import Ledger, LedgerRecord
+from ledger.record import LedgerRecord
+from ledger.store import Ledger
 from ledger.verdict import (
     decide,
     drift_notes,

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ledger.store import LedgerRecord
+from ledger.record import LedgerRecord
 
 CALIBRATION_SCHEMA = "orch.calibration/1"
 CALIBRATION_FILE = "calibration.json"

@@ -17,8 +17,9 @@ import typer
 from rich.console import Console
 
 from ledger.accounting import FORMATS, columns_for, render_csv, render_table, summarize, summary_document
+from ledger.merkle import parse_head
 from ledger.render import print_whole
-from ledger.store import Ledger, parse_head
+from ledger.store import Ledger
 from protocol.errors import FailedError, UsageError
 from protocol.home import Home, resolve_home
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from pydantic import BaseModel, ConfigDict
+
+from protocol.errors import UsageError
+
 EMPTY_ROOT = hashlib.sha256(b"").digest()
 
 
@@ -112,3 +116,33 @@ def prefix_roots(leaves: Sequence[bytes], sizes: Sequence[int]) -> dict[int, byt
                 acc = node_hash(left, acc)
             out[i] = acc
     return out
+
+
+# ---------------------------------------------------------------- tree heads
+
+
+class TreeHead(BaseModel):
+    """RFC 6962 signed-tree-head content without the signature: tree size and root hash (hex)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    size: int
+    root: str
+
+    def __str__(self) -> str:
+        return f"{self.size}:{self.root}"
+
+
+def parse_head(text: str) -> TreeHead:
+    """`SIZE:ROOT` as printed by `orch ledger head`."""
+    size, sep, root = text.strip().partition(":")
+    if not sep or not size.isdigit() or len(root) != 64 or any(c not in "0123456789abcdef" for c in root):
+        raise UsageError(f"tree head {text!r} is not SIZE:ROOT (a record count and 64 hex digits)")
+    return TreeHead(size=int(size), root=root)
+
+
+def consistent(leaves: list[bytes], head: TreeHead) -> bool:
+    if head.size > len(leaves):
+        return False
+    proof = consistency_proof(leaves, head.size)
+    return verify_consistency(head.size, len(leaves), bytes.fromhex(head.root), root(leaves), proof)

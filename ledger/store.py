@@ -8,38 +8,29 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import hmac
-import itertools
 import json
 import mmap
 import os
-import secrets
-import signal
-import socket
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from ledger import merkle
-from ledger.accounting import encode, unclosed
-from ledger.layout import CONTINUATION, Columns, frame, index_valid, layout
+from ledger.layout import Columns, frame, index_valid, layout
+from ledger.merkle import TreeHead
+from ledger.orphans import orphans_of
 from ledger.record import (
     ASSIGNED,
     GENESIS,
     LATEST,
     VERSIONS,
     LedgerRecord,
-    canonical_json,
     login_name,
-    record_class,
     record_from_row,
     record_message,
     schema_message,
@@ -47,171 +38,11 @@ from ledger.record import (
     scrub_note,
     seal,
 )
+from ledger.repair import fsync_dir, repair_torn_tail
+from ledger.salt import host_hash
+from ledger.scan import UNPARSEABLE, decode_message, decode_or_fail, file_version, scan_messages
+from ledger.verify import MAX_PROBLEMS, VERIFY_CHUNK, VerifyReport, verify_fast, verify_slow
 from protocol.errors import FailedError, UsageError
-from protocol.home import resolve_home
-
-__all__ = ["Ledger", "LedgerRecord", "TreeHead", "VerifyReport", "host_hash", "ledger_salt", "parse_head"]
-
-SALT_FILE = "host.salt"
-# what pyarrow and the decoding below raise on bytes that are not a ledger record
-_UNPARSEABLE = (pa.ArrowException, OSError, ValueError, EOFError, KeyError, TypeError, IndexError)
-MAX_PROBLEMS = 20  # a broken chain repeats; the first problems say where it broke
-VERIFY_CHUNK = 8192  # records per hashing task: small enough to balance two processes, large enough to be cheap
-MAX_CHUNKS = 16_000  # chunk ids travel through a pipe, 4 bytes each: they fit its 64 KiB buffer
-
-
-class VerifyReport(BaseModel):
-    """What `verify` found: ok, records that verified, the first bad seq, problems and orphaned packages."""
-
-    model_config = ConfigDict(frozen=True)
-
-    ok: bool
-    size: int  # records that parsed (the valid prefix)
-    first_bad_seq: int | None = None
-    problems: list[str] = []
-    orphaned: list[tuple[str, str]] = []  # (run_id, package) opened and never closed
-    torn_at: int | None = None  # byte offset where unparseable bytes begin
-    bytes: int = 0
-
-    @property
-    def message(self) -> str:
-        if self.ok:
-            return f"ledger verifies: {self.size} records, {len(self.orphaned)} orphaned"
-        where = "" if self.first_bad_seq is None else f" at seq {self.first_bad_seq}"
-        return f"ledger does not verify{where}: {self.problems[0] if self.problems else 'unknown problem'}"
-
-
-class TreeHead(BaseModel):
-    """RFC 6962 signed-tree-head content without the signature: tree size and root hash (hex)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    size: int
-    root: str
-
-    def __str__(self) -> str:
-        return f"{self.size}:{self.root}"
-
-
-def parse_head(text: str) -> TreeHead:
-    """`SIZE:ROOT` as printed by `orch ledger head`."""
-    size, sep, root = text.strip().partition(":")
-    if not sep or not size.isdigit() or len(root) != 64 or any(c not in "0123456789abcdef" for c in root):
-        raise UsageError(f"tree head {text!r} is not SIZE:ROOT (a record count and 64 hex digits)")
-    return TreeHead(size=int(size), root=root)
-
-
-def ledger_salt(ledger_dir: Path) -> str:
-    """The random salt of this ledger directory, created once with mode 0600."""
-    path = Path(ledger_dir) / SALT_FILE
-    with contextlib.suppress(FileNotFoundError):
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()  # another process created it first
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return path.read_text().strip()
-
-
-def host_hash(salt: str | Path | None = None) -> str:
-    """HMAC-SHA256 of this host's name keyed by a salt (a string, or a ledger directory holding one).
-
-    Without an argument the salt of the default home's ledger directory is used; the name never leaves clear.
-    """
-    if salt is None:
-        salt = ledger_salt(resolve_home().ledger_dir)
-    elif isinstance(salt, Path):
-        salt = ledger_salt(salt)
-    return hmac.new(salt.encode(), socket.gethostname().encode(), hashlib.sha256).hexdigest()
-
-
-@dataclass(frozen=True)
-class _Scan:
-    """The messages of a ledger file: their spans, where parsing stopped, and any schema problem."""
-
-    spans: list[tuple[int, int]]
-    end: int  # first byte not part of a complete message
-    schema_problem: str | None
-    version: int = LATEST
-
-
-def file_version(buf: Any, size: int) -> int:
-    """The record version of a ledger file from its schema message (the latest for an empty file)."""
-    for version in VERSIONS:
-        msg = schema_message(version)
-        if size >= len(msg) and bytes(buf[: len(msg)]) == msg:
-            return version
-    return LATEST
-
-
-def _decode(raw: Any, version: int = LATEST) -> dict[str, Any]:
-    """One record message decoded by pyarrow into a row dict; raises on anything else."""
-    msg = pa.ipc.read_message(pa.py_buffer(raw))
-    if msg is None or msg.type != "record batch" or len(msg.serialize()) != len(raw):
-        raise ValueError("not one complete record batch message")
-    batch = pa.ipc.read_record_batch(msg, schema_of(version))
-    batch.validate(full=True)
-    if batch.num_rows != 1:
-        raise ValueError(f"a record batch of {batch.num_rows} rows")
-    row: dict[str, Any] = batch.to_pylist()[0]
-    return row
-
-
-def _message_len(buf: Any, pos: int, end: int) -> int | None:
-    """Length of the complete IPC message at pos, or None when the bytes there are not one."""
-    try:
-        reader = pa.BufferReader(pa.py_buffer(buf[pos:end]))
-        msg = pa.ipc.read_message(reader)
-    except _UNPARSEABLE:
-        return None
-    if msg is None:
-        return None
-    return int(reader.tell())
-
-
-def _scan(buf: Any, size: int) -> _Scan:
-    """Frame every complete record message; fast framing first, then pyarrow from where it stopped."""
-    if size == 0:
-        return _Scan([], 0, None)
-    schema_len = _message_len(buf, 0, size)
-    if schema_len is None:
-        return _Scan([], 0, "the schema message does not parse")
-    problem = None
-    version = LATEST
-    try:
-        schema = pa.ipc.read_schema(pa.py_buffer(buf[:schema_len]))
-        known = [v for v in VERSIONS if schema.equals(schema_of(v), check_metadata=True)]
-        if known:
-            version = known[0]
-        else:
-            problem = "the file's Arrow schema is not the ledger schema"
-    except _UNPARSEABLE:
-        problem = "the schema message does not parse"
-    spans: list[tuple[int, int]] = []
-    pos = schema_len
-    lay = layout(version)
-    if lay is not None and problem is None:
-        starts = frame(buf, pos, size, lay)[0].tolist()
-        # the last framed message may be torn inside: only trust the ones followed by another
-        spans = list(itertools.pairwise(starts))
-        if spans:
-            pos = spans[-1][1]
-    while pos < size:
-        n = _message_len(buf, pos, size)
-        if n is None:
-            break
-        try:
-            _decode(buf[pos : pos + n], version)
-        except _UNPARSEABLE:
-            break
-        spans.append((pos, pos + n))
-        pos += n
-    return _Scan(spans, pos, problem, version)
 
 
 class Ledger:
@@ -329,7 +160,7 @@ class Ledger:
             if self.fsync:
                 os.fsync(fd)
                 if size == 0:
-                    _fsync_dir(self.path.parent)
+                    fsync_dir(self.path.parent)
         except BaseException as err:
             restored = True
             try:
@@ -352,13 +183,13 @@ class Ledger:
             offset = int(hint["offset"])
             raw = os.pread(fd, size - offset, offset)
             try:
-                row = _decode(raw, version)
+                row = decode_message(raw, version)
                 if int(row["seq"]) == int(hint.get("records", -1)) - 1:
                     return int(row["seq"]) + 1, str(row["record_hash"]), hashlib.sha256(raw).hexdigest(), offset
-            except _UNPARSEABLE:
+            except UNPARSEABLE:
                 pass  # a stale or wrong hint: scan the file
         with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-            scan = _scan(mm, size)
+            scan = scan_messages(mm, size)
             if scan.schema_problem:
                 raise FailedError(f"ledger {self.path.name}: {scan.schema_problem}; nothing appended; "
                                   "run `orch ledger verify`")
@@ -371,7 +202,7 @@ class Ledger:
                 return 0, GENESIS, hashlib.sha256(bytes(mm[:size])).hexdigest(), None
             start, end = scan.spans[-1]
             raw = bytes(mm[start:end])
-        row = _decode(raw, scan.version)
+        row = decode_message(raw, scan.version)
         return int(row["seq"]) + 1, str(row["record_hash"]), hashlib.sha256(raw).hexdigest(), start
 
     def _refuse_truncated(self, records: int) -> None:
@@ -467,7 +298,7 @@ class Ledger:
                 if dictionary:
                     return pa.table([arrays[n] for n in names], names=names)
                 return pa.table([arrays[n] for n in names], schema=pa.schema([schema.field(n) for n in names]))
-            scan = _scan(buf, size)
+            scan = scan_messages(buf, size)
             if not scan.spans or scan.schema_problem:
                 return schema.empty_table().select(names)
             prefix = pa.py_buffer(bytes(buf[: scan.spans[-1][1]]))
@@ -497,17 +328,17 @@ class Ledger:
                 starts = cols.starts.tolist()
                 spans = [(starts[i], ends[i]) for i in chosen.tolist()]
             else:
-                spans = _scan(buf, size).spans
+                spans = scan_messages(buf, size).spans
             out = []
             for i, (start, end) in enumerate(spans):
-                row = _decode_or_fail(buf, start, end, i, version)
+                row = decode_or_fail(buf, start, end, i, version)
                 if run_id is None or row["run_id"] == run_id:
                     out.append(record_from_row(row))
             return out
 
     def orphans(self) -> list[tuple[str, str]]:
         """(run_id, package) of open records never closed, in ledger order (no verification: see `verify`)."""
-        return _orphans(self.table(["seq", "run_id", "package", "status"], dictionary=True))
+        return orphans_of(self.table(["seq", "run_id", "package", "status"], dictionary=True))
 
     # ---- integrity ----------------------------------------------------------------------------------
 
@@ -521,7 +352,7 @@ class Ledger:
                 # leaves only for a consistency proof: 1M digests are not free
                 record_hashes = self._record_hashes_of(buf, size) if against is not None else []
             else:
-                report, record_hashes, keys = self._verify_slow(buf, size)
+                report, record_hashes, keys = verify_slow(buf, size)
         report["bytes"] = size
         hint = self._read_tail_hint()
         if hint is not None and isinstance(hint.get("records"), int) and hint["records"] > report["size"]:
@@ -533,135 +364,19 @@ class Ledger:
                 report["first_bad_seq"] = report["size"]
         if against is not None:
             leaves = [merkle.leaf_hash(h) for h in record_hashes]
-            if not _consistent(leaves, against):
+            if not merkle.consistent(leaves, against):
                 report["ok"] = False
                 report["problems"].append(
                     f"not an extension of tree head {against}: the ledger has {len(leaves)} records "
                     "and no consistency proof to that head verifies"
                 )
-        report["orphaned"] = _orphans(keys)
+        report["orphaned"] = orphans_of(keys)
         report["problems"] = report["problems"][:MAX_PROBLEMS]
         return VerifyReport(**report)
 
     def _verify_fast(self, buf: Any, size: int) -> tuple[int, pa.Table] | None:
-        """Vectorised verification; None unless every check passes (the slow path then says what is wrong).
-
-        Each record's canonical JSON and Arrow message are hashed once (hashlib over the map, no copies), in
-        chunks shared by this process and a forked child; the orphan keys are gathered while the child hashes.
-        """
-        cols = self._columns(buf, size)
-        if cols is None:
-            return None
-        n = cols.n
-        if n == 0:
-            return 0, _keys_empty()
-        try:
-            got = cols.part(0, 1).extract(["prev_hash", "prev_message_sha256"])
-            ph0, pm0 = cols.part(0, 1).hex64(got["prev_hash"], got["prev_message_sha256"])
-        except (ValueError, IndexError):
-            return None
-        version = file_version(buf, size)
-        genesis_message = hashlib.sha256(schema_message(version)).hexdigest().encode()
-        if ph0.tobytes() != GENESIS.encode() or pm0.tobytes() != genesis_message:
-            return None
-        # the last message is pinned by no later digest: it must be the canonical serialization of its record
-        try:
-            last = cols.part(n - 1, n).extract(["canonical", "record_hash"])
-            rh_last = cols.part(n - 1, n).hex64(last["record_hash"])[0].tobytes().decode()
-            _, c_start, c_len, _ = last["canonical"]
-            canonical = bytes(buf[int(c_start[0]) : int(c_start[0] + c_len[0])])
-            record = record_class(version).model_validate({**json.loads(canonical), "record_hash": rh_last})
-        except (ValueError, IndexError, ValidationError):
-            return None
-        if record_message(record) != bytes(buf[int(cols.starts[-1]) : size]):
-            return None
-        chunk = max(self.verify_chunk, -(-n // MAX_CHUNKS))
-        view = memoryview(buf)
-        keys: list[pa.Table] = []
-
-        def gather_keys() -> bool:
-            try:
-                arrays = cols.arrows(["run_id", "package", "status"], dictionary=True)
-            except _UNPARSEABLE:
-                return False  # damaged offsets: the slow path says where
-            keys.append(pa.table({"seq": pa.array(np.arange(n)), **arrays}))
-            return True
-
-        def job(i: int) -> bool:
-            return _chain_chunk(view, cols, size, i * chunk, min(n, (i + 1) * chunk))
-
-        ok = _shared_chunks(-(-n // chunk), job, gather_keys)
-        return (n, keys[0]) if ok else None
-
-    def _verify_slow(self, buf: Any, size: int) -> tuple[dict[str, Any], list[bytes], pa.Table]:
-        """Record by record, with pyarrow: the reference check that locates and explains every problem."""
-        scan = _scan(buf, size)
-        problems: list[str] = []
-        bad: list[int] = []
-
-        def flag(seq: int, text: str) -> None:
-            bad.append(seq)
-            problems.append(f"seq {seq}: {text}")
-
-        if scan.schema_problem:
-            flag(0, scan.schema_problem)
-        prev_hash = GENESIS
-        prev_message = hashlib.sha256(bytes(buf[: scan.spans[0][0]] if scan.spans else b"")).hexdigest()
-        hashes: list[bytes] = []
-        rows: list[tuple[int, str, str, str]] = []
-        for i, (start, end) in enumerate(scan.spans):
-            raw = bytes(buf[start:end])
-            try:
-                row = _decode(raw, scan.version)
-            except _UNPARSEABLE:
-                flag(i, f"the message at offset {start} does not decode as a ledger record")
-                prev_hash, prev_message = "", hashlib.sha256(raw).hexdigest()
-                continue
-            canonical = row.pop("canonical")
-            try:
-                record = record_from_row(row)
-            except ValidationError as err:
-                flag(i, f"schema: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}")
-                record = None
-            if row.get("seq") != i:
-                flag(i, f"seq field is {row.get('seq')}, expected {i} (records reordered, lost or inserted)")
-            if record is not None and canonical != canonical_json(record.hashed_fields()):
-                flag(i, "the columns differ from the record's canonical JSON")
-            if hashlib.sha256(str(canonical).encode()).hexdigest() != row.get("record_hash"):
-                flag(i, "record_hash is not the SHA256 of the canonical JSON")
-            in_place = row.get("seq") == i and row.get("prev_hash") == prev_hash
-            if row.get("prev_hash") != prev_hash:
-                flag(i, "prev_hash does not chain to the previous record")
-            claimed = row.get("prev_message_sha256")
-            if hashlib.sha256(str(canonical).encode()).hexdigest() == row.get("record_hash"):
-                # an intact canonical JSON holds the digest as appended, even when the column was altered
-                with contextlib.suppress(ValueError, AttributeError):
-                    claimed = json.loads(str(canonical)).get("prev_message_sha256", claimed)
-            if claimed != prev_message and in_place:
-                # this record sits where it was appended, so the bytes before it were altered
-                flag(max(i - 1, 0), f"message bytes differ from what was appended (digest in record {i})")
-            if i == len(scan.spans) - 1 and record is not None and record_message(record) != raw:
-                flag(i, "the last message's bytes are not its record's serialization")
-            prev_hash = str(row.get("record_hash"))
-            prev_message = hashlib.sha256(raw).hexdigest()
-            with contextlib.suppress(ValueError, TypeError):
-                hashes.append(bytes.fromhex(str(row.get("record_hash"))))
-            rows.append((i, str(row.get("run_id")), str(row.get("package")), str(row.get("status"))))
-        n = len(scan.spans)
-        torn_at = None
-        if scan.end != size:
-            torn_at = scan.end
-            flag(n, f"torn tail: {size - scan.end} bytes at offset {scan.end} do not parse as a complete record; "
-                    "run `orch ledger repair` to move them aside")
-        order = sorted(range(len(problems)), key=lambda k: bad[k])
-        report = {
-            "ok": not problems, "size": n, "problems": [problems[k] for k in order],
-            "first_bad_seq": min(bad) if bad else None, "torn_at": torn_at,
-        }
-        names = ["seq", "run_id", "package", "status"]
-        keys = pa.table([pa.array([r[k] for r in rows], pa.int64() if k == 0 else pa.string()) for k in range(4)],
-                        names=names)
-        return report, hashes, keys
+        """The vectorised verification (ledger.verify.verify_fast); None unless every check passes."""
+        return verify_fast(self._columns(buf, size), buf, size, self.verify_chunk)
 
     def record_hashes(self) -> list[bytes]:
         """The record hashes (32 bytes each) of the complete records, in ledger order: the Merkle leaves' data."""
@@ -673,8 +388,8 @@ class Ledger:
         if cols is not None:
             with contextlib.suppress(ValueError):
                 return _hashes(cols.hex64(cols.extract(["record_hash"])["record_hash"])[0])
-        scan = _scan(buf, size)
-        return [bytes.fromhex(str(_decode_or_fail(buf, s, e, i, scan.version)["record_hash"]))
+        scan = scan_messages(buf, size)
+        return [bytes.fromhex(str(decode_or_fail(buf, s, e, i, scan.version)["record_hash"]))
                 for i, (s, e) in enumerate(scan.spans)]
 
     def head(self) -> TreeHead:
@@ -685,7 +400,7 @@ class Ledger:
     def consistency(self, old_size: int, old_root: str) -> bool:
         """True when the head (old_size, old_root) is a prefix of this ledger, by an RFC 6962 consistency proof."""
         leaves = [merkle.leaf_hash(h) for h in self.record_hashes()]
-        return _consistent(leaves, TreeHead(size=old_size, root=old_root))
+        return merkle.consistent(leaves, TreeHead(size=old_size, root=old_root))
 
     # ---- repair -------------------------------------------------------------------------------------
 
@@ -695,196 +410,10 @@ class Ledger:
         Refuses when a complete record follows the unparseable bytes: that is damage, not a torn append.
         """
         with self._locked(exclusive=True):
-            try:
-                fd = os.open(self.path, os.O_RDWR)
-            except FileNotFoundError:
-                return None
-            try:
-                size = os.fstat(fd).st_size
-                if size == 0:
-                    return None
-                with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mm:
-                    scan = _scan(mm, size)
-                    if scan.end == size:
-                        return None
-                    later = _complete_message_after(mm, scan.end, size, scan.version)
-                    if later is not None:
-                        raise FailedError(
-                            f"ledger {self.path.name}: bytes at offset {scan.end} do not parse but a complete "
-                            f"record follows at offset {later}; this is damage inside the ledger, not a torn "
-                            "tail; nothing was changed: restore the ledger from a copy"
-                        )
-                    torn = bytes(mm[scan.end : size])
-                stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-                aside = self.path.with_name(f"{self.path.name}.torn-{stamp}-{scan.end}")
-                with open(aside, "xb") as f:
-                    f.write(torn)
-                    f.flush()
-                    os.fsync(f.fileno())
-                _fsync_dir(self.path.parent)
-                os.ftruncate(fd, scan.end)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        return aside
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _complete_message_after(buf: Any, start: int, size: int, version: int) -> int | None:
-    """Offset of a decodable record message beginning after `start`, if any."""
-    marker = CONTINUATION.to_bytes(4, "little")
-    pos = bytes(buf[start:size]).find(marker, 1)
-    while pos != -1:
-        at = start + pos
-        n = _message_len(buf, at, size)
-        if n is not None:
-            try:
-                _decode(buf[at : at + n], version)
-                return at
-            except _UNPARSEABLE:
-                pass
-        pos = bytes(buf[start:size]).find(marker, pos + 1)
-    return None
-
-
-def _chain_chunk(view: memoryview, cols: Columns, size: int, lo: int, hi: int) -> bool:
-    """Records lo..hi-1: seq, record_hash = SHA256(canonical), and the next record's prev_hash and
-    prev_message_sha256 equal to this record's hash and message digest (the ledger's last message excepted)."""
-    top = min(hi + 1, cols.n)  # one record past the chunk holds the digests that pin its last message
-    part = cols.part(lo, top)
-    try:
-        got = part.extract(["seq", "record_hash", "prev_hash", "prev_message_sha256", "canonical"])
-        _, seq, _ = got["seq"]
-        rh, ph, pm = part.hex64(got["record_hash"], got["prev_hash"], got["prev_message_sha256"])
-        _, c_start, c_len, c_valid = got["canonical"]
-    except (ValueError, IndexError):
-        return False
-    if not np.array_equal(seq, np.arange(lo, top)) or not c_valid.all():
-        return False
-    sha = hashlib.sha256
-    c_lo = c_start[: hi - lo].tolist()
-    c_hi = (c_start + c_len)[: hi - lo].tolist()
-    canon = b"".join([sha(view[a:b]).digest() for a, b in zip(c_lo, c_hi, strict=True)])
-    if canon.hex().encode() != rh[: hi - lo].tobytes():
-        return False
-    bounds = part.starts.tolist() if top > hi else [*part.starts.tolist(), size]
-    m_lo, m_hi = bounds[:-1][: top - lo - 1], bounds[1:][: top - lo - 1]
-    msgs = b"".join([sha(view[a:b]).digest() for a, b in zip(m_lo, m_hi, strict=True)])
-    return msgs.hex().encode() == pm[1:].tobytes() and ph[1:].tobytes() == rh[:-1].tobytes()
-
-
-def _shared_chunks(count: int, job: Callable[[int], bool], meanwhile: Callable[[], bool]) -> bool:
-    """True when job(i) holds for every chunk i; chunks are taken from a pipe by this process and, on 2+ cores,
-    a forked child (which only reads the shared map), after this process has run `meanwhile` (it must hold too).
-
-    Chunk states live in a shared anonymous map; any chunk the child did not finish is done here.
-    """
-    if count < 4 or (os.cpu_count() or 1) < 2:
-        return meanwhile() and all(_holds(job, i) for i in range(count))
-    state = mmap.mmap(-1, count + 1)  # per chunk 0 = not done, 1 = ok, 2 = bad; the last byte: stop
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    with contextlib.suppress(BlockingIOError):
-        os.write(w, np.arange(count, dtype="<u4").tobytes())  # ids the pipe cannot hold are done below
-    os.close(w)
-    hashlib.sha256(b"").digest()  # OpenSSL's digest lookup happens here, not first in the child
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _take_chunks(r, job, state, count)
-        finally:
-            os._exit(0)
-    try:
-        if not meanwhile():
-            state[count] = 1
-        _take_chunks(r, job, state, count)
-    finally:
-        os.close(r)
-        _reap(pid)
-    for i in range(count):
-        if state[count] == 0 and state[i] == 0:
-            state[i] = 1 if _holds(job, i) else 2
-    ok = state[count] == 0 and all(state[i] == 1 for i in range(count))
-    state.close()
-    return ok
-
-
-def _holds(job: Callable[[int], bool], i: int) -> bool:
-    """job(i), False when damaged bytes make it raise: the fast path then gives way to the slow one."""
-    try:
-        return job(i)
-    except (ValueError, IndexError, OverflowError, TypeError):
-        return False
-
-
-def _take_chunks(fd: int, job: Callable[[int], bool], state: mmap.mmap, count: int) -> None:
-    """Run the chunks whose ids this process reads from the pipe (4 bytes each, reads are atomic) until it is empty."""
-    while state[count] == 0:
-        raw = os.read(fd, 4)
-        if len(raw) != 4:
-            return
-        i = int.from_bytes(raw, "little")
-        good = _holds(job, i)
-        state[i] = 1 if good else 2
-        if not good:
-            state[count] = 1  # one bad chunk fails the fast path: stop both processes early
-
-
-def _reap(pid: int, grace_s: float = 60.0) -> None:
-    """Wait for the hashing child; kill it if it is stuck (its unfinished chunks are then redone here)."""
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return
-        time.sleep(0.002)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+            return repair_torn_tail(self.path)
 
 
 def _hashes(hex_rows: np.ndarray) -> list[bytes]:
     """32-byte digests from an (n, 64) matrix of hex characters."""
     data = bytes.fromhex(hex_rows.tobytes().decode())
     return [data[i : i + 32] for i in range(0, len(data), 32)]
-
-
-def _decode_or_fail(buf: Any, start: int, end: int, seq: int, version: int) -> dict[str, Any]:
-    try:
-        return _decode(buf[start:end], version)
-    except _UNPARSEABLE as err:
-        raise FailedError(f"ledger record {seq} does not decode ({err}); run `orch ledger verify`") from err
-
-
-def _consistent(leaves: list[bytes], head: TreeHead) -> bool:
-    if head.size > len(leaves):
-        return False
-    proof = merkle.consistency_proof(leaves, head.size)
-    return merkle.verify_consistency(head.size, len(leaves), bytes.fromhex(head.root), merkle.root(leaves), proof)
-
-
-def _keys_empty() -> pa.Table:
-    return pa.table({"seq": pa.array([], pa.int64()), "run_id": pa.array([], pa.string()),
-                     "package": pa.array([], pa.string()), "status": pa.array([], pa.string())})
-
-
-def _orphans(keys: pa.Table) -> list[tuple[str, str]]:
-    """(run_id, package) of open records with no later close of the same package in the same run."""
-    if keys.num_rows == 0:
-        return []
-    run, runs = encode(keys["run_id"])
-    package, packages = encode(keys["package"])
-    status, statuses = encode(keys["status"])
-    is_open = np.append(np.array([v == "open" for v in statuses.to_pylist()], dtype=bool), False)[status]
-    seq = keys["seq"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
-    left = np.flatnonzero(unclosed(run, package, len(packages), is_open, seq))
-    left = left[np.argsort(seq[left], kind="stable")]
-    return list(zip(runs.take(pa.array(run[left])).to_pylist(), packages.take(pa.array(package[left])).to_pylist(),
-                    strict=True))

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ledger import merkle
-from ledger.store import Ledger, TreeHead, ledger_salt
+from ledger.merkle import TreeHead
+from ledger.salt import ledger_salt
+from ledger.store import Ledger
 from protocol.errors import FailedError
 from protocol.home import Home
 

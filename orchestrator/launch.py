@@ -21,7 +21,8 @@ from types import FrameType
 from typing import Any
 
 from ledger.audit import write_atomic
-from ledger.store import Ledger, host_hash
+from ledger.salt import host_hash
+from ledger.store import Ledger
 from ledger.witness import check_witnessed, record_head, repository_root
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from manifests.sources import arm_source_dir

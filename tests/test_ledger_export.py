@@ -16,8 +16,9 @@ import pyarrow as pa
 import pytest
 
 from ledger.export import ledger_table
+from ledger.merkle import parse_head
 from ledger.record import login_name
-from ledger.store import Ledger, parse_head
+from ledger.store import Ledger
 
 REPO = Path(__file__).resolve().parents[1]
 V1 = REPO / "tests" / "fixtures" / "ledger_v1.arrows"

@@ -20,8 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.layout import layout
+from ledger.merkle import TreeHead, parse_head
 from ledger.record import GENESIS, schema_message
-from ledger.store import Ledger, TreeHead, host_hash, parse_head
+from ledger.salt import host_hash
+from ledger.store import Ledger
 from protocol.errors import FailedError, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
