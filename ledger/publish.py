@@ -13,11 +13,11 @@ from typing import Any
 
 from rich.console import Console
 
-from ledger.audit import write_atomic
 from ledger.hygiene import scan_bytes, this_host_names
 from ledger.store import Ledger
 from ledger.witness import EVIDENCE_DIR, ledger_id, record_head, repository_root
 from protocol.errors import RefusedError, UsageError
+from protocol.fileio import write_atomic
 from protocol.hashing import canonical_json
 from protocol.home import resolve_home
 from protocol.plan import ROLES

@@ -14,6 +14,7 @@ from typing import Any
 from ledger.layout import CONTINUATION
 from ledger.scan import UNPARSEABLE, decode_message, message_length, scan_messages
 from protocol.errors import FailedError
+from protocol.fileio import fsync_dir
 
 
 def repair_torn_tail(path: Path) -> Path | None:
@@ -70,11 +71,3 @@ def _complete_message_after(buf: Any, start: int, size: int, version: int) -> in
                 pass
         pos = bytes(buf[start:size]).find(marker, pos + 1)
     return None
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

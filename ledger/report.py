@@ -17,7 +17,7 @@ from ledger.verdict import interval_text, verdict_lines
 from protocol.plan import ROLES
 
 if TYPE_CHECKING:
-    from ledger.audit import AuditResult
+    from ledger.document import AuditResult
 
 ARM_COLORS = {"A": "#1f77b4", "C": "#d62728", "B": "#2ca02c"}
 VERDICT_STYLE = {"accepted": "bold green", "no difference shown": "bold yellow", "not exact": "bold red"}

@@ -38,11 +38,12 @@ from ledger.record import (
     scrub_note,
     seal,
 )
-from ledger.repair import fsync_dir, repair_torn_tail
+from ledger.repair import repair_torn_tail
 from ledger.salt import host_hash
 from ledger.scan import UNPARSEABLE, decode_message, decode_or_fail, file_version, scan_messages
 from ledger.verify import MAX_PROBLEMS, VERIFY_CHUNK, VerifyReport, verify_fast, verify_slow
 from protocol.errors import FailedError, UsageError
+from protocol.fileio import fsync_dir
 
 
 class Ledger:

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ledger.audit import write_atomic
 from ledger.calibration import CALIBRATION_FILE, Calibration, fingerprint
 from ledger.store import Ledger
 from orchestrator.launch import LaunchResult, launch
 from protocol.errors import FailedError
+from protocol.fileio import write_atomic
 from protocol.home import resolve_home
 from protocol.schema import LoadedProtocol, Protocol, load_protocol, protocol_id
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ledger.audit import write_atomic
 from ledger.salt import host_hash
 from ledger.store import Ledger
 from ledger.witness import check_witnessed, record_head, repository_root
@@ -35,15 +34,15 @@ from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
 from orchestrator.sealing import SealedArm, check_seal, seal_arm, unseal_for_removal
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, os_error_line
+from protocol.fileio import write_atomic
 from protocol.hashing import canonical_json, sha256_file
 from protocol.home import Home, resolve_home
 from protocol.package import CommandSpec, PackageSpec, ScoreTarget
 from protocol.plan import ARMS, PlannedPackage, kept_checkpoints, plan, score_labels
-from protocol.results import ChecksResult, TrainResult
+from protocol.results import RUN_SCHEMA, ChecksResult, TrainResult
 from protocol.schema import Arm, LoadedProtocol, load_protocol
 from protocol.schema import canonical_json as protocol_canonical_json
 
-RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines
 PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K)
 WATCH_TIMEOUT_FACTOR = 3  # the watched replay runs every op through the dispatch watch: slower than train
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from ledger.audit import write_atomic
 from orchestrator.isolation import isolate
 from orchestrator.process_group import exit_status, spawn_in_group, terminate_group, wait_group
 from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
+from protocol.fileio import write_atomic
 from protocol.hashing import canonical_json
 from protocol.package import PackageSpec
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, TrainResult

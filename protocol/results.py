@@ -30,6 +30,7 @@ class RngFingerprint(_Strict):
     cuda: str | None = None
 
 
+RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines
 STEP_SCHEMA = "orch.step/2"  # /2 adds `scalars`, the trainer's own numbers
 TRAIN_SCHEMA = "orch.train/2"  # /2 adds `watched_steps`, the optimizer's groups and trainable names
 

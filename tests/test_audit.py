@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ledger.audit import AUDIT_SCHEMA, IncompleteRunError, audit_run
+from ledger.audit import audit_run
+from ledger.document import AUDIT_SCHEMA
+from ledger.evidence import IncompleteRunError
 from ledger.store import Ledger
 from manifests.core import hash_tree
 from protocol.errors import FailedError

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from test_audit import RunSpec, make_run
 
-from ledger.audit import IncompleteRunError, audit_run
+from ledger.audit import audit_run
+from ledger.evidence import IncompleteRunError
 from ledger.exactness import is_vit, structure_differences
 from protocol.results import ObservedRecipe, ParamGroup
 

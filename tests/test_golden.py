@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.audit import canonical_bytes
+from ledger.document import canonical_bytes
 from ledger.record import canonical_json as record_canonical_json
 from ledger.record import seal
 from ledger.store import Ledger

@@ -1,0 +1,295 @@
+"""The audit document (orch.audit/1) of one verified, complete run, its canonical bytes, and the audit's result.
+
+Pure: computed from the loaded evidence (ledger/evidence.py); written and recorded by the command (ledger/audit.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ledger.evidence import RunEvidence
+from ledger.exactness import Exactness, Mismatch, exactness
+from ledger.host_report import clock_doc, quiet_host_doc
+from ledger.verdict import decide, drift_notes, interval_doc, replication_doc, run_interval, triplet_speedups
+from ledger.windows import Speedup, step_times
+from protocol.hashing import canonical_json
+from protocol.plan import ARMS, BASELINE_ROLES, KINDS, ROLES, launch_labels, replay_label, triplets
+
+AUDIT_SCHEMA = "orch.audit/1"
+VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
+# the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
+AUDIT_UNITS = {
+    "speedup.windows[].A|C|B": "s: the window's time, the SUM of its steps' times",
+    "speedup.windows[].step_times, speedup.step_times": "s per step (max over ranks, probe work excluded)",
+    "speedup.windows[].ratio|drift|cv|noise, speedup.headline": "unitless",
+    "memory.ranks[].*, memory.max_delta_*": "bytes",
+    "cost.gpu_seconds, cost.total_gpu_seconds": "GPU-seconds",
+    "cost.wall_s, cost.total_wall_s, cost.lock_wait_s": "s",
+}
+
+
+@dataclass(frozen=True)
+class DevScore:
+    """The unsealed DEV metrics: informational, never part of the verdict or of published evidence."""
+
+    sha256: str
+    verified: bool
+    metrics: Any
+    detail: str
+
+
+@dataclass
+class AuditResult:
+    run_id: str
+    document: dict[str, Any]
+    audit_path: Path
+    markdown_path: Path
+    plot_path: Path
+    written: bool  # False when an equal audit.json was already there
+    ledger_seq: int | None
+    score: DevScore | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return str(self.document["verdict"])
+
+
+def _mismatch_doc(m: Mismatch | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {
+        "check": m.check,
+        "step": m.step,
+        "rank": m.rank,
+        "tensor": m.tensor,
+        "values": m.values,
+        "text": m.line(),
+    }
+
+
+def _exactness_doc(ex: Exactness) -> dict[str, Any]:
+    return {
+        "exact": ex.exact,
+        "ranks": ex.ranks,
+        "digest_steps": [ex.digest_first, ex.digest_last],
+        "steps_compared": ex.steps_compared,
+        "tensors_compared": ex.tensors_compared,
+        "mismatches": ex.mismatches,
+        "first_mismatch": _mismatch_doc(ex.first_mismatch),
+        "reload_equal": ex.reload_ok,
+        "rng_equal": ex.rng_equal,
+        "rng_first_mismatch": _mismatch_doc(ex.rng_first_mismatch),
+        "recipe_equal": ex.recipe_ok,
+        "recipe_differences": ex.recipe_differences,
+        "forbidden": [asdict(f) for f in ex.forbidden],
+        "watch": {
+            "watched_steps": ex.watched_steps,
+            "passed_through": ex.watch_passed,
+            "uninspected": ex.watch_uninspected,
+        },
+        "watch_coverage": ex.watch_coverage,
+        "replay_equal": ex.replay_ok,
+        "replay_first_mismatch": _mismatch_doc(ex.replay_first_mismatch),
+        "scalars_equal": ex.scalars_equal,
+        "scalar_steps": list(ex.scalar_steps),
+        "scalars_compared": ex.scalars_compared,
+        "scalars_first_mismatch": _mismatch_doc(ex.scalars_first_mismatch),
+        "problems": ex.problems,
+    }
+
+
+def _speedup_doc(sp: Speedup, times: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """The owner's speedup of one triplet; times: role (A, C, B) -> step times."""
+    return {
+        "windows": [
+            {
+                "name": w.name,
+                "steps": list(w.steps),
+                "A": w.a,
+                "C": w.c,
+                "B": w.b,
+                "step_times": {"A": list(w.a_steps), "C": list(w.c_steps), "B": list(w.b_steps)},
+                "cv": {"A": w.cv_a, "C": w.cv_c, "B": w.cv_b},
+                "ratio": w.ratio,
+                "drift": w.drift,
+                "noise": w.noise,
+                "within_noise": w.within_noise,
+                "words": w.words,
+            }
+            for w in sp.windows
+        ],
+        "headline": sp.headline,
+        "headline_window": sp.headline_window,
+        "max_drift": sp.max_drift,
+        "drift_bound": sp.drift_bound,
+        "noisy": sp.noisy,
+        "words": sp.words,
+        "step_times": {label: list(times[label]) for label in ROLES},
+    }
+
+
+def _memory_doc(ev: RunEvidence, roles: Mapping[str, str]) -> dict[str, Any]:
+    """Peaks of one triplet (roles: A, C, B -> its labels)."""
+    ranks = sorted({r.rank for t in ev.trains.values() for r in t.ranks})
+    rows: list[dict[str, Any]] = []
+    for rank in ranks:
+        row: dict[str, Any] = {"rank": rank}
+        for label in ROLES:
+            summary = next((r for r in ev.trains[roles[label]].ranks if r.rank == rank), None)
+            row[label] = {
+                "allocated": summary.peak_allocated if summary else None,
+                "reserved": summary.peak_reserved if summary else None,
+            }
+        for kind in ("allocated", "reserved"):
+            base = [row[label][kind] for label in BASELINE_ROLES]
+            cand = row["C"][kind]
+            # candidate minus the larger baseline peak: a positive delta is more memory
+            row[f"delta_{kind}"] = cand - max(base) if cand is not None and None not in base else None
+        rows.append(row)
+    deltas = {
+        kind: [r[f"delta_{kind}"] for r in rows if r[f"delta_{kind}"] is not None] for kind in ("allocated", "reserved")
+    }
+    return {
+        "device": ev.trains[roles["A"]].device,
+        "measured": bool(deltas["allocated"]),
+        "ranks": rows,
+        "max_delta_allocated": max(deltas["allocated"]) if deltas["allocated"] else None,
+        "max_delta_reserved": max(deltas["reserved"]) if deltas["reserved"] else None,
+    }
+
+
+def _cost_doc(ev: RunEvidence) -> dict[str, Any]:
+    by_package = {name: float(ev.closes[name].gpu_seconds or 0.0) for name in ev.names}
+    wall = {name: float(ev.closes[name].wall_s or 0.0) for name in ev.names}
+    lock = ev.run.get("lock") if isinstance(ev.run.get("lock"), dict) else {}
+    return {
+        "gpu_seconds": by_package,
+        "total_gpu_seconds": sum(by_package.values()),
+        "wall_s": wall,
+        "total_wall_s": sum(wall.values()),
+        "lock_wait_s": (lock or {}).get("wait_s"),
+    }
+
+
+def _attribution_doc(ev: RunEvidence) -> dict[str, Any]:
+    """What differs between the arms; 'training-code-only' only when nothing but code and switches differ."""
+    arms = ev.run["arms"]
+    b, c = arms["baseline"], arms["candidate"]
+    b_sw, c_sw = dict(b.get("switches") or {}), dict(c.get("switches") or {})
+    b_cf, c_cf = dict(b.get("config") or {}), dict(c.get("config") or {})
+    switches = {
+        k: {"baseline": b_sw.get(k), "candidate": c_sw.get(k)}
+        for k in sorted(set(b_sw) | set(c_sw))
+        if b_sw.get(k) != c_sw.get(k)
+    }
+    config = {
+        k: {"baseline": b_cf.get(k), "candidate": c_cf.get(k)}
+        for k in sorted(set(b_cf) | set(c_cf))
+        if b_cf.get(k) != c_cf.get(k)
+    }
+    # what ran are the sealed sources (equal to the commitments unless under evaluation)
+    sources_differ = b.get("sources_root") != c.get("sources_root")
+    if config:
+        label = "includes external configuration change: " + ", ".join(config)
+    else:
+        label = "training-code-only"
+    differs = (
+        (["sources"] if sources_differ else []) + (["switches"] if switches else []) + (["config"] if config else [])
+    )
+    return {
+        "label": label,
+        "training_code_only": not config,
+        "differs": differs,
+        "commitment_roots": {arm: arms[arm].get("commitment_root") for arm in ARMS},
+        "sources_roots": {arm: arms[arm].get("sources_root") for arm in ARMS},
+        "sealed_roots": {arm: arms[arm].get("sealed_root") for arm in ARMS},
+        "sources_differ": sources_differ,
+        "switches": switches,
+        "config": config,
+    }
+
+
+def scope_sentence(first: int, last: int, ranks: int) -> str:
+    return (
+        f"deterministic steps {first}-{last} on {ranks} ranks; final parameter/Adam digests; "
+        "not a measurement of full-training time or quality"
+    )
+
+
+def compute_audit(
+    ev: RunEvidence, head: tuple[int, str], audited_at: str, calibration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The audit document (orch.audit/1) of one verified, complete run; calibration: ledger.calibration's block."""
+    m = ev.protocol.measurement
+    labels = launch_labels(m.repeats)
+    trips = triplets(m.repeats)
+    times = {label: step_times(ev.steps[label], m.steps) for label in labels}
+    sps = triplet_speedups(times, trips, steps=m.steps, warmup=m.warmup, window=m.window, drift_bound=m.drift_bound)
+    first = trips[0].labels
+    sp = sps[0]  # the owner's triplet: with repeats K it is the first of K, launched A -> C -> B
+    ex = exactness(
+        ev.steps,
+        ev.trains,
+        ev.reloads,
+        ev.protocol.recipe.model_dump(),
+        n_steps=m.steps,
+        digest_first=m.digest_first,
+        digest_last=m.digest_last,
+        model=ev.protocol.model.model_dump() if ev.protocol.model is not None else None,
+        watch=ev.watch,
+        watch_steps=ev.watch_steps,
+        labels=labels,
+        replay_of=replay_label(m.repeats),
+    )
+    iv = run_interval(times, steps=m.steps, warmup=m.warmup, window=m.window)
+    verdict, direction, sentence = decide(ex.exact, iv)
+    reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
+    host = ev.run.get("host") if isinstance(ev.run.get("host"), dict) else {}
+    return {
+        "schema": AUDIT_SCHEMA,
+        "run_id": ev.run_id,
+        "protocol_id": ev.run["protocol_id"],
+        "protocol_name": ev.protocol.name,
+        "audited_at": audited_at,
+        "verdict": verdict,
+        "direction": direction,
+        "verdict_words": sentence,
+        "exact": ex.exact,
+        "noisy": sp.noisy,
+        "reasons": reasons,
+        "diagnostics": drift_notes(trips, sps, m.drift_bound),
+        "scope": scope_sentence(m.digest_first, m.digest_last, ex.ranks),
+        "measurement": m.model_dump(exclude_unset=True),  # as recorded: fields added later stay out
+        "precision": ev.protocol.precision,
+        "speedup": _speedup_doc(sp, {role: times[label] for role, label in first.items()}),
+        "interval": interval_doc(iv, m.repeats),
+        "replication": replication_doc(trips, sps),
+        "exactness": _exactness_doc(ex),
+        "memory": _memory_doc(ev, first),
+        "cost": _cost_doc(ev),
+        "attribution": _attribution_doc(ev),
+        "integrity": {
+            "seals_verified": list(ARMS),
+            "result_sha256": {name: ev.closes[name].result_digest for name in ev.names},
+            "ledger_records": sum(1 for r in ev.records if r.kind in KINDS),
+        },
+        "versions": dict(ev.checks.versions),
+        "host_hash": (host or {}).get("host_hash"),
+        "calibration": calibration,
+        "quiet_host": quiet_host_doc(ev.trains, labels),
+        "clock": clock_doc(ev.trains, labels),
+        "calibration_of": ev.run.get("calibration_of"),
+        "ledger_head": {"size": head[0], "root": head[1]},
+    }
+
+
+def canonical_bytes(doc: Mapping[str, Any]) -> bytes:
+    return canonical_json(doc, ensure_ascii=False, pretty=True).encode()
+
+
+def evidence_part(doc: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k not in VOLATILE_KEYS}

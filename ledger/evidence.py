@@ -1,0 +1,259 @@
+"""Loading one run's evidence for the audit: run.json, protocol.json, the ledger's records, every result and step line.
+
+Nothing is computed or written here; an incomplete run raises IncompleteRunError naming every missing piece.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ledger.record import LedgerRecord
+from ledger.store import Ledger
+from protocol.errors import FailedError, UsageError
+from protocol.hashing import sha256_file
+from protocol.home import Home
+from protocol.plan import launch_labels, package_names, replay_label
+from protocol.results import RUN_SCHEMA, ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
+from protocol.schema import Protocol
+
+PACKAGES = package_names(1)  # the owner's run; with measurement.repeats K the plan lists package_names(K)
+M = TypeVar("M", bound=BaseModel)
+
+
+class IncompleteRunError(FailedError):
+    """The run cannot be audited; `problems` says exactly what is missing or failed."""
+
+    def __init__(self, message: str, problems: Sequence[str]) -> None:
+        super().__init__(message)
+        self.problems = list(problems)
+
+
+@dataclass
+class RunEvidence:
+    """Everything the audit reads of one run, loaded and validated, nothing computed yet."""
+
+    run_id: str
+    run_dir: Path
+    run: dict[str, Any]
+    protocol: Protocol
+    protocol_sha256: str
+    checks: ChecksResult
+    trains: dict[str, TrainResult]
+    reloads: dict[str, ReloadResult]
+    score: ScoreResult
+    steps: dict[str, dict[int, list[StepRecord]]]
+    watch: TrainResult  # watch-C: the untimed replay of arm C with the forbidden-dtype watch on every step
+    watch_steps: dict[int, list[StepRecord]]
+    records: list[LedgerRecord]  # this run's ledger records, in ledger order
+    closes: dict[str, LedgerRecord]  # package -> its close record
+    result_sha256: dict[str, str]  # package -> sha256 of its result.json bytes
+    names: tuple[str, ...] = PACKAGES  # the plan's packages
+
+    @property
+    def repeats(self) -> int:
+        return self.protocol.measurement.repeats
+
+
+def _first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "document"
+    return f"{loc}: {e['msg']}"
+
+
+def _load_model(model: type[M], path: Path, problems: list[str], rel: str) -> M | None:
+    if not path.is_file():
+        problems.append(f"{rel}: missing")
+        return None
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except ValidationError as err:
+        problems.append(f"{rel}: malformed ({_first_error(err)})")
+    except OSError as err:
+        problems.append(f"{rel}: unreadable ({err.strerror})")
+    return None
+
+
+def _package_problems(
+    run: Mapping[str, Any], records: Sequence[LedgerRecord], names: Sequence[str] = PACKAGES
+) -> tuple[list[str], dict[str, LedgerRecord], set[str]]:
+    """One line per package that is not ok, from the ledger (authoritative) and run.json; and the close records.
+
+    Every package needs one open and one ok close record; a lone open record means a crash or a live run.
+    """
+    problems: list[str] = []
+    closes: dict[str, LedgerRecord] = {}
+    opens: dict[str, int] = {}
+    for rec in records:
+        if rec.status == "open":
+            opens[rec.package] = opens.get(rec.package, 0) + 1
+        else:
+            closes[rec.package] = rec
+    declared = {p.get("name"): p for p in run.get("packages", []) if isinstance(p, dict)}
+    bad: set[str] = set()
+    for name in names:
+        close, entry = closes.get(name), declared.get(name)
+        line = None
+        if opens.get(name, 0) and close is None:
+            line = "open ledger record without a close (the run crashed or is still running)"
+        elif close is None:
+            line = "no ledger record"
+        elif close.status != "ok":
+            code = f" (exit {close.exit_code})" if close.exit_code is not None else ""
+            line = f"{close.status}{code}" + (f": {close.note}" if close.note else "")
+        elif run and entry is None:
+            line = "ok in the ledger but absent from run.json"
+        elif run and entry is not None and entry.get("status") != "ok":
+            line = f"ok in the ledger but {entry.get('status')!r} in run.json"
+        if line is not None:
+            bad.add(name)
+            problems.append(f"package {name}: {line}")
+    return problems, closes, bad
+
+
+def _read_steps(
+    package_dir: Path, train: TrainResult, rel: str, n_steps: int, problems: list[str]
+) -> dict[int, list[StepRecord]]:
+    out: dict[int, list[StepRecord]] = {}
+    for rank in train.ranks:
+        path = package_dir / rank.steps_file
+        where = f"{rel}/{rank.steps_file}"
+        if not path.is_file():
+            problems.append(f"{where}: missing")
+            continue
+        lines: list[StepRecord] = []
+        for number, raw in enumerate(path.read_text().splitlines(), start=1):
+            if not raw.strip():
+                continue
+            try:
+                lines.append(StepRecord.model_validate_json(raw))
+            except ValidationError as err:
+                problems.append(f"{where}:{number}: malformed step line ({_first_error(err)})")
+                break
+        if sorted(r.step for r in lines) != list(range(n_steps)):
+            problems.append(f"{where}: {len(lines)} step lines, expected steps 0-{n_steps - 1}")
+        if any(r.rank != rank.rank for r in lines):
+            problems.append(f"{where}: lines of another rank than {rank.rank}")
+        out[rank.rank] = lines
+    return out
+
+
+def collect_evidence(home: Home, run_id: str) -> RunEvidence:
+    """Load one run; raise IncompleteRunError naming every missing or failed piece (nothing is written)."""
+    run_dir = home.run_dir(run_id)
+    if not run_dir.is_dir():
+        raise UsageError(f"no run {run_id!r} under {home.runs}; give a run id printed by `orch launch`")
+    problems: list[str] = []
+    run: dict[str, Any] = {}
+    run_path = run_dir / "run.json"
+    try:
+        loaded = json.loads(run_path.read_text())
+        if isinstance(loaded, dict) and loaded.get("schema") == "orch.run/1":
+            # one line, before anything else: such a run has no watched replay and no trainer numbers to compare
+            raise IncompleteRunError(
+                f"run {run_id} is an orch.run/1 run, recorded before the watched replay (watch-C) and the trainer's "
+                "own numbers were part of the evidence; it cannot be audited by this orch: relaunch the protocol",
+                ["run.json: orch.run/1 (before watch-C and trainer scalars); relaunch the protocol"],
+            )
+        if not isinstance(loaded, dict) or loaded.get("schema") != RUN_SCHEMA:
+            problems.append(f"run.json: not an {RUN_SCHEMA} document")
+        else:
+            run = loaded
+    except FileNotFoundError:
+        problems.append("run.json: missing (the launch never got past its start)")
+    except (OSError, ValueError) as err:
+        problems.append(f"run.json: malformed ({err})")
+    if run:
+        if run.get("run_id") != run_id:
+            problems.append(f"run.json: run_id {run.get('run_id')!r} is not {run_id!r}")
+        if run.get("status") != "complete":
+            problems.append(f"run status is {run.get('status')!r}, not 'complete'")
+    protocol: Protocol | None = None
+    proto_path = run_dir / "protocol.json"
+    protocol_sha = ""
+    proto_problems: list[str] = []
+    if proto_path.is_file():
+        protocol_sha = sha256_file(proto_path)
+        protocol = _load_model(Protocol, proto_path, proto_problems, "protocol.json")
+    else:
+        proto_problems.append("protocol.json: missing")
+    repeats = protocol.measurement.repeats if protocol else 1
+    names = package_names(repeats)
+    records = Ledger(home.ledger_path).records(run_id)
+    package_problems, closes, bad = _package_problems(run, records, names)
+    problems += package_problems + proto_problems
+
+    pkg_dir = run_dir / "packages"
+    # a package already reported as not ok is not reported again for its missing result
+    sink: list[str] = []
+
+    def where(name: str) -> list[str]:
+        return sink if name in bad else problems
+
+    checks = _load_model(
+        ChecksResult, pkg_dir / "checks" / "result.json", where("checks"), "packages/checks/result.json"
+    )
+    score = _load_model(ScoreResult, pkg_dir / "score" / "result.json", where("score"), "packages/score/result.json")
+    trains: dict[str, TrainResult] = {}
+    reloads: dict[str, ReloadResult] = {}
+    steps: dict[str, dict[int, list[StepRecord]]] = {}
+    n_steps = protocol.measurement.steps if protocol else 0
+    for label in launch_labels(repeats):
+        rel = f"packages/train-{label}"
+        train = _load_model(TrainResult, run_dir / rel / "result.json", where(f"train-{label}"), f"{rel}/result.json")
+        if train is not None:
+            if train.arm != label:
+                problems.append(f"{rel}/result.json: arm {train.arm!r}, expected {label!r}")
+            trains[label] = train
+            if protocol is not None:
+                steps[label] = _read_steps(run_dir / rel, train, rel, n_steps, problems)
+        rrel = f"packages/reload-{label}"
+        reload = _load_model(
+            ReloadResult, run_dir / rrel / "result.json", where(f"reload-{label}"), f"{rrel}/result.json"
+        )
+        if reload is not None:
+            if reload.arm != label:
+                problems.append(f"{rrel}/result.json: arm {reload.arm!r}, expected {label!r}")
+            reloads[label] = reload
+    watch_rel = "packages/watch-C"
+    watch = _load_model(TrainResult, run_dir / watch_rel / "result.json", where("watch-C"), f"{watch_rel}/result.json")
+    watch_steps: dict[int, list[StepRecord]] = {}
+    if watch is not None:
+        if watch.arm != replay_label(repeats):
+            problems.append(f"{watch_rel}/result.json: arm {watch.arm!r}, expected {replay_label(repeats)!r}")
+        if protocol is not None:
+            watch_steps = _read_steps(run_dir / watch_rel, watch, watch_rel, n_steps, problems)
+    result_sha = {
+        name: sha256_file(pkg_dir / name / "result.json")
+        for name in names
+        if (pkg_dir / name / "result.json").is_file()
+    }
+    if problems or bad or protocol is None or checks is None or score is None or watch is None:
+        raise IncompleteRunError(
+            f"run {run_id} is not complete ({len(problems)} problem(s)); no audit was written and no score "
+            "is shown; relaunch the protocol for a complete run",
+            problems,
+        )
+    return RunEvidence(
+        run_id=run_id,
+        run_dir=run_dir,
+        run=run,
+        protocol=protocol,
+        protocol_sha256=protocol_sha,
+        checks=checks,
+        trains=trains,
+        reloads=reloads,
+        score=score,
+        steps=steps,
+        watch=watch,
+        watch_steps=watch_steps,
+        records=records,
+        closes=closes,
+        result_sha256=result_sha,
+        names=names,
+    )
