@@ -1,0 +1,118 @@
+"""The project's own import graph, read with ast: no cycle, and every arrow points down the layers of STYLE.md.
+
+protocol <- manifests <- ledger <- orchestrator, and protocol <- workers; nothing imports orchestrator, and the CPU
+side never imports workers (they run as subprocesses). Function-level and TYPE_CHECKING imports count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("protocol", "manifests", "ledger", "orchestrator", "workers")
+# what each top-level package may import (itself included)
+ALLOWED = {
+    "protocol": {"protocol"},
+    "manifests": {"protocol", "manifests"},
+    "ledger": {"protocol", "manifests", "ledger"},
+    "workers": {"protocol", "workers"},
+    "orchestrator": {"protocol", "manifests", "ledger", "orchestrator"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            if "shim" not in path.relative_to(REPO).parts:  # the rehearsal's stand-ins for third-party packages
+                out[_module_name(path)] = path
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (a `from pkg import name` of a submodule names the submodule)."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        edges: set[str] = set()
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolve against this module's package
+                    anchor = name.split(".") if is_package else name.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            for target in targets:
+                while target and target not in known:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_sees_the_imports_it_must_judge() -> None:
+    graph = import_graph()
+    assert "ledger.store" in graph["ledger.audit"] and "protocol.hashing" in graph["manifests.core"]
+    assert "workers.digest_triton" in graph["workers.digest"]  # a function-level import is an edge
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_no_upward_import() -> None:
+    upward = sorted(
+        f"{src} -> {dst}"
+        for src, targets in import_graph().items()
+        for dst in targets
+        if dst.split(".")[0] not in ALLOWED[src.split(".")[0]]
+    )
+    assert upward == []
