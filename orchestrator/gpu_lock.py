@@ -11,7 +11,6 @@ import fcntl
 import itertools
 import json
 import os
-import pwd
 import random
 import shlex
 import time
@@ -20,115 +19,30 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import psutil
 
+from orchestrator.gpu_devices import DeviceProbe, probe_from_env
+from orchestrator.lock_holders import (
+    Holder,
+    Kind,
+    lock_holders,
+    lock_label,
+    nvml_holders,
+    own_tree,
+    read_proc_locks,
+    user_name,
+    utc_iso,
+)
 from protocol.errors import LockTimeoutError, UsageError
 
 ENV_LOCK_DIR = "GPU_RUN_LOCK_DIR"
 ENV_SLOTS = "GPU_RUN_SLOTS"
-ENV_FAKE_NVML = "GPU_RUN_FAKE_NVML"
 DEFAULT_MIN_FOREIGN_MIB = 256.0
 GUARD_NAME = ".guard"
-UNKNOWN_BYTES = -1  # NVML could not say how much memory a process uses: treated as busy
 
-Kind = Literal["gpu", "cpu-slot"]
 StatusFn = Callable[[str], None]
-
-
-# ---------------------------------------------------------------- device probes
-
-
-class DeviceProbe(Protocol):
-    """What the lock needs to know about the GPUs: how many, and which processes use each one."""
-
-    def count(self) -> int:
-        """Number of GPUs on this host (0: none, or no driver; the lock then uses CPU slots)."""
-        ...
-
-    def foreign_users(self, index: int) -> list[tuple[int, int]]:
-        """(pid, bytes or UNKNOWN_BYTES) of each process on GPU `index`; the lock judges who is foreign."""
-        ...
-
-
-def _gpu_library() -> Any:
-    """nvidia-ml-py, imported when a GPU is first probed: commands that never look at a GPU do not load it."""
-    import pynvml
-
-    return pynvml
-
-
-class NvmlProbe:
-    """The real probe, through nvidia-ml-py (NVML); a host without a driver counts 0 GPUs."""
-
-    def __init__(self) -> None:
-        self._ok: bool | None = None
-
-    def _init(self) -> bool:
-        if self._ok is None:
-            lib = _gpu_library()
-            try:
-                lib.nvmlInit()
-                self._ok = True
-            except (lib.NVMLError, OSError):  # no library or no driver: a CPU host
-                self._ok = False
-        return self._ok
-
-    def count(self) -> int:
-        return int(_gpu_library().nvmlDeviceGetCount()) if self._init() else 0
-
-    def foreign_users(self, index: int) -> list[tuple[int, int]]:
-        if not self._init():
-            return []
-        lib = _gpu_library()
-        handle = lib.nvmlDeviceGetHandleByIndex(index)
-        users: dict[int, int] = {}
-        getters = (lib.nvmlDeviceGetComputeRunningProcesses, lib.nvmlDeviceGetGraphicsRunningProcesses)
-        for getter in getters:
-            try:
-                procs = getter(handle)
-            except lib.NVMLError:  # e.g. graphics queries unsupported on compute-only boards
-                continue
-            for p in procs:
-                used = UNKNOWN_BYTES if p.usedGpuMemory is None else int(p.usedGpuMemory)
-                prev = users.get(int(p.pid))
-                users[int(p.pid)] = used if prev is None or prev == UNKNOWN_BYTES else max(prev, used)
-        return sorted(users.items())
-
-
-class FakeProbe:
-    """A probe read from a JSON file, re-read at each call so tests can occupy and free GPUs without hardware.
-
-    Format: {"devices": [{"processes": [{"pid": 123, "used_mib": 1024}]}, {"processes": []}]};
-    "used_mib": null means NVML could not tell. {"devices": []} is a host without GPUs.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def _devices(self) -> list[dict[str, Any]]:
-        doc = json.loads(self.path.read_text())
-        devices = doc["devices"]
-        if not isinstance(devices, list):
-            raise UsageError(f"{ENV_FAKE_NVML}={self.path}: 'devices' must be a list")
-        return devices
-
-    def count(self) -> int:
-        return len(self._devices())
-
-    def foreign_users(self, index: int) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
-        for p in self._devices()[index].get("processes", []):
-            mib = p.get("used_mib")
-            out.append((int(p["pid"]), UNKNOWN_BYTES if mib is None else int(float(mib) * 2**20)))
-        return out
-
-
-def probe_from_env(env: Mapping[str, str] | None = None) -> DeviceProbe:
-    """$GPU_RUN_FAKE_NVML (a JSON file, see FakeProbe) if set, else the real NVML probe."""
-    fake = (os.environ if env is None else env).get(ENV_FAKE_NVML)
-    return FakeProbe(Path(fake)) if fake else NvmlProbe()
 
 
 # ---------------------------------------------------------------- lock directory and files
@@ -177,10 +91,6 @@ def resolve_slots(slots: int | None = None, env: Mapping[str, str] | None = None
     return slots
 
 
-def lock_label(kind: Kind, index: int) -> str:
-    return f"gpu{index}" if kind == "gpu" else f"slot{index}"
-
-
 def lock_path(lock_dir: Path, kind: Kind, index: int) -> Path:
     return lock_dir / f"{lock_label(kind, index)}.lock"
 
@@ -220,178 +130,6 @@ def _take_guard_briefly(lock_dir: Path, within_s: float = 2.0) -> int | None:
             return None  # a stuck foreign holder of .guard: release without it rather than hang
         time.sleep(0.002)
     return fd
-
-
-def _utc_iso(ts: float | None = None) -> str:
-    dt = datetime.now(UTC) if ts is None else datetime.fromtimestamp(ts, UTC)
-    return dt.isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-# ---------------------------------------------------------------- holders
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who keeps one device busy: a lock holder, or a process NVML sees on the GPU."""
-
-    label: str  # gpu3 / slot1 / .guard
-    reason: Literal["lock", "nvml"]
-    pid: int | None = None
-    user: str | None = None
-    command: str | None = None
-    since: str | None = None  # UTC ISO
-    since_what: str = "locked"  # "locked" (from the holder's own record) or "running" (process start)
-    used_mib: float | None = None
-    gpu_run: bool = False  # the holder wrote gpu-run holder info
-
-    def describe(self) -> str:
-        where = "lock held by" if self.reason == "lock" else "in use (NVML) by"
-        if self.pid is None:
-            return f"{self.label}: {where} an unknown holder (a foreign flock; its process is not visible)"
-        facts = [f"user {self.user or '?'}"]
-        if self.used_mib is not None:
-            facts.append("memory unknown" if self.used_mib < 0 else f"{self.used_mib:.0f} MiB")
-        if self.since:
-            facts.append(f"{self.since_what} since {self.since}")
-        if self.reason == "lock" and not self.gpu_run:
-            facts.append("not a gpu-run")
-        cmd = self.command or "?"
-        if len(cmd) > 160:
-            cmd = cmd[:157] + "..."
-        return f"{self.label}: {where} pid {self.pid} ({', '.join(facts)}): {cmd}"
-
-
-def _proc_facts(pid: int) -> tuple[str | None, str | None, float | None]:
-    """(user, command, start time) of a process, as far as this user may see them."""
-    try:
-        proc = psutil.Process(pid)
-    except psutil.Error:
-        return None, None, None
-    user = cmd = None
-    start: float | None = None
-    with contextlib.suppress(psutil.Error):
-        user = proc.username()
-    with contextlib.suppress(psutil.Error):
-        cmd = shlex.join(proc.cmdline()) or proc.name()
-    with contextlib.suppress(psutil.Error):
-        start = proc.create_time()
-    return user, cmd, start
-
-
-def _read_proc_locks() -> dict[tuple[int, int, int], list[int]]:
-    """flock holders by (major, minor, inode) from /proc/locks, readable by every user."""
-    out: dict[tuple[int, int, int], list[int]] = {}
-    try:
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 6 or parts[1] == "->" or parts[1] != "FLOCK":
-            continue  # "->" lines are waiters, not holders
-        try:
-            pid = int(parts[4])
-            major, minor, ino = parts[5].split(":")
-            key = (int(major, 16), int(minor, 16), int(ino))
-        except ValueError:
-            continue
-        if pid > 0:
-            out.setdefault(key, []).append(pid)
-    return out
-
-
-def _pids_with_file_open(path: Path) -> list[int]:
-    """Fallback when /proc/locks names nobody: the processes (we may inspect) that have `path` open."""
-    target = str(path.resolve())
-    found: list[int] = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if any(f.path == target for f in proc.open_files()):
-                found.append(proc.pid)
-    return found
-
-
-def _read_holder_info(path: Path) -> dict[str, Any] | None:
-    try:
-        raw = path.read_bytes()[:65536]
-        doc = json.loads(raw) if raw.strip() else None
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def lock_holders(
-    path: Path, label: str, proc_locks: dict[tuple[int, int, int], list[int]] | None = None
-) -> list[Holder]:
-    """Describe whoever holds the flock on `path` (call only when the lock was found busy)."""
-    locks = _read_proc_locks() if proc_locks is None else proc_locks
-    try:
-        st = path.stat()
-        pids = locks.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino), [])
-    except OSError:
-        pids = []
-    info = _read_holder_info(path)
-    if not pids and info is not None and isinstance(info.get("pid"), int):
-        _, _, start = _proc_facts(info["pid"])
-        if start is not None and abs(start - float(info.get("pid_start", -1))) < 1.0:
-            pids = [info["pid"]]  # a live gpu-run whose record matches its process start time
-    if not pids:
-        pids = _pids_with_file_open(path)
-    if not pids:
-        return [Holder(label=label, reason="lock")]
-    holders = []
-    for pid in sorted(set(pids)):
-        user, cmd, start = _proc_facts(pid)
-        if info is not None and info.get("pid") == pid:
-            holders.append(
-                Holder(
-                    label,
-                    "lock",
-                    pid,
-                    str(info.get("user", user)),
-                    str(info.get("cmd", cmd)),
-                    str(info.get("since")),
-                    "locked",
-                    gpu_run=True,
-                )
-            )
-        else:
-            since = _utc_iso(start) if start is not None else None
-            holders.append(Holder(label, "lock", pid, user, cmd, since, "running"))
-    return holders
-
-
-def _own_tree() -> set[int]:
-    """This process, its ancestors and its descendants: their GPU use is ours, not a foreign job's."""
-    me = psutil.Process()
-    pids = {me.pid}
-    with contextlib.suppress(psutil.Error):
-        pids.update(p.pid for p in me.parents())
-    with contextlib.suppress(psutil.Error):
-        pids.update(p.pid for p in me.children(recursive=True))
-    return pids
-
-
-def nvml_holders(probe: DeviceProbe, index: int, min_foreign_mib: float, own: set[int]) -> list[Holder]:
-    """Processes outside our tree using GPU `index` above the threshold (unknown usage counts as above)."""
-    holders = []
-    for pid, used in probe.foreign_users(index):
-        if pid in own:
-            continue
-        mib = used / 2**20 if used >= 0 else -1.0
-        if 0 <= mib < min_foreign_mib:
-            continue  # display servers and the like
-        user, cmd, start = _proc_facts(pid)
-        since = _utc_iso(start) if start is not None else None
-        holders.append(Holder(lock_label("gpu", index), "nvml", pid, user, cmd, since, "running", mib))
-    return holders
 
 
 # ---------------------------------------------------------------- the grant
@@ -518,10 +256,10 @@ def _try_take(
                 fd, writable = _open_lock_file(path)
                 if not _try_flock(fd):
                     os.close(fd)
-                    proc_locks = _read_proc_locks() if proc_locks is None else proc_locks
+                    proc_locks = read_proc_locks() if proc_locks is None else proc_locks
                     holders.extend(lock_holders(path, lock_label(kind, index), proc_locks))
                 elif kind == "gpu" and (
-                    busy := nvml_holders(probe, index, min_foreign_mib, own := _own_tree() if own is None else own)
+                    busy := nvml_holders(probe, index, min_foreign_mib, own := own_tree() if own is None else own)
                 ):
                     os.close(fd)  # lock free, but someone outside gpu-run computes on it
                     holders.extend(busy)
@@ -598,9 +336,9 @@ def acquire(
             info = {
                 "pid": me.pid,
                 "pid_start": me.create_time(),
-                "user": _user_name(os.getuid()),
+                "user": user_name(os.getuid()),
                 "cmd": command if command is not None else shlex.join(me.cmdline()),
-                "since": _utc_iso(),
+                "since": utc_iso(),
                 "kind": kind,
                 "devices": [d for d, _, _ in got.fds],
             }

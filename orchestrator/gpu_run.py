@@ -28,14 +28,13 @@ from rich.text import Text
 
 from orchestrator.cli_common import CONTEXT, OrchCommand, examples
 from orchestrator.entry import run_app
+from orchestrator.gpu_devices import ENV_FAKE_NVML, probe_from_env
 from orchestrator.gpu_lock import (
     DEFAULT_MIN_FOREIGN_MIB,
-    ENV_FAKE_NVML,
     ENV_LOCK_DIR,
     ENV_SLOTS,
     Grant,
     acquire,
-    probe_from_env,
     resolve_slots,
 )
 from orchestrator.process_group import exit_status, signal_group, spawn_in_group, wait_group

@@ -45,8 +45,9 @@ MANIFEST_ROOTS = {
 DOC = {"b": [1, 2.5, None, True], "a": "ünï ✓", "c": {"z": -0.0, "y": 1e300}}
 
 
-def test_every_shipped_protocol_is_pinned() -> None:
-    assert sorted(p.name for p in (REPO / "protocol").glob("*.yaml")) == sorted(PROTOCOL_IDS)
+def test_every_pinned_protocol_is_still_shipped() -> None:
+    # a protocol added later is not pinned here; one of these removed or renamed is a change of behaviour
+    assert set(PROTOCOL_IDS) <= {p.name for p in (REPO / "protocol").glob("*.yaml")}
 
 
 @pytest.mark.parametrize("name", sorted(PROTOCOL_IDS))

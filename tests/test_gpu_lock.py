@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lockutil import gone, is_free
 
+from orchestrator import gpu_devices as gd
 from orchestrator import gpu_lock as gl
 from orchestrator import process_group as pg
 from protocol.errors import EXIT_LOCK_TIMEOUT, LockTimeoutError, UsageError
@@ -27,16 +28,16 @@ from protocol.errors import EXIT_LOCK_TIMEOUT, LockTimeoutError, UsageError
 pytestmark = pytest.mark.timeout(60)
 
 
-def _no_gpu(tmp: Path) -> gl.FakeProbe:
+def _no_gpu(tmp: Path) -> gd.FakeProbe:
     path = tmp / "no-gpu.json"
     path.write_text(json.dumps({"devices": []}))
-    return gl.FakeProbe(path)
+    return gd.FakeProbe(path)
 
 
-def _gpus(tmp: Path, devices: list[list[dict[str, object]]]) -> gl.FakeProbe:
+def _gpus(tmp: Path, devices: list[list[dict[str, object]]]) -> gd.FakeProbe:
     path = tmp / "gpus.json"
     path.write_text(json.dumps({"devices": [{"processes": p} for p in devices]}))
-    return gl.FakeProbe(path)
+    return gd.FakeProbe(path)
 
 
 @pytest.fixture
@@ -163,8 +164,8 @@ def test_usage_errors_and_settings(tmp_path: Path) -> None:
     assert gl.resolve_slots(env={}) == (os.cpu_count() or 1)
     with pytest.raises(UsageError):
         gl.resolve_slots(env={"GPU_RUN_SLOTS": "many"})
-    assert isinstance(gl.probe_from_env({"GPU_RUN_FAKE_NVML": str(tmp_path / "x.json")}), gl.FakeProbe)
-    assert isinstance(gl.probe_from_env({}), gl.NvmlProbe)
+    assert isinstance(gd.probe_from_env({"GPU_RUN_FAKE_NVML": str(tmp_path / "x.json")}), gd.FakeProbe)
+    assert isinstance(gd.probe_from_env({}), gd.NvmlProbe)
 
 
 def test_lock_dir_and_files_are_usable_by_every_user(tmp_path: Path) -> None:
