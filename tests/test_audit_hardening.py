@@ -11,7 +11,7 @@ from test_audit import RunSpec, make_run
 
 from ledger.audit import audit_run
 from ledger.evidence import IncompleteRunError
-from ledger.exactness import is_vit, structure_differences
+from ledger.recipe_check import is_vit, structure_differences
 from protocol.results import ObservedRecipe, ParamGroup
 
 
