@@ -16,7 +16,15 @@ from typing import Any
 from rich.console import Console
 
 from ledger.calibration import find_calibration
-from ledger.document import AUDIT_UNITS, AuditResult, DevScore, canonical_bytes, compute_audit, evidence_part
+from ledger.document import (
+    ADDED_LATER,
+    AUDIT_UNITS,
+    AuditResult,
+    DevScore,
+    canonical_bytes,
+    compute_audit,
+    evidence_part,
+)
 from ledger.evidence import IncompleteRunError, RunEvidence, collect_evidence
 from ledger.integrity import verify_integrity
 from ledger.record import LedgerRecord
@@ -106,7 +114,8 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
     written = True
     if audit_path.exists():
         existing = json.loads(audit_path.read_bytes())
-        differ = _differing_keys(evidence_part(existing), evidence_part(doc))
+        fresh = {k: v for k, v in evidence_part(doc).items() if k in existing or k not in ADDED_LATER}
+        differ = _differing_keys(evidence_part(existing), fresh)
         if differ:
             raise FailedError(
                 f"run {run_id}: the recorded audit.json differs from a recomputation in {', '.join(differ)}; "

@@ -13,6 +13,7 @@ from typing import Any
 from ledger.evidence import RunEvidence
 from ledger.exactness import Exactness, Mismatch, exactness
 from ledger.host_report import clock_doc, quiet_host_doc
+from ledger.probe_cost import probe_cost_doc
 from ledger.verdict import decide, drift_notes, interval_doc, replication_doc, run_interval, triplet_speedups
 from ledger.windows import Speedup, step_times
 from protocol.hashing import canonical_json
@@ -20,6 +21,7 @@ from protocol.plan import ARMS, BASELINE_ROLES, KINDS, ROLES, launch_labels, rep
 
 AUDIT_SCHEMA = "orch.audit/1"
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
+ADDED_LATER = ("probe_cost",)  # sections an audit.json recorded before them lacks: it stays as recorded
 # the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
 AUDIT_UNITS = {
     "speedup.windows[].A|C|B": "s: the window's time, the SUM of its steps' times",
@@ -28,6 +30,8 @@ AUDIT_UNITS = {
     "memory.ranks[].*, memory.max_delta_*": "bytes",
     "cost.gpu_seconds, cost.total_gpu_seconds": "GPU-seconds",
     "cost.wall_s, cost.total_wall_s, cost.lock_wait_s": "s",
+    "probe_cost.rows[].*.fractions|median|max|digest_median|rest_median": "unitless: probe s / step s",
+    "probe_cost.rows[].*.probe_s_median": "s",
 }
 
 
@@ -282,6 +286,7 @@ def compute_audit(
         "calibration": calibration,
         "quiet_host": quiet_host_doc(ev.trains, labels),
         "clock": clock_doc(ev.trains, labels),
+        "probe_cost": probe_cost_doc({label: ev.steps[label] for label in labels}, m.steps, m.warmup),
         "calibration_of": ev.run.get("calibration_of"),
         "ledger_head": {"size": head[0], "root": head[1]},
     }

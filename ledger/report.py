@@ -150,6 +150,30 @@ def attribution_line(doc: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+PROBE_COST_HEADER = ["launch", "rank", "no digests: median", "max", "digests: median", "max", "digest", "rest"]
+
+
+def probe_cost_rows(doc: Mapping[str, Any]) -> list[list[str]]:
+    """Per launch and rank: the probe's seconds / the step's seconds over the timed steps (ledger/probe_cost.py)."""
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.2f}%"
+
+    rows = []
+    for r in doc["probe_cost"]["rows"]:
+        no, yes = r["without_digests"] or {}, r["with_digests"] or {}
+        rows.append([r["launch"], str(r["rank"]), pct(no.get("median")), pct(no.get("max")), pct(yes.get("median")),
+                     pct(yes.get("max")), pct(yes.get("digest_median")), pct(yes.get("rest_median"))])  # fmt: skip
+    return rows
+
+
+def probe_cost_markdown(doc: Mapping[str, Any]) -> list[str]:
+    if not doc.get("probe_cost"):
+        return []
+    return ["## Probe cost", "", doc["probe_cost"]["words"] + ".", "", _md_table(PROBE_COST_HEADER,
+            probe_cost_rows(doc)), ""]  # fmt: skip
+
+
 def render_terminal(result: AuditResult, console: Console) -> None:
     """Verdict first, then windows, exactness, memory, cost, versions; the DEV score last, informational."""
     doc = result.document
@@ -178,6 +202,9 @@ def render_terminal(result: AuditResult, console: Console) -> None:
         console.print(f"  {line}", markup=False)
     print_whole(whole_table(MEMORY_HEADER, memory_rows(doc), title=f"memory peaks ({doc['memory']['device']})"),
                 console)
+    if doc.get("probe_cost"):  # absent from audits recorded before it existed
+        console.print(doc["probe_cost"]["words"], markup=False)
+        print_whole(whole_table(PROBE_COST_HEADER, probe_cost_rows(doc), left=2), console)
     cost = doc["cost"]
     console.print(
         f"cost: {cost['total_gpu_seconds']:.1f} GPU-seconds ("
@@ -253,6 +280,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         "",
         _md_table(MEMORY_HEADER, memory_rows(doc)),
         "",
+        *probe_cost_markdown(doc),
         "## Cost",
         "",
         _md_table(

@@ -189,6 +189,9 @@ class AuditDocument(_Doc):
         None, description="this host's latest A/A calibration of the protocol id, or why there is none")
     quiet_host: dict[str, Any] | None = Field(None, description="per train package: how quiet the host was")
     clock: dict[str, Any] | None = Field(None, description="the step clock cross-check (kernel send stamps)")
+    probe_cost: dict[str, Any] | None = Field(
+        None, description="the probe's seconds at each timed step's boundary / the step's seconds, per launch and "
+        "rank, with and without digests, the digest part split out (ledger.probe_cost); unitless fractions")
     calibration_of: str | None = Field(None, description="for an A/A run: the protocol id it calibrates")
     ledger_head: LedgerHead
 

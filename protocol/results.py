@@ -48,6 +48,11 @@ class StepRecord(_Strict):
     step: int
     duration_s: float  # wall time of the step, probe work excluded (synchronized clock / CUDA events)
     probe_s: float  # time the probe itself spent at this step's boundary (digests, RNG, memory)
+    # of probe_s: naming the tensors and digesting them (None: no digest at this boundary, or an older record)
+    digest_s: float | None = None
+    # the whole previous boundary (probe_s, then its record's write and the clock's restart): what the previous
+    # step's duration excludes; None at step 0 and in older records (ledger/probe_cost.py reads both)
+    prev_boundary_s: float | None = None
     lr: list[float]  # learning rate of each param group used by this step
     rng: RngFingerprint
     peak_allocated: int | None = None  # bytes, device; None on CPU

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ledger.audit import audit_run
-from ledger.document import AUDIT_SCHEMA
+from ledger.document import AUDIT_SCHEMA, canonical_bytes
 from ledger.evidence import IncompleteRunError
 from ledger.store import Ledger
 from manifests.core import hash_tree
@@ -371,6 +371,12 @@ def test_complete_exact_run_is_accepted_written_recorded_then_unsealed(tmp_path:
     assert doc["attribution"]["differs"] == ["sources", "switches"]
     assert doc["cost"]["total_gpu_seconds"] == pytest.approx(7 * 4.0 + 2 * 1.0)  # watch-C is accounted too
     assert doc["cost"]["gpu_seconds"]["watch-C"] == pytest.approx(4.0)
+    pc = doc["probe_cost"]  # 1 ms of probe work per boundary; C's rank 1 has the shortest steps (97 ms)
+    assert [(r["launch"], r["rank"]) for r in pc["rows"]] == [("A", 0), ("A", 1), ("B", 0), ("B", 1), ("C", 0),
+                                                                ("C", 1)]  # fmt: skip
+    assert pc["worst_median_with_digests"] == pytest.approx(0.001 / 0.097)
+    assert "lower bound" in pc["words"]  # these lines carry no prev_boundary_s
+    assert pc["goal_met"] is False and "without digests 1.03%" in pc["words"]  # 1 ms of a 97 ms step: over 1%
     assert doc["ledger_head"]["size"] == before
     data = (run_dir / "audit.json").read_bytes()
     assert json.loads(data) == doc
@@ -575,6 +581,20 @@ def test_a_differing_recorded_audit_is_never_rewritten(tmp_path: Path) -> None:
     assert json.loads((run_dir / "audit.json").read_text())["verdict"] == "noisy"
 
 
+def test_an_audit_recorded_before_the_probe_cost_section_stays_as_recorded(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    audit_run(tmp_path, "run1")
+    doc = json.loads((run_dir / "audit.json").read_text())
+    del doc["probe_cost"]  # what an audit.json written before the section existed looks like
+    (run_dir / "audit.json").write_bytes(canonical_bytes(doc))
+    again = audit_run(tmp_path, "run1")
+    assert not again.written and "probe_cost" not in again.document
+    doc["probe_cost"] = {"rows": []}  # but a recorded section that differs is refused like any other
+    (run_dir / "audit.json").write_bytes(canonical_bytes(doc))
+    with pytest.raises(FailedError, match="differs from a recomputation in probe_cost"):
+        audit_run(tmp_path, "run1")
+
+
 def test_two_runs_are_never_mixed(tmp_path: Path, repo: Path) -> None:
     make_run(tmp_path, "run1")
     make_run(tmp_path, "run2")
@@ -606,3 +626,5 @@ def test_cli_report_puts_the_verdict_first_and_the_score_after_the_record(tmp_pa
     md = (tmp_path / "runs" / "run1" / "audit.md").read_text()
     assert "| w1 | 10-11 | 200.00 | 100.00 | 200.00 |" in md  # ms per step: the 400 ms window has two steps
     assert "A ms/step" in md and "](step_times.png)" in md
+    assert "## Probe cost" in md and "probe cost per step" in md
+    assert any(line.startswith("probe cost per step (its own time") for line in lines)

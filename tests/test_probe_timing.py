@@ -20,7 +20,7 @@ def test_a_step_excludes_the_probe_time_of_the_boundary_before_it(tmp_path: Path
         108.5, 112.5, 113.0,  # step 1: the trainer worked 1 s after the previous boundary ended
         114.0, 118.0, 118.5,  # step 2: again 1 s
     ])
-    probe = Probe(tmp_path, steps=10, digest_steps=set(), watch_steps=set(), ckpt_dir=None)
+    probe = Probe(tmp_path, steps=10, digest_steps={1}, watch_steps=set(), ckpt_dir=None)
     probe.t_end = 100.0
     probe._clock = lambda: next(reads)  # type: ignore[method-assign]
     model = torch.nn.Linear(2, 1)
@@ -32,3 +32,8 @@ def test_a_step_excludes_the_probe_time_of_the_boundary_before_it(tmp_path: Path
     assert [line["step"] for line in lines] == [0, 1, 2]
     assert [line["duration_s"] for line in lines] == [3.0, 1.0, 1.0]
     assert [line["probe_s"] for line in lines] == [4.0, 4.0, 4.0]
+    # the whole boundary (probe_s, the record's write, the clock's restart) is carried by the next step's line
+    assert [line["prev_boundary_s"] for line in lines] == [None, 4.5, 4.5]
+    # the digest's own part of probe_s, on the probe's unscripted clock: at the digest step only
+    assert lines[0]["digest_s"] is None and lines[2]["digest_s"] is None
+    assert lines[1]["digests"] and 0.0 <= lines[1]["digest_s"] < 1.0

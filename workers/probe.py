@@ -96,6 +96,7 @@ class Probe:
         self.ckpt_dir = ckpt_dir
         self.step = 0
         self.t_end = _perf_counter()  # step 0 is timed from here: it includes the trainer's init (warm-up)
+        self.prev_boundary_s: float | None = None  # the whole last boundary, recorded with the next step
         self.optimizer: Any = None
         self.other_optimizer_steps = 0
         self.max_norm: float | None = None
@@ -332,6 +333,7 @@ class Probe:
             gc.freeze()  # survivors leave the collector's view: the next boundary scans only new objects
         self.step += 1
         self.t_end = self._start_clock()
+        self.prev_boundary_s = self.t_end - t_boundary  # goes into the next step's record
 
     def _record(self, optimizer: Any, k: int, duration: float, t_boundary: float, last: bool) -> None:
         import torch
@@ -344,9 +346,12 @@ class Probe:
         peak_alloc, peak_res = self._peaks()
         self.peaks.append((peak_alloc, peak_res))
         digests = None
+        digest_s = None
         if k in self.digest_steps or last:
+            t_digest = _perf_counter()  # the host copy at its end syncs: device work is inside
             with torch.no_grad():
                 digests = digest_many(self.named_tensors())
+            digest_s = _perf_counter() - t_digest
             if last:
                 self.final_digests = digests
             if k not in self.digest_steps:
@@ -366,6 +371,8 @@ class Probe:
             "step": k,
             "duration_s": duration,
             "probe_s": self._clock() - t_boundary,
+            "digest_s": digest_s,
+            "prev_boundary_s": self.prev_boundary_s,
             "lr": lrs,
             "rng": rng,
             "peak_allocated": peak_alloc,
