@@ -17,7 +17,8 @@ def _line(step: int, duration: float, probe: float, digest: float | None = None,
 
 
 def test_a_boundary_costs_its_whole_time_from_the_next_line_else_its_probe_s() -> None:
-    lines = [_line(0, 2.0, 0.010, 0.008, None, True), _line(1, 1.0, 0.004, None, 0.012), _line(2, 1.0, 0.003, None, 0.005)]
+    lines = [_line(0, 2.0, 0.010, 0.008, None, True), _line(1, 1.0, 0.004, None, 0.012),
+             _line(2, 1.0, 0.003, None, 0.005)]
     costs = boundary_costs(lines, n_steps=4)
     assert [c.probe_s for c in costs] == [0.012, 0.005, 0.003]  # step 2's write is unrecorded: probe_s
     assert [c.whole for c in costs] == [True, True, False]
@@ -47,7 +48,8 @@ def test_fractions_per_launch_and_rank_split_digests_and_judge_the_worst_median(
     assert a["with_digests"]["median"] == pytest.approx(0.013)  # (probe + digest + write) / step
     assert a["with_digests"]["digest_median"] == pytest.approx(0.010)
     assert a["with_digests"]["rest_median"] == pytest.approx(0.003)
-    assert c["with_digests"]["median"] == pytest.approx(0.026) and c["without_digests"]["median"] == pytest.approx(0.006)
+    assert c["with_digests"]["median"] == pytest.approx(0.026)
+    assert c["without_digests"]["median"] == pytest.approx(0.006)
     assert doc["worst_median_with_digests"] == pytest.approx(0.026)
     assert doc["worst_median_without_digests"] == pytest.approx(0.006)
     assert doc["goal_met"] is True
