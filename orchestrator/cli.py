@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from orchestrator.cli_common import CONTEXT, HomeOpt, JsonOpt, OrchCommand, OrchGroup, examples, report
+from orchestrator.cli_common import CONTEXT, HomeOpt, JsonOpt, OrchCommand, OrchGroup, examples, guard, report
 from orchestrator.cli_ledger import ledger_app
 from orchestrator.entry import run_app
 from protocol.errors import FailedError, UsageError
@@ -209,7 +209,15 @@ def launch(
     """Run the protocol: verified sources, one GPU lock, sealed packages, ledger, then the audit.
 
     Prints the run id. Exit 0 when the verdict is accepted, 1 for any other verdict or a failed package.
+    A protocol with launcher.scheduler slurm started outside an allocation runs itself again under salloc.
     """
+    from orchestrator.slurm import needs_allocation, rerun_in_allocation
+
+    slurm = needs_allocation(protocol)
+    if slurm is not None:  # the inner orch prints the run id and the JSON document; refusals of salloc here
+        with guard(json_out):
+            code = rerun_in_allocation(slurm, protocol, lock_timeout)
+        raise typer.Exit(code)
     report(lambda: launch_command(protocol, home, lock_timeout, lock_dir), json_out)
 
 

@@ -176,6 +176,18 @@ def ledger_verify(
     report(lambda: verify_command(o["home"], against), bool(o["as_json"]))
 
 
+@ledger_app.command(
+    "reconcile", cls=OrchCommand,
+    epilog=examples("orch ledger reconcile", "orch ledger --home /data/orch reconcile --json"),
+)
+def ledger_reconcile(ctx: typer.Context, home: HomeOpt = None, as_json: JsonOpt = False) -> None:
+    """Slurm runs: each package's GPU-seconds in the ledger against sacct (gres/gpu x elapsed of its steps)."""
+    from orchestrator.slurm_accounting import reconcile
+
+    o = _merge(ctx, "reconcile", ("home", "as_json"), home=home, as_json=as_json)
+    report(lambda: reconcile(o["home"]), bool(o["as_json"]))
+
+
 @ledger_app.command("head", cls=OrchCommand, epilog=examples("orch ledger head", "orch ledger --home X head --json"))
 def ledger_head(ctx: typer.Context, home: HomeOpt = None, as_json: JsonOpt = False) -> None:
     """The RFC 6962 tree head SIZE:ROOT over the record hashes."""

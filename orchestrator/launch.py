@@ -25,7 +25,7 @@ from ledger.store import Ledger
 from ledger.witness import check_witnessed, record_head, repository_root
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from manifests.sources import arm_source_dir
-from orchestrator import gpu_lock
+from orchestrator import gpu_lock, slurm
 from orchestrator.blinding import quarantine, seal_outputs
 from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
 from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
@@ -143,7 +143,8 @@ class RunContext:
     host: dict[str, Any]
     arms: dict[str, VerifiedArm]
     sealed: dict[str, SealedArm] = field(default_factory=dict)
-    grant: gpu_lock.Grant | None = None
+    grant: gpu_lock.Grant | slurm.Allocation | None = None
+    slurm: slurm.SlurmRun | None = None  # launcher.scheduler slurm: the allocation's steps and per-node seal checks
     doc: dict[str, Any] = field(default_factory=dict)
     opened: set[str] = field(default_factory=set)
     closed: set[str] = field(default_factory=set)
@@ -154,6 +155,8 @@ class RunContext:
 
     @property
     def gpus(self) -> int:
+        if isinstance(self.grant, slurm.Allocation):
+            return self.grant.gpus
         return len(self.grant.devices) if self.grant is not None and self.grant.kind == "gpu" else 0
 
     def write_run_json(self) -> None:
@@ -187,7 +190,7 @@ def _spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> Pack
     common: dict[str, Any] = {
         "run_id": ctx.run_id, "name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
         "package_dir": str(pkg_dir), "scratch_dir": str(ctx.scratch), "result_path": str(pkg_dir / "result.json"),
-        "device": p.launcher.device, "precision": p.precision, "nproc": p.launcher.nproc,
+        "device": p.launcher.device, "precision": p.precision, "nproc": p.launcher.world_size,
         "backend": p.launcher.backend, "steps": p.measurement.steps, "warmup": p.measurement.warmup,
         "window": p.measurement.window,
         "digest_first": p.measurement.digest_first, "digest_last": p.measurement.digest_last,
@@ -220,6 +223,8 @@ def _spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> Pack
     if pkg.kind == "replay":
         ckpt_dir = None  # the replay is checked by its digests; no second checkpoint of the candidate
         common["watch_all"] = True
+    if ctx.slurm is not None and pkg.kind in ("train", "replay"):
+        common["slurm"] = ctx.slurm.step(pkg.name, p.launcher.nproc, ctx.scratch)
     if pkg.kind == "reload":
         train_result = ctx.run_dir / "packages" / f"train-{pkg.arm_label}" / "result.json"
         inputs = {**inputs, "train_result": sha256_file(train_result)}
@@ -338,11 +343,14 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         def tick(elapsed: float, pkg_dir: Path = pkg_dir) -> None:
             progress.tick(elapsed, probe_progress(pkg_dir), ctx.gpus)
 
-        outcome: PackageOutcome = run_package(spec, env, timeout, on_tick=tick)
+        prefix = ctx.slurm.prefix(pkg.kind, pkg.name) if ctx.slurm is not None else []
+        outcome: PackageOutcome = run_package(spec, env, timeout, on_tick=tick, prefix=prefix)
         if outcome.status == "ok":
             try:
                 for arm in ([pkg.arm] if pkg.arm else list(ctx.sealed)):
                     check_seal(ctx.sealed[arm])
+                if ctx.slurm is not None:  # after this package, so before the next: nothing runs in between
+                    ctx.slurm.check_seals(_seal_roots(ctx), f"after {pkg.name}")
                 if init_digest is not None and pkg.kind != "score":
                     if sha256_file(ctx.scratch / "init.safetensors") != init_digest:
                         raise FailedError("the shared initial state changed during the run")
@@ -363,6 +371,9 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if pkg.kind == "score" and outcome.status == "ok":
             result_digest = sha256_file(ctx.run_dir / "score.sealed.json")  # the ledger holds the sealed digest only
         gpu_seconds = round(outcome.wall_s * ctx.gpus, 6)
+        if ctx.slurm is not None:  # what Slurm charged the package's steps (sacct), with their ids in the note
+            gpu_seconds, slurm_note = slurm_charge(ctx.slurm, pkg.name)
+            outcome.note = f"{slurm_note}; {outcome.note}" if outcome.note else slurm_note
         ctx.record(pkg, outcome.status, started=outcome.started, ended=outcome.ended,
                    wall_s=round(outcome.wall_s, 6), gpu_seconds=gpu_seconds, result_digest=result_digest,
                    exit_code=outcome.exit_code, note=outcome.note, **_peaks(outcome.result))
@@ -445,10 +456,15 @@ def launch(
         try:
             with _signals_as_interrupt():
                 try:
-                    grant = gpu_lock.acquire(
-                        gpus=need or 1, timeout=lock_timeout, lock_dir=lock_dir, status=say,
-                        slots=None, command=f"orch launch {run_id}",
-                    ) if need else _cpu_grant(launcher.nproc, lock_timeout, lock_dir, say, run_id)
+                    grant: gpu_lock.Grant | slurm.Allocation
+                    if launcher.slurm is not None:  # the scheduler owns the GPUs: never orch's own lock
+                        grant = slurm.enter_allocation(launcher.slurm, say)
+                        ctx.slurm = slurm.SlurmRun(grant, run_id, home.ledger_dir)
+                    elif need:
+                        grant = gpu_lock.acquire(gpus=need or 1, timeout=lock_timeout, lock_dir=lock_dir, status=say,
+                                                 slots=None, command=f"orch launch {run_id}")
+                    else:
+                        grant = _cpu_grant(launcher.nproc, lock_timeout, lock_dir, say, run_id)
                 except BaseException:
                     for pkg in ctx.plan:
                         ctx.record(pkg, "not-run", note="GPU lock not obtained")
@@ -470,6 +486,11 @@ def launch(
                         write_atomic(run_dir / "sealed" / f"{name}.manifest.json", sealed.manifest.to_json().encode())
                         ctx.doc["arms"][name]["sealed_root"] = sealed.manifest.root
                     ctx.write_run_json()
+                    if ctx.slurm is not None:
+                        ctx.doc["slurm"] = {"job_id": ctx.slurm.alloc.job_id, "nodes": [
+                            slurm.node_hash(home.ledger_dir, n) for n in ctx.slurm.alloc.nodes]}
+                        ctx.write_run_json()
+                        ctx.slurm.check_seals(_seal_roots(ctx), "before the first package")
                     with progress:
                         try:
                             status, statuses = _run_all(ctx, progress)
@@ -510,6 +531,18 @@ def launch(
     result.audit = audited.document
     say(f"audit: {audited.verdict} ({run_dir / 'audit.md'})")
     return result
+
+
+def _seal_roots(ctx: RunContext) -> dict[str, tuple[Path, str]]:
+    return {name: (sealed.path, sealed.manifest.root) for name, sealed in ctx.sealed.items()}
+
+
+def slurm_charge(run: slurm.SlurmRun, package: str) -> tuple[float, str]:
+    """(GPU-seconds sacct charged the package's steps, the ledger note naming the job and steps)."""
+    from orchestrator.slurm_accounting import package_steps, step_note
+
+    steps = package_steps(run.alloc.job_id, run.step_name(package))
+    return round(sum(s.gpu_seconds for s in steps), 6), step_note(run.alloc.job_id, steps)
 
 
 def _cpu_grant(nproc: int, timeout: float | None, lock_dir: Path | None, say: Callable[[str], None],

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,7 @@ RESULT_MODELS: dict[str, type[BaseModel]] = {
 ENV_ALLOW = (
     "PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HOME", "USER", "LOGNAME", "LD_LIBRARY_PATH", "CUDA_HOME",
     "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "GLOO_SOCKET_IFNAME", "TRITON_CACHE_DIR",
+    "SLURM_CONF",  # a cluster whose slurm.conf is not in the default place (srun, scontrol of a Slurm run)
 )
 # Never let a package turn NVLink multicast on (a shared host's GPUs can go out of service).
 ENV_FIXED = {
@@ -96,7 +97,9 @@ def write_spec(spec: PackageSpec) -> Path:
     pkg_dir = Path(spec.package_dir)
     pkg_dir.mkdir(parents=True, exist_ok=True)
     path = pkg_dir / "package.json"
-    text = canonical_json(spec.model_dump(mode="json", by_alias=True), ensure_ascii=True, pretty=True)
+    # a local package's document is as it was before Slurm runs existed
+    doc = spec.model_dump(mode="json", by_alias=True, exclude={"slurm"} if spec.slurm is None else None)
+    text = canonical_json(doc, ensure_ascii=True, pretty=True)
     write_atomic(path, text.encode())
     path.chmod(0o444)
     return path
@@ -118,14 +121,14 @@ def load_result(kind: str, path: Path) -> tuple[BaseModel | None, str | None, st
 
 def run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None = None,
-    isolation: str = "auto",
+    isolation: str = "auto", prefix: Sequence[str] = (),
 ) -> PackageOutcome:
     """Run the package to its end (or timeout / Ctrl-C), isolated (orchestrator.isolation), end what it left
     running, validate its result. It may write only under the run directory and the run's scratch: its TMPDIR and
-    HOME are private there."""
+    HOME are private there. `prefix`: what the worker runs under (srun on a Slurm allocation's first node)."""
     token = new_token()
     try:
-        outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick, isolation)
+        outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick, isolation, prefix)
     finally:
         left = end_stragglers(token)
     if left:
@@ -137,7 +140,7 @@ def run_package(
 
 def _run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None,
-    isolation: str,
+    isolation: str, prefix: Sequence[str] = (),
 ) -> PackageOutcome:
     spec_path = write_spec(spec)
     pkg_dir = Path(spec.package_dir)
@@ -150,7 +153,8 @@ def _run_package(
     iso = isolate(spec.scratch_dir, spec.name, [str(run_dir), spec.scratch_dir, *caches], isolation,
                   protect=[str(run_dir.parent.parent)])
     iso.start()
-    cmd = iso.command([sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)], spec.sealed_dir)
+    worker = [sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
+    cmd = iso.command([*prefix, *worker], spec.sealed_dir)
     env = iso.env(env)
     started, t0 = utc_now(), time.monotonic()
     outcome = _run(spec, cmd, env, timeout_s, on_tick, started, t0)
@@ -220,7 +224,7 @@ def probe_progress(pkg_dir: Path) -> int:
 
 def env_summary(env: Mapping[str, str]) -> dict[str, str]:
     """The environment as recorded in evidence: values of machine-specific paths are not kept."""
-    hidden = {"PATH", "HOME", "LD_LIBRARY_PATH", "CUDA_HOME", "TMPDIR", "PYTHONPATH", "USER", "LOGNAME"}
+    hidden = {"PATH", "HOME", "LD_LIBRARY_PATH", "CUDA_HOME", "TMPDIR", "PYTHONPATH", "USER", "LOGNAME", "SLURM_CONF"}
     return {k: ("<set>" if k in hidden else v) for k, v in sorted(env.items())}
 
 

@@ -31,6 +31,20 @@ class ScoreTarget(_Strict):
     argv: list[str]
 
 
+class SlurmStep(_Strict):
+    """How a train package spans the nodes of a Slurm allocation: one srun task a node, each running torchrun.
+
+    No node name is kept here (package.json is evidence): each node finds the rendezvous host from Slurm itself.
+    """
+
+    srun: list[str]  # srun and its options, up to the command it runs
+    nodes: int
+    nproc_per_node: int
+    port: int  # the c10d rendezvous port on the allocation's first node
+    rdzv_id: str
+    clock_dir: str  # where each node's step clock writes the kernel stamps it received (scratch)
+
+
 class PackageSpec(_Strict):
     schema_: str = Field(PACKAGE_SCHEMA, alias="schema")
     run_id: str
@@ -62,6 +76,7 @@ class PackageSpec(_Strict):
     static_graph: CommandSpec | None = None  # checks
     score_targets: list[ScoreTarget] = []  # score
     sealed_metrics_path: str | None = None  # score: where the DEV metrics go (never printed)
+    slurm: SlurmStep | None = None  # train/replay under launcher.scheduler slurm (left out of package.json if None)
 
     def path(self, field: str) -> Path:
         return Path(str(getattr(self, field)))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.errors import RefusedError
 from protocol.hashing import canonical_json as dumps_canonical
@@ -75,13 +75,47 @@ class Arms(_Frozen):
     candidate: Arm
 
 
+# a Slurm time limit as sbatch takes it: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS
+SLURM_TIME = r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$"
+
+
+class SlurmLauncher(_Frozen):
+    """The allocation a Slurm run needs: `launcher.nproc` ranks on each of `nodes` nodes."""
+
+    nodes: int = Field(ge=1, le=4096, description="nodes of the allocation; every train package spans all of them")
+    gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs (gres/gpu) per node; 0 for a CPU protocol")
+    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Slurm partition")
+    time_limit: str | None = Field(None, pattern=SLURM_TIME, description="Slurm time limit, e.g. 01:30:00")
+
+
 class Launcher(_Frozen):
-    nproc: int = Field(ge=1, le=64)
+    nproc: int = Field(ge=1, le=64, description="ranks (one node); ranks per node under scheduler slurm")
     backend: Literal["gloo", "nccl"]
     device: Literal["cpu", "cuda"]
     script: str
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    scheduler: Literal["local", "slurm"] = Field(
+        "local", description="local: this host under orch's GPU lock; slurm: inside a Slurm allocation (launcher.slurm)"
+    )
+    slurm: SlurmLauncher | None = None
+
+    @model_validator(mode="after")
+    def _scheduler_section(self) -> Launcher:
+        if self.scheduler == "slurm" and self.slurm is None:
+            raise ValueError("scheduler slurm needs a launcher.slurm section (nodes, gpus_per_node, partition, "
+                             "time_limit)")
+        if self.scheduler != "slurm" and self.slurm is not None:
+            raise ValueError("launcher.slurm is given but launcher.scheduler is not slurm; set scheduler: slurm")
+        if self.slurm is not None and self.device == "cuda" and self.slurm.gpus_per_node < self.nproc:
+            raise ValueError(f"launcher.nproc {self.nproc} ranks per node need launcher.slurm.gpus_per_node >= "
+                             f"{self.nproc} on a cuda protocol")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of a train package: nproc, times the nodes under Slurm."""
+        return self.nproc * (self.slurm.nodes if self.slurm is not None else 1)
 
 
 class Measurement(_Frozen):
@@ -198,7 +232,9 @@ class LoadedProtocol(BaseModel):
 # unset, so the id of every protocol written before them is unchanged
 LATER_FIELDS = ("model", "rehearsal")
 # fields added later inside a section: at their default they stay out of the canonical JSON likewise
-_LATER_DEFAULTS: dict[tuple[str, str], object] = {("measurement", "repeats"): 1}
+_LATER_DEFAULTS: dict[tuple[str, str], object] = {
+    ("measurement", "repeats"): 1, ("launcher", "scheduler"): "local", ("launcher", "slurm"): None,
+}
 
 
 def canonical_json(protocol: Protocol) -> bytes:

@@ -33,8 +33,10 @@ from workers.common import RANK_FAILED_RE, WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
 
 
-def torchrun_command(spec: PackageSpec, clock: str | None = None) -> list[str]:
-    """torchrun on one node; --standalone lets the c10d rendezvous bind a free local port itself."""
+def torchrun_command(spec: PackageSpec, clock: str | None = None, rendezvous: list[str] | None = None) -> list[str]:
+    """torchrun on one node; --standalone lets the c10d rendezvous bind a free local port itself.
+
+    `rendezvous`: the options of one node of a multi-node launch instead (workers.node, under Slurm)."""
     if not spec.script:
         raise WorkerFailed("train spec has no script")
     if spec.ckpt_dir is None and not spec.watch_all:
@@ -44,7 +46,8 @@ def torchrun_command(spec: PackageSpec, clock: str | None = None) -> list[str]:
     watch = f"0-{spec.steps - 1}" if spec.watch_all else f"0-{spec.warmup - 1}" if spec.warmup > 0 else "none"
     ckpt = ["--ckpt-dir", spec.ckpt_dir] if spec.ckpt_dir is not None else []
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.nproc}",
+        sys.executable, "-m", "torch.distributed.run",
+        *(rendezvous if rendezvous is not None else ["--standalone", f"--nproc_per_node={spec.nproc}"]),
         "-m", "workers.probe",
         "--out", spec.package_dir,
         "--steps", str(spec.steps),
@@ -214,19 +217,29 @@ def check_clock(
     )
 
 
+def slurm_command(spec: PackageSpec) -> list[str]:
+    """srun of the node agent: one task a node, each node's torchrun joining one c10d rendezvous."""
+    assert spec.slurm is not None
+    spec_path = Path(spec.package_dir) / "package.json"
+    return [*spec.slurm.srun, sys.executable, "-m", "workers.node", "train", "--spec", str(spec_path)]
+
+
 def run(spec: PackageSpec) -> TrainResult:
     log = Path(spec.scratch_dir) / f"{spec.name}.trainer.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     Path(spec.package_dir).mkdir(parents=True, exist_ok=True)
-    clock = StepClock(spec.nproc)
-    clock.start()
+    # under Slurm every node runs its own clock (workers.node): the ranks of other hosts cannot reach this one
+    clock = StepClock(spec.nproc) if spec.slurm is None else None
+    if clock is not None:
+        clock.start()
     watch = HostWatch()
     watch.start()
     try:
         with log.open("wb") as out:  # the trainer's own output stays in scratch: it may log sealed evaluations
             proc = subprocess.Popen(
-                torchrun_command(spec, clock.name), cwd=spec.sealed_dir, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(signal.SIGTERM),  # SIGTERM when this worker dies
+                torchrun_command(spec, clock.name) if clock is not None else slurm_command(spec), cwd=spec.sealed_dir,
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent(signal.SIGTERM),  # SIGTERM when this worker dies
             )  # fmt: skip
             try:
                 rc = proc.wait()
@@ -235,7 +248,8 @@ def run(spec: PackageSpec) -> TrainResult:
                 proc.wait(timeout=30)
                 raise
     finally:
-        clock.stop()
+        if clock is not None:
+            clock.stop()
     quiet = watch.finish()
     leftovers = psutil.Process().children(recursive=True)
     for p in leftovers:
@@ -245,6 +259,10 @@ def run(spec: PackageSpec) -> TrainResult:
         cause = failure_cause(log.read_text(errors="replace"))
         # one last line: the package's failure note in the ledger
         raise WorkerFailed(f"torchrun exited with {rc}" + (f": {cause}" if cause else ""))
+    if clock is None:
+        from workers.node import load_clock
+
+        clock = load_clock(spec)
     result = collect(spec, stopped_cleanly=not leftovers, clock=clock).model_copy(update={"quiet_host": quiet})
     if leftovers:
         raise WorkerFailed(f"{len(leftovers)} process(es) outlived the trainer's stop; they were killed")

@@ -1,0 +1,240 @@
+"""A real Slurm cluster on this host for the tests, from Debian's packages (slurmctld, slurmd, slurmdbd, munge,
+mariadb-server): munged, MariaDB, slurmdbd, slurmctld and three slurmd nodes, every port free, all under one folder.
+
+n1 and n2 form partition `main` (the default); n3 runs in its own mount namespace in which the folder `skew/` is
+another, empty one (a node that does not see the shared storage): partition `skew` = n1, n3. Each node has one
+count-only gres/gpu (a placeholder character device: nothing uses it; Slurm accounts it as a GPU).
+Usage outside pytest: python tests/slurm_cluster.py DIR (starts it, prints SLURM_CONF, stops on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "srun", "sacct")
+LIBDIR = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
+
+
+def missing() -> list[str]:
+    """What this host lacks to run the cluster (empty when it can)."""
+    gone = [d for d in DAEMONS if shutil.which(d) is None and not Path("/usr/sbin", d).exists()]
+    if not gone and not any(LIBDIR.glob("accounting_storage_mysql.so")):
+        gone.append("slurmdbd's accounting_storage/mysql plugin")
+    if not gone and os.geteuid() != 0:
+        gone.append("root (the daemons run as root here)")
+    return gone
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _sbin(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+@dataclass
+class Cluster:
+    root: Path
+    pids: list[int] = field(default_factory=list)  # every daemon this cluster started, in start order
+    skew: bool = False  # n3 runs in its own mount namespace
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def run(self, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def _daemon(self, argv: list[str], pidfile: Path, timeout: float = 30) -> None:
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv[0]} did not start: {done.stderr.strip()[-300:]}")
+        self.pids.append(self._wait_pid(pidfile, timeout))
+
+    def _wait_pid(self, pidfile: Path, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pidfile.is_file() and pidfile.read_text().strip().isdigit():
+                return int(pidfile.read_text().strip())
+            time.sleep(0.2)
+        raise RuntimeError(f"no pid file {pidfile.name} after {timeout} s")
+
+    def start(self) -> None:
+        r = self.root
+        for d in ("state", "spool", "log", "munge", "db", "dev", "skew", "skew-elsewhere"):
+            (r / d).mkdir(parents=True, exist_ok=True)
+        os.chmod(r / "munge", 0o755)
+        p = dict(zip(("ctld", "dbd", "mysql", "n1", "n2", "n3"), _free_ports(6), strict=True))
+        key = r / "munge" / "munge.key"
+        key.write_bytes(os.urandom(128))
+        key.chmod(0o400)
+        sock = r / "munge" / "munge.socket"
+        self._daemon([_sbin("munged"), "-f", f"--socket={sock}", f"--key-file={key}", f"--log-file={r}/log/munged.log",
+                      f"--pid-file={r}/munge/munged.pid", f"--seed-file={r}/munge/seed"], r / "munge" / "munged.pid")
+        # MariaDB for slurmdbd (sacct needs slurmdbd; its only storage is MySQL/MariaDB)
+        subprocess.run([_sbin("mariadb-install-db"), "--user=root", f"--datadir={r}/db", "--skip-test-db",
+                        "--auth-root-authentication-method=socket"], capture_output=True, check=True, timeout=120)
+        mysql_sock = r / "mysql.sock"
+        mysqld = subprocess.Popen(
+            [_sbin("mariadbd"), "--no-defaults", "--user=root", f"--datadir={r}/db", f"--socket={mysql_sock}",
+             f"--port={p['mysql']}", "--bind-address=127.0.0.1", f"--pid-file={r}/mysql.pid",
+             f"--log-error={r}/log/mysql.err", "--innodb-buffer-pool-size=16M", "--skip-log-bin"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        self.pids.append(mysqld.pid)
+        deadline = time.monotonic() + 60
+        while not mysql_sock.exists():
+            if time.monotonic() > deadline or mysqld.poll() is not None:
+                raise RuntimeError("MariaDB did not start (see log/mysql.err)")
+            time.sleep(0.2)
+        subprocess.run(["mariadb", f"--socket={mysql_sock}", "-u", "root", "-e",
+                        "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm'; "
+                        "GRANT ALL ON *.* TO 'slurm'@'127.0.0.1';"], check=True, capture_output=True, timeout=60)
+        (r / "slurmdbd.conf").write_text(f"""AuthType=auth/munge
+AuthInfo=socket={sock}
+DbdHost=localhost
+DbdPort={p['dbd']}
+SlurmUser=root
+LogFile={r}/log/slurmdbd.log
+PidFile={r}/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={p['mysql']}
+StorageUser=slurm
+StoragePass=slurm
+StorageLoc=orch_acct
+""")
+        (r / "slurmdbd.conf").chmod(0o600)
+        os.mknod(r / "dev" / "gpu0", 0o644 | 0o020000, os.makedev(1, 3))  # a character device, as gres/gpu wants
+        nodes = "".join(
+            f"NodeName={n} NodeHostname=localhost Port={p[n]} CPUs=2 RealMemory=1000 Gres=gpu:1 State=UNKNOWN\n"
+            for n in ("n1", "n2", "n3")
+        )
+        self.conf.write_text(f"""ClusterName=orchtest
+SlurmctldHost=localhost
+SlurmctldPort={p['ctld']}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={sock}
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool/%n
+SlurmctldPidFile={r}/slurmctld.pid
+SlurmdPidFile={r}/slurmd.%n.pid
+SlurmctldLogFile={r}/log/slurmctld.log
+SlurmdLogFile={r}/log/slurmd.%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort={p['dbd']}
+AccountingStoragePass={sock}
+AccountingStorageTRES=gres/gpu
+GresTypes=gpu
+MpiDefault=none
+ReturnToService=2
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+{nodes}PartitionName=main Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
+PartitionName=skew Nodes=n1,n3 MaxTime=INFINITE State=UP
+""")
+        (r / "gres.conf").write_text(f"NodeName=n[1-3] Name=gpu File={r}/dev/gpu0\n")
+        self._daemon([_sbin("slurmdbd")], r / "slurmdbd.pid", timeout=90)
+        for argv in (["add", "cluster", "orchtest"], ["add", "account", "orch"], ["add", "user", "root", "account=orch"]):
+            self._retry(["sacctmgr", "-i", *argv])
+        self._daemon([_sbin("slurmctld"), "-f", str(self.conf)], r / "slurmctld.pid")
+        for n in ("n1", "n2"):
+            self._daemon([_sbin("slurmd"), "-f", str(self.conf), "-N", n], r / f"slurmd.{n}.pid")
+        self.skew = self._start_skewed_node()
+        self._wait_idle(["n1", "n2", *(["n3"] if self.skew else [])])
+
+    def _retry(self, argv: list[str], tries: int = 30) -> None:
+        for _ in range(tries):
+            done = self.run(*argv)
+            if done.returncode == 0 or "Nothing new added" in done.stdout + done.stderr:
+                return
+            time.sleep(1)
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()[-300:]}")
+
+    def _start_skewed_node(self) -> bool:
+        """n3 in its own mount namespace, where skew/ is bind-mounted from skew-elsewhere (empty)."""
+        r = self.root
+        inner = (f"mount --make-rprivate / && mount --bind {r}/skew-elsewhere {r}/skew && "
+                 f"exec {_sbin('slurmd')} -f {self.conf} -N n3")
+        done = subprocess.run(["unshare", "--mount", "sh", "-c", inner], env=self.env, capture_output=True, timeout=30)
+        if done.returncode != 0:
+            return False
+        self.pids.append(self._wait_pid(r / "slurmd.n3.pid", 30))
+        return True
+
+    def _wait_idle(self, nodes: list[str], timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.split("\n")
+            states = dict(line.split()[:2] for line in out if len(line.split()) >= 2)
+            if all(states.get(n, "").startswith("idle") for n in nodes):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"nodes not idle after {timeout} s: {states}")
+
+    def stop(self) -> None:
+        """SIGTERM every daemon this cluster started (newest first), SIGKILL what is left after a grace."""
+        for pid in reversed(self.pids):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 15
+        for pid in reversed(self.pids):
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.1)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        self.pids.clear()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of ours (mariadbd is our child) counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    cluster = Cluster(Path(sys.argv[1]).resolve())
+    try:
+        cluster.start()
+        print(f"SLURM_CONF={cluster.conf}", flush=True)
+        signal.pause()
+    finally:
+        cluster.stop()

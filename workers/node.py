@@ -1,0 +1,131 @@
+"""What orch runs on every node of a Slurm allocation, one srun task a node: the seal check, and the node's part of a
+train package (its own step clock, then torchrun joining the c10d rendezvous hosted on the allocation's first node).
+
+Usage: python -m workers.node seal ARM=DIR...  |  python -m workers.node train --spec package.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from manifests.core import hash_tree
+from protocol.package import PackageSpec
+from workers.clock import StepClock
+from workers.common import WorkerFailed
+
+CLOCK_FILE = "clock.node{node}.jsonl"  # in SlurmStep.clock_dir: the kernel stamps one node's clock received
+
+
+def node_name() -> str:
+    """The Slurm node this task runs on (several nodes can share a host); printed to orch only, never kept."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def seal(pairs: list[str]) -> int:
+    """One JSON line: this node's name and the root of every sealed copy as this node reads it (None if unreadable)."""
+    roots: dict[str, str | None] = {}
+    errors: dict[str, str] = {}
+    for pair in pairs:
+        arm, _, path = pair.partition("=")
+        try:
+            roots[arm] = hash_tree(Path(path), ["**"], workers=1).root
+        except Exception as exc:  # a missing or unreadable copy is this node's answer, not a crash
+            roots[arm] = None
+            errors[arm] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    print(json.dumps({"node": node_name(), "roots": roots, "errors": errors}, sort_keys=True), flush=True)
+    return 0
+
+
+def _scontrol(*args: str) -> str:
+    return subprocess.run(["scontrol", *args], check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+def rendezvous_host() -> str:
+    """The address of the step's first node, as Slurm knows it (NodeAddr), so each node finds it alone."""
+    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise WorkerFailed("not in a Slurm step: SLURM_STEP_NODELIST is not set")
+    first = _scontrol("show", "hostnames", nodelist).split()[0]
+    for field in _scontrol("show", "node", "-o", first).split():
+        if field.startswith("NodeAddr="):
+            return field.removeprefix("NodeAddr=")
+    return first
+
+
+def rendezvous_args(spec: PackageSpec, host: str, node_id: int) -> list[str]:
+    """torchrun's multi-node options: c10d rendezvous, its store hosted by the first node of the step."""
+    assert spec.slurm is not None
+    return [
+        f"--nnodes={spec.slurm.nodes}", f"--nproc_per_node={spec.slurm.nproc_per_node}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{spec.slurm.port}", f"--rdzv-id={spec.slurm.rdzv_id}",
+        f"--rdzv-conf=is_host={'true' if node_id == 0 else 'false'}",
+    ]  # fmt: skip
+
+
+def train(spec_path: str) -> int:
+    """torchrun for this node's ranks under the probe; the node's clock stamps are written for the train worker."""
+    from protocol.process import die_with_parent
+    from workers.train import torchrun_command
+
+    spec = PackageSpec.model_validate_json(Path(spec_path).read_bytes())
+    if spec.kind not in ("train", "replay") or spec.slurm is None:
+        raise WorkerFailed(f"{spec_path} is not a train package spec with a slurm section")
+    node_id = int(os.environ.get("SLURM_NODEID", "0"))
+    clock = StepClock(spec.nproc)  # every rank of the world may land on this node
+    clock.start()
+    try:
+        cmd = torchrun_command(spec, clock.name, rendezvous_args(spec, rendezvous_host(), node_id))
+        proc = subprocess.Popen(cmd, cwd=spec.sealed_dir, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        try:
+            rc = proc.wait()
+        except BaseException:
+            proc.terminate()
+            proc.wait(timeout=30)
+            raise
+    finally:
+        clock.stop()
+    out = Path(spec.slurm.clock_dir) / CLOCK_FILE.format(node=node_id)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"rank": r, "step": s, "event": e, "t_ns": t} for r, rows in clock.arrivals.items() for s, e, t in rows]
+    out.write_text(json.dumps({"malformed": clock.malformed, "unstamped": clock.unstamped, "arrivals": rows}) + "\n")
+    return rc
+
+
+def load_clock(spec: PackageSpec) -> StepClock:
+    """The stamps of every node's clock as one StepClock (each rank's stamps come from the clock of its own node)."""
+    assert spec.slurm is not None
+    clock = StepClock(spec.nproc)
+    clock.stop()  # never bound: only its records are used
+    for node in range(spec.slurm.nodes):
+        path = Path(spec.slurm.clock_dir) / CLOCK_FILE.format(node=node)
+        if not path.is_file():
+            raise WorkerFailed(f"node {node} of the step wrote no step-clock stamps")
+        doc = json.loads(path.read_text())
+        clock.malformed += int(doc["malformed"])
+        clock.unstamped += int(doc["unstamped"])
+        for row in doc["arrivals"]:
+            clock.arrivals[int(row["rank"])].append((int(row["step"]), str(row["event"]), int(row["t_ns"])))
+    return clock
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workers.node")
+    sub = ap.add_subparsers(dest="what", required=True)
+    sub.add_parser("seal").add_argument("pairs", nargs="+", metavar="ARM=DIR")
+    sub.add_parser("train").add_argument("--spec", required=True)
+    opts = ap.parse_args(argv)
+    try:
+        return seal(opts.pairs) if opts.what == "seal" else train(opts.spec)
+    except WorkerFailed as exc:
+        sys.stderr.write(f"node {os.environ.get('SLURM_NODEID', '?')}: {exc}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
