@@ -29,7 +29,7 @@ from orchestrator import gpu_lock, slurm
 from orchestrator.blinding import quarantine, seal_outputs
 from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
 from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
-from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package
+from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, utc_now
 from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
 from orchestrator.sealing import SealedArm, check_seal, seal_arm, unseal_for_removal
@@ -344,7 +344,10 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             progress.tick(elapsed, probe_progress(pkg_dir), ctx.gpus)
 
         prefix = ctx.slurm.prefix(pkg.kind, pkg.name) if ctx.slurm is not None else []
-        outcome: PackageOutcome = run_package(spec, env, timeout, on_tick=tick, prefix=prefix)
+        refused = _slurm_precheck(ctx) if ctx.slurm is not None and index == 0 else None
+        outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix) if refused is None
+                                   else PackageOutcome(pkg.name, "failed", None, 0.0, utc_now(), utc_now(),
+                                                       note=refused))
         if outcome.status == "ok":
             try:
                 for arm in ([pkg.arm] if pkg.arm else list(ctx.sealed)):
@@ -371,7 +374,7 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if pkg.kind == "score" and outcome.status == "ok":
             result_digest = sha256_file(ctx.run_dir / "score.sealed.json")  # the ledger holds the sealed digest only
         gpu_seconds = round(outcome.wall_s * ctx.gpus, 6)
-        if ctx.slurm is not None:  # what Slurm charged the package's steps (sacct), with their ids in the note
+        if ctx.slurm is not None and refused is None:  # what Slurm charged its steps (sacct), ids in the note
             gpu_seconds, slurm_note = slurm_charge(ctx.slurm, pkg.name)
             outcome.note = f"{slurm_note}; {outcome.note}" if outcome.note else slurm_note
         ctx.record(pkg, outcome.status, started=outcome.started, ended=outcome.ended,
@@ -490,7 +493,6 @@ def launch(
                         ctx.doc["slurm"] = {"job_id": ctx.slurm.alloc.job_id, "nodes": [
                             slurm.node_hash(home.ledger_dir, n) for n in ctx.slurm.alloc.nodes]}
                         ctx.write_run_json()
-                        ctx.slurm.check_seals(_seal_roots(ctx), "before the first package")
                     with progress:
                         try:
                             status, statuses = _run_all(ctx, progress)
@@ -531,6 +533,16 @@ def launch(
     result.audit = audited.document
     say(f"audit: {audited.verdict} ({run_dir / 'audit.md'})")
     return result
+
+
+def _slurm_precheck(ctx: RunContext) -> str | None:
+    """Every node reads the sealed copies before the first package: None, or why not (the first package fails)."""
+    assert ctx.slurm is not None
+    try:
+        ctx.slurm.check_seals(_seal_roots(ctx), "before the first package")
+    except FailedError as err:
+        return err.message
+    return None
 
 
 def _seal_roots(ctx: RunContext) -> dict[str, tuple[Path, str]]:

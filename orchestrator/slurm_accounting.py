@@ -71,22 +71,24 @@ def sacct_job(job_id: str) -> tuple[dict[str, StepUse], StepUse | None]:
     return parse_sacct(done.stdout)
 
 
-def package_steps(job_id: str, step_name: str, timeout_s: float = 30.0) -> list[StepUse]:
-    """The steps named `step_name` once sacct has their end (accounting reaches slurmdbd shortly after)."""
-    deadline = time.monotonic() + timeout_s
+def package_steps(job_id: str, step_name: str, timeout_s: float = 30.0, none_s: float = 5.0) -> list[StepUse]:
+    """The steps named `step_name` once sacct has their end (accounting reaches slurmdbd shortly after); [] when
+    none appears within `none_s` (a package that failed before its srun)."""
+    t0 = time.monotonic()
     while True:
         steps, _ = sacct_job(job_id)
-        mine = [s for s in steps.values() if s.name == step_name]
-        if mine and all(s.final for s in mine):
-            return sorted(mine, key=lambda s: int(s.step))
-        if time.monotonic() > deadline:
-            return sorted(mine, key=lambda s: int(s.step))
+        mine = sorted((s for s in steps.values() if s.name == step_name), key=lambda s: int(s.step))
+        waited = time.monotonic() - t0
+        if (mine and all(s.final for s in mine)) or waited > timeout_s or (not mine and waited > none_s):
+            return mine
         time.sleep(0.5)
 
 
 def step_note(job_id: str, steps: list[StepUse]) -> str:
     """The ledger note of a Slurm package (first, so that a failure note after it never cuts it)."""
-    ids = ",".join(s.step for s in steps) or "0"
+    if not steps:
+        return f"slurm job {job_id}: no step of this package reached sacct"
+    ids = ",".join(s.step for s in steps)
     gpus = max((s.gpus for s in steps), default=0)
     elapsed = sum(s.elapsed_s for s in steps)
     return f"slurm job {job_id} steps {ids}: {gpus} gres/gpu x {elapsed} s"

@@ -165,7 +165,8 @@ PartitionName=skew Nodes=n1,n3 MaxTime=INFINITE State=UP
 """)
         (r / "gres.conf").write_text(f"NodeName=n[1-3] Name=gpu File={r}/dev/gpu0\n")
         self._daemon([_sbin("slurmdbd")], r / "slurmdbd.pid", timeout=90)
-        for argv in (["add", "cluster", "orchtest"], ["add", "account", "orch"], ["add", "user", "root", "account=orch"]):
+        for argv in (["add", "cluster", "orchtest"], ["add", "account", "orch"],
+                     ["add", "user", "root", "account=orch"]):
             self._retry(["sacctmgr", "-i", *argv])
         self._daemon([_sbin("slurmctld"), "-f", str(self.conf)], r / "slurmctld.pid")
         for n in ("n1", "n2"):
@@ -230,7 +231,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_term)  # a background job ignores SIGINT: SIGTERM stops the cluster
     cluster = Cluster(Path(sys.argv[1]).resolve())
     try:
         cluster.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,16 @@ from workers.clock import StepClock
 from workers.common import WorkerFailed
 
 CLOCK_FILE = "clock.node{node}.jsonl"  # in SlurmStep.clock_dir: the kernel stamps one node's clock received
+LOG_FILE = "node{node}.log"  # the node's torchrun output (scratch: it may hold the trainer's own numbers)
+EXIT_FILE = "node{node}.exit.json"  # how the node's torchrun ended: on its own, or stopped by Slurm
+
+
+class _Stopped(Exception):
+    """SIGTERM from slurmstepd: another node failed (srun --kill-on-bad-exit) or the package was stopped."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped
 
 
 def node_name() -> str:
@@ -77,21 +88,32 @@ def train(spec_path: str) -> int:
     if spec.kind not in ("train", "replay") or spec.slurm is None:
         raise WorkerFailed(f"{spec_path} is not a train package spec with a slurm section")
     node_id = int(os.environ.get("SLURM_NODEID", "0"))
+    folder = Path(spec.slurm.clock_dir)
+    folder.mkdir(parents=True, exist_ok=True)
     clock = StepClock(spec.nproc)  # every rank of the world may land on this node
     clock.start()
+    stopped = False
+    signal.signal(signal.SIGTERM, _stop)
     try:
         cmd = torchrun_command(spec, clock.name, rendezvous_args(spec, rendezvous_host(), node_id))
-        proc = subprocess.Popen(cmd, cwd=spec.sealed_dir, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-        try:
-            rc = proc.wait()
-        except BaseException:
-            proc.terminate()
-            proc.wait(timeout=30)
-            raise
+        with open(folder / LOG_FILE.format(node=node_id), "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=spec.sealed_dir, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+            try:
+                rc = proc.wait()
+            except _Stopped:
+                stopped = True
+                proc.terminate()
+                try:
+                    rc = proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    rc = proc.wait()
     finally:
         clock.stop()
-    out = Path(spec.slurm.clock_dir) / CLOCK_FILE.format(node=node_id)
-    out.parent.mkdir(parents=True, exist_ok=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    (folder / EXIT_FILE.format(node=node_id)).write_text(json.dumps({"rc": rc, "stopped": stopped}) + "\n")
+    out = folder / CLOCK_FILE.format(node=node_id)
     rows = [{"rank": r, "step": s, "event": e, "t_ns": t} for r, rows in clock.arrivals.items() for s, e, t in rows]
     out.write_text(json.dumps({"malformed": clock.malformed, "unstamped": clock.unstamped, "arrivals": rows}) + "\n")
     return rc
@@ -112,6 +134,28 @@ def load_clock(spec: PackageSpec) -> StepClock:
         for row in doc["arrivals"]:
             clock.arrivals[int(row["rank"])].append((int(row["step"]), str(row["event"]), int(row["t_ns"])))
     return clock
+
+
+def failed_node_log(spec: PackageSpec) -> tuple[int, int, str] | None:
+    """(node index, torchrun's exit status, its output) of the node that failed on its own (the others were
+    stopped by Slurm)."""
+    assert spec.slurm is not None
+    folder = Path(spec.slurm.clock_dir)
+    ended: list[tuple[bool, int]] = []
+    for node in range(spec.slurm.nodes):
+        try:
+            doc = json.loads((folder / EXIT_FILE.format(node=node)).read_text())
+        except (OSError, ValueError):
+            continue  # killed before it could say
+        if doc.get("rc") != 0:
+            ended.append((bool(doc.get("stopped")), node, int(doc.get("rc", 1))))
+    if not ended:
+        return None
+    _, node, rc = sorted(ended)[0]  # a node that failed on its own before any that Slurm stopped
+    try:
+        return node, rc, (folder / LOG_FILE.format(node=node)).read_text(errors="replace")
+    except OSError:
+        return node, rc, ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,9 +63,13 @@ def torchrun_command(spec: PackageSpec, clock: str | None = None, rendezvous: li
 def _traceback_tail(log: Path, limit: int = 40) -> str:
     """Only the last traceback of the trainer's log: its other lines may hold sealed evaluation values."""
     try:
-        lines = log.read_text(errors="replace").splitlines()
+        return _tail_of(log.read_text(errors="replace"), limit)
     except OSError:
         return ""
+
+
+def _tail_of(text: str, limit: int = 40) -> str:
+    lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
     picked = lines[starts[-1] :][-limit:] if starts else [ln for ln in lines if ln.startswith("probe:")][-5:]
     return "\n".join(picked)
@@ -257,6 +261,15 @@ def run(spec: PackageSpec) -> TrainResult:
     if rc != 0:
         sys.stderr.write(f"the trainer's last traceback:\n{_traceback_tail(log)}\n")
         cause = failure_cause(log.read_text(errors="replace"))
+        if spec.slurm is not None:  # each node's torchrun wrote its own log: the node that failed first is the cause
+            from workers.node import failed_node_log
+
+            failed = failed_node_log(spec)
+            if failed is not None:
+                node, node_rc, text = failed
+                sys.stderr.write(f"node {node}'s last traceback:\n{_tail_of(text)}\n")
+                own = f"torchrun was killed by signal {-node_rc} ({_signal_name(-node_rc)})" if node_rc < 0 else None
+                cause = f"node {node}: {own or failure_cause(text) or f'torchrun exited with {node_rc}'}"
         # one last line: the package's failure note in the ledger
         raise WorkerFailed(f"torchrun exited with {rc}" + (f": {cause}" if cause else ""))
     if clock is None:

@@ -1,0 +1,131 @@
+"""The Slurm backend without a cluster: the protocol's launcher.scheduler and its id, the commands orch would run,
+sacct's output read, node names salted, and the refusal when no Slurm client is installed (tests/test_slurm_e2e.py
+runs a real cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import slurm
+from orchestrator.slurm_accounting import parse_sacct, step_note
+from protocol.errors import RefusedError
+from protocol.schema import canonical_json, load_protocol
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL = REPO / "protocol" / "r3_mini.yaml"
+SLURM = REPO / "protocol" / "r3_mini_slurm2.yaml"
+
+
+def _variant(tmp_path: Path, source: Path, old: str, new: str) -> Path:
+    text = source.read_text()
+    assert old in text
+    path = tmp_path / "protocol" / "p.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.replace(old, new, 1).replace('base: ".."', f'base: "{REPO}"', 1))
+    return path
+
+
+def test_local_protocols_keep_their_ids(tmp_path: Path) -> None:
+    """scheduler and slurm stay out of the canonical JSON of a local protocol: every existing id is unchanged."""
+    for shipped in sorted((REPO / "protocol").glob("*.yaml")):
+        loaded = load_protocol(shipped)
+        if loaded.protocol.launcher.scheduler == "local":
+            assert b'"scheduler"' not in canonical_json(loaded.protocol), shipped.name
+            assert b'"slurm"' not in canonical_json(loaded.protocol), shipped.name
+    explicit = _variant(tmp_path, LOCAL, "  backend: gloo\n", "  backend: gloo\n  scheduler: local\n")
+    plain = _variant(tmp_path / "b", LOCAL, "  backend: gloo\n", "  backend: gloo\n")
+    assert load_protocol(explicit).id == load_protocol(plain).id
+
+
+def test_slurm_protocol_is_another_protocol() -> None:
+    loaded = load_protocol(SLURM)
+    launcher = loaded.protocol.launcher
+    assert launcher.scheduler == "slurm" and launcher.slurm is not None
+    assert (launcher.slurm.nodes, launcher.nproc, launcher.world_size) == (2, 1, 2)
+    assert b'"scheduler":"slurm"' in canonical_json(loaded.protocol)
+    assert loaded.id != load_protocol(LOCAL).id
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ('  slurm: {nodes: 2, gpus_per_node: 0, time_limit: "00:30:00"}\n', "", "needs a launcher.slurm section"),
+    ("  scheduler: slurm\n", "", "launcher.slurm is given but launcher.scheduler is not slurm"),
+    ('time_limit: "00:30:00"', 'time_limit: "half an hour"', "launcher.slurm.time_limit"),
+    ("nodes: 2,", "nodes: 0,", "launcher.slurm.nodes"),
+    ("scheduler: slurm", "scheduler: pbs", "launcher.scheduler"),
+    ("  device: cpu\n", "  device: cuda\n", "gpus_per_node >= 1 on a cuda protocol"),
+])
+def test_slurm_section_refusals(tmp_path: Path, old: str, new: str, message: str) -> None:
+    with pytest.raises(RefusedError, match=message.replace(".", r"\.")):
+        load_protocol(_variant(tmp_path, SLURM, old, new))
+
+
+def test_salloc_and_srun_commands() -> None:
+    spec = load_protocol(SLURM).protocol.launcher.slurm
+    assert spec is not None
+    argv = slurm.salloc_argv(spec.model_copy(update={"gpus_per_node": 4, "partition": "gpu"}), "orch-x", 90.5)
+    assert argv == ["salloc", "--nodes=2", "--ntasks-per-node=1", "--exclusive", "--job-name=orch-x",
+                    "--gres=gpu:4", "--partition=gpu", "--time=00:30:00", "--immediate=91"]
+    run = slurm.SlurmRun(slurm.Allocation("77", ["a", "b"], 4, 32), "RUN", Path("/nonexistent"))
+    train = run.step("train-A", 4, Path("/scratch"))
+    assert train.nodes == 2 and train.nproc_per_node == 4 and train.rdzv_id == "RUN.train-A"
+    assert 20000 <= train.port < 40000 and train.port != run.step("train-B", 4, Path("/s")).port
+    assert "--nodes=2" in train.srun and "--gres=gpu:4" in train.srun and "--kill-on-bad-exit=1" in train.srun
+    assert "--job-name=RUN.train-A" in train.srun and "--cpus-per-task=32" in train.srun
+    assert not any("a" == x or "b" == x for x in train.srun)  # node names never reach package.json
+    assert run.prefix("reload", "reload-A")[:4] == ["srun", "--jobid=77", "--nodes=1", "--ntasks=1"]
+    assert run.prefix("train", "train-A") == []
+
+
+SACCT = """5|orch-slurm|billing=4,cpu=4,gres/gpu=2,node=2|182|COMPLETED
+5.extern|extern|billing=4,cpu=4,gres/gpu=2,node=2|182|COMPLETED
+5.0|R.seal|cpu=2,mem=0,node=2|1|COMPLETED
+5.3|R.train-A|cpu=4,gres/gpu=2,mem=0,node=2|24|COMPLETED
+5.4|R.reload-A|cpu=2,gres/gpu=1,mem=0,node=1|2|FAILED
+5.5|R.train-C|cpu=4,gres/gpu=2,mem=0,node=2|7|CANCELLED by 0
+"""
+
+
+def test_sacct_output_read() -> None:
+    steps, job = parse_sacct(SACCT)
+    assert job is not None and job.gpu_seconds == 364.0
+    assert sorted(steps) == ["0", "3", "4", "5"]  # extern is Slurm's own
+    assert steps["3"].gpu_seconds == 48.0 and steps["0"].gpus == 0 and steps["4"].state == "FAILED"
+    assert steps["5"].final and steps["5"].name == "R.train-C"
+    note = step_note("5", [steps["3"]])
+    assert note == "slurm job 5 steps 3: 2 gres/gpu x 24 s" and slurm.STEP_NOTE.match(note)
+    assert slurm.gres_gpus("cpu=2,gres/gpu:h100=8,node=1") == 8 and slurm.gres_gpus("cpu=2") == 0
+
+
+def test_node_hash_is_salted(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one, again, other = (slurm.node_hash(tmp_path / d, "gpu-node-017") for d in ("a", "a", "b"))
+    assert one == again != other and len(one) == 64 and "node" not in one
+
+
+def test_launch_without_slurm_is_refused_in_one_line(tmp_path: Path) -> None:
+    """No salloc/srun on PATH and no allocation: exit 3, one line, nothing recorded."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PATH=str(Path(sys.executable).parent), PYTHONPATH=str(REPO))
+    home = tmp_path / "home"
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(SLURM), "--home", str(home),
+                           "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode == 3, done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "not found on PATH" in lines[0] and "salloc" in lines[0], lines
+    assert json.loads(done.stdout)["exit_code"] == 3
+    assert not home.exists()
+
+
+def test_enter_allocation_outside_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    spec = load_protocol(SLURM).protocol.launcher.slurm
+    assert spec is not None
+    with pytest.raises(RefusedError, match="not inside a Slurm allocation"):
+        slurm.enter_allocation(spec, print)

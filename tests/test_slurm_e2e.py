@@ -1,0 +1,187 @@
+"""orch on a real Slurm cluster started by this module (tests/slurm_cluster.py: slurmctld, three slurmd, slurmdbd on
+MariaDB, munge): r3-mini across two nodes (gloo, one rank a node) audited exact and reconciled with sacct, a node
+that cannot read the sealed copy named by its salted hash, and killed ranks on one node failing the run cleanly.
+Skipped where Debian's Slurm packages are not installed (CI does not install them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from slurm_cluster import Cluster, missing
+
+from ledger.store import Ledger
+from orchestrator.slurm import node_hash
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "protocol" / "r3_mini_slurm2.yaml"
+
+pytestmark = [
+    pytest.mark.skipif(bool(missing()), reason=f"no local Slurm cluster: {', '.join(missing())} missing"),
+    pytest.mark.slow,
+]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    root = Path(tempfile.mkdtemp(prefix="orch-slurm-", dir="/tmp"))  # short: the munge socket path is bounded
+    c = Cluster(root)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def protocol(where: Path, **replace: str) -> Path:
+    """The shipped Slurm protocol with one count-only GPU a node (so sacct accounts gres/gpu) and its base here."""
+    text = SHIPPED.read_text().replace('base: ".."', f'base: "{REPO}"').replace("gpus_per_node: 0", "gpus_per_node: 1")
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "slurm.yaml"
+    path.write_text(text)
+    return path
+
+
+def env(cluster: Cluster) -> dict[str, str]:
+    out = {k: v for k, v in cluster.env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    return {**out, "PYTHONPATH": str(REPO)}
+
+
+def orch(cluster: Cluster, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          cwd=REPO, env=env(cluster), timeout=timeout)
+
+
+def sacct(cluster: Cluster, job: str) -> dict[str, list[str]]:
+    out = cluster.run("sacct", "-j", job, "-n", "-P", "-o", "JobName%200,NNodes,AllocTRES%200,State").stdout
+    return {line.split("|")[0]: line.split("|")[1:] for line in out.splitlines() if line}
+
+
+def test_two_nodes_run_exact_and_reconcile_with_sacct(cluster: Cluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    done = orch(cluster, "launch", str(protocol(tmp_path)), "--home", str(home), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    run_dir = home / "runs" / doc["run_id"]
+    audit = json.loads((run_dir / "audit.json").read_text())
+    assert audit["exact"] is True and doc["verdict"] in ("accepted", "no difference shown")
+    run = json.loads((run_dir / "run.json").read_text())
+    job = run["slurm"]["job_id"]
+    assert run["lock"]["kind"] == "slurm"  # never orch's flock lock
+    assert run["slurm"]["nodes"] == [node_hash(home / "ledger", n) for n in ("n1", "n2")]
+    train = json.loads((run_dir / "packages" / "train-A" / "result.json").read_text())
+    assert train["world_size"] == 2 and [r["rank"] for r in train["ranks"]] == [0, 1]
+    assert all(r["clock"]["steps_checked"] == 16 for r in train["ranks"])  # each node's own clock
+    steps = sacct(cluster, job)
+    for name in ("train-A", "train-C", "train-B", "watch-C"):
+        nnodes, tres, state = steps[f"{doc['run_id']}.{name}"]
+        assert (nnodes, state) == ("2", "COMPLETED") and "gres/gpu=2" in tres, (name, tres)
+    assert steps[f"{doc['run_id']}.reload-A"][0] == "1" and steps[f"{doc['run_id']}.seal"][0] == "2"
+    records = {r.package: r for r in Ledger(home / "ledger" / "ledger.arrows").records(doc["run_id"])}
+    assert records["train-A"].note is not None and records["train-A"].note.startswith(f"slurm job {job} steps ")
+    assert records["train-A"].gpus == 2 and (records["train-A"].gpu_seconds or 0) > 0
+    rec = orch(cluster, "ledger", "reconcile", "--home", str(home), "--json")
+    assert rec.returncode == 0, rec.stderr
+    assert json.loads(rec.stdout)["records"] == 9 and json.loads(rec.stdout)["mismatches"] == []
+
+    # a ledger whose figures are not what Slurm charged: each mismatch named
+    other = tmp_path / "other"
+    ledger = Ledger(other / "ledger" / "ledger.arrows")
+    train_step = records["train-A"].note.split()[4].rstrip(":")  # type: ignore[union-attr]
+    for package, note, gpu_s in (("train-A", f"slurm job {job} steps {train_step}: x", 1.0),
+                                 ("train-B", f"slurm job {job} steps 999: x", 0.0)):
+        ledger.append(run_id="R", package=package, kind="train", status="ok", gpus=2, gpu_seconds=gpu_s,
+                      protocol_id="p" * 64, note=note)
+    bad = orch(cluster, "ledger", "reconcile", "--home", str(other))
+    assert bad.returncode == 1
+    assert f"run R package train-A (job {job} steps {train_step}): ledger 1.0 GPU-s, sacct" in bad.stdout
+    assert f"run R package train-B (job {job} steps 999): sacct has no step 999" in bad.stdout
+
+
+def test_node_that_reads_another_sealed_copy_fails_the_run_named_by_hash(cluster: Cluster) -> None:
+    """Started inside an allocation (sbatch): n3 does not see the shared folder; the run fails before any package."""
+    if not cluster.skew:
+        pytest.skip("no mount namespace for the skewed node here")
+    where = cluster.root / "skew" / "case"  # on n3 this folder is another, empty one
+    home = where / "home"
+    out = where / "job.out"
+    done = subprocess.run(
+        ["sbatch", "--wait", "--partition=skew", "--nodes=2", "--exclusive", f"--output={out}", "--wrap",
+         f"{sys.executable} -m orchestrator.cli launch {protocol(where)} --home {home}"],
+        capture_output=True, text=True, cwd=REPO, env=env(cluster), timeout=600,
+    )  # fmt: skip
+    text = out.read_text()
+    assert done.returncode == 1, text[-3000:]
+    n3 = node_hash(home / "ledger", "n3")[:16]
+    assert f"sealed copies differ across nodes before the first package: node {n3}: sealed copy of baseline is " \
+           "unreadable" in text
+    run_id = next((home / "runs").iterdir()).name
+    records = {r.package: r for r in Ledger(home / "ledger" / "ledger.arrows").records(run_id)}
+    assert records["checks"].status == "failed" and records["train-A"].status == "not-run"
+    assert "n3" not in json.dumps(json.loads((home / "runs" / run_id / "run.json").read_text())["slurm"])
+
+
+def _run_processes(run_id: str) -> dict[int, dict[str, str]]:
+    """Processes of this host (every node of the test cluster) whose environment carries the run id."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        environ = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+        if environ.get("ORCH_RUN_ID") == run_id:
+            found[int(entry.name)] = {"node": environ.get("SLURMD_NODENAME", ""), "cmd": cmd,
+                                      "rank": environ.get("LOCAL_RANK", "")}  # torchrun sets it for its ranks only
+    return found
+
+
+def test_killed_ranks_on_one_node_fail_the_run_with_nothing_left(cluster: Cluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(protocol(tmp_path)), "--home",
+                             str(home)], cwd=REPO, env=env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 600
+        steps = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            runs = list((home / "runs").glob("2*")) if (home / "runs").exists() else []
+            steps = runs[0] / "packages" / "train-A" / "steps.rank1.jsonl" if runs else None
+            if steps is not None and steps.exists() and len(steps.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.5)
+        assert steps is not None and proc.poll() is None, "train-A never reached step 3"
+        run_id = steps.parents[2].name
+        ranks = [pid for pid, p in _run_processes(run_id).items() if p["node"] == "n2" and p["rank"]]
+        assert ranks, _run_processes(run_id)
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert "package train-A failed" in err, err[-2000:]
+    assert re.search(r"node 1: rank [01] was killed by signal 9 \(SIGKILL\)", err), err[-2000:]  # n2 is node 1
+    time.sleep(2)
+    assert _run_processes(run_id) == {}  # nothing of the run on any node
+    assert cluster.run("squeue", "-h").stdout.strip() == ""  # the allocation was given back
+    records = {r.package: r for r in Ledger(home / "ledger" / "ledger.arrows").records(run_id)}
+    assert records["train-A"].status == "failed" and records["reload-A"].status == "not-run"
+    assert (records["train-A"].note or "").startswith("slurm job ")
