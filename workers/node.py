@@ -98,7 +98,7 @@ def train(spec_path: str) -> int:
         cmd = torchrun_command(spec, clock.name, rendezvous_args(spec, rendezvous_host(), node_id))
         with open(folder / LOG_FILE.format(node=node_id), "wb") as log:
             proc = subprocess.Popen(cmd, cwd=spec.sealed_dir, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+                                    stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGTERM))
             try:
                 rc = proc.wait()
             except _Stopped:
