@@ -54,7 +54,7 @@ def test_version_and_short_help(tmp_path: Path) -> None:
     ["freeze"], ["verify"], ["schema"], ["audit"], ["publish"], ["hygiene"], ["launch"], ["calibrate"], ["rehearse"],
     ["ledger"],
     ["ledger", "summary"], ["ledger", "list"], ["ledger", "export"], ["ledger", "verify"], ["ledger", "head"],
-    ["ledger", "repair"],
+    ["ledger", "repair"], ["ledger", "reconcile"],
 ])
 def test_every_help_has_examples_and_plain_usage(command: list[str], tmp_path: Path) -> None:
     from typer.testing import CliRunner

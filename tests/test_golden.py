@@ -36,6 +36,7 @@ PROTOCOL_IDS = {
     "r3_mini_cuda2.yaml": "e5f87b431a18a7fbfb10f1d9c81c6d61e3377c716ef1214b14effb8d027d0e76",
     "r3_mini_cuda2_null.yaml": "6e44fb873dd01e47329a56b968ff50845b8dafe75a576ddca97b5bee05a7fbd3",
     "r3_mini_null.yaml": "3564ce1c6ced159ee1ff4bdebe4f6827305ca1b28468ffdb0d355ac51d888699",
+    "r3_mini_slurm2.yaml": "1d3a3e13268101b0ab72e4bedaf32d0d203d527c22cf6485deb3f12a36917e58",
 }
 MANIFEST_ROOTS = {
     "r3_mini.json": "e5b49d881858668caea6646bbf485da35e17489f1b42d7148acc1026c1284cfe",

@@ -129,3 +129,39 @@ def test_enter_allocation_outside_one_is_refused(monkeypatch: pytest.MonkeyPatch
     assert spec is not None
     with pytest.raises(RefusedError, match="not inside a Slurm allocation"):
         slurm.enter_allocation(spec, print)
+
+
+def _summary(rank: int, exitcode: int) -> str:
+    return (f"Root Cause (first observed failure):\n[0]:\n  time      : 2026-01-01_00:00:00\n  host      : h\n"
+            f"  rank      : {rank} (local_rank: 0)\n  exitcode  : {exitcode} (pid: 7)\n  error_file: <N/A>\n"
+            "============================================================")
+
+
+def test_multi_node_failure_names_the_node_that_failed_first(tmp_path: Path) -> None:
+    """Each node agent leaves its torchrun's log and exit; the cause is found across them (workers.train)."""
+    from protocol.package import PackageSpec, SlurmStep
+    from workers.common import RANK_FAILED
+    from workers.node import EXIT_FILE, LOG_FILE
+    from workers.train import node_cause
+
+    step = SlurmStep(srun=["srun"], nodes=3, nproc_per_node=1, port=20001, rdzv_id="r", clock_dir=str(tmp_path))
+    spec = PackageSpec(run_id="r", name="train-A", kind="train", package_dir=str(tmp_path), sealed_dir=str(tmp_path),
+                       scratch_dir=str(tmp_path), result_path=str(tmp_path / "r.json"), device="cpu",
+                       precision="fp32", nproc=3, slurm=step)
+
+    def node(i: int, rc: int, stopped: bool, log: str) -> None:
+        (tmp_path / EXIT_FILE.format(node=i)).write_text(json.dumps({"rc": rc, "stopped": stopped}))
+        (tmp_path / LOG_FILE.format(node=i)).write_text(log)
+
+    peer = RANK_FAILED.format(rank=0, time=100.5, cause="RuntimeError: Connection reset by peer")
+    node(0, 1, False, f"{peer}\n{_summary(0, 1)}")  # lost its peer and failed on its own, first in node order
+    node(1, 1, False, _summary(1, -9))  # its rank was SIGKILLed: the cause
+    node(2, 143, True, "")  # stopped by Slurm
+    assert node_cause(spec) == "node 1: rank 1 was killed by signal 9 (SIGKILL)"
+    node(1, 1, False, RANK_FAILED.format(rank=1, time=99.0, cause="ValueError: boom") + "\n" + _summary(1, 1))
+    assert node_cause(spec) == "node 1: rank 1: ValueError: boom"  # the rank that raised first, on any node
+    node(1, -9, False, "")  # the node's torchrun itself was killed
+    assert node_cause(spec) == "node 1: torchrun was killed by signal 9 (SIGKILL)"
+    for i in range(3):
+        node(i, 143 if i else 0, True, "")
+    assert node_cause(spec) is None

@@ -136,26 +136,21 @@ def load_clock(spec: PackageSpec) -> StepClock:
     return clock
 
 
-def failed_node_log(spec: PackageSpec) -> tuple[int, int, str] | None:
-    """(node index, torchrun's exit status, its output) of the node that failed on its own (the others were
-    stopped by Slurm)."""
+def failed_nodes(spec: PackageSpec) -> list[tuple[int, int, str]]:
+    """(node index, torchrun's exit status, its output) of every node whose torchrun failed on its own (not stopped
+    by Slurm after another node failed: srun --kill-on-bad-exit)."""
     assert spec.slurm is not None
     folder = Path(spec.slurm.clock_dir)
-    ended: list[tuple[bool, int]] = []
+    out = []
     for node in range(spec.slurm.nodes):
         try:
             doc = json.loads((folder / EXIT_FILE.format(node=node)).read_text())
+            text = (folder / LOG_FILE.format(node=node)).read_text(errors="replace")
         except (OSError, ValueError):
             continue  # killed before it could say
-        if doc.get("rc") != 0:
-            ended.append((bool(doc.get("stopped")), node, int(doc.get("rc", 1))))
-    if not ended:
-        return None
-    _, node, rc = sorted(ended)[0]  # a node that failed on its own before any that Slurm stopped
-    try:
-        return node, rc, (folder / LOG_FILE.format(node=node)).read_text(errors="replace")
-    except OSError:
-        return node, rc, ""
+        if doc.get("rc") != 0 and not doc.get("stopped"):
+            out.append((node, int(doc.get("rc", 1)), text))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

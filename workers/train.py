@@ -221,6 +221,26 @@ def check_clock(
     )
 
 
+def node_cause(spec: PackageSpec) -> str | None:
+    """The cause of a multi-node failure: a rank killed by a signal on some node (the others then lose their peer),
+    else the rank that raised first on any node, else the first node whose torchrun failed; named by node index."""
+    from workers.node import failed_nodes
+
+    found = []
+    for node, rc, text in failed_nodes(spec):
+        cause = failure_cause(text)
+        if rc < 0:
+            cause = f"torchrun was killed by signal {-rc} ({_signal_name(-rc)})"
+        raised = [float(m.group(2)) for m in map(_RANK_FAILED.match, text.splitlines()) if m]
+        killed = cause is not None and "killed by signal" in cause
+        found.append((not killed, min(raised, default=float("inf")), node, cause or f"torchrun exited with {rc}", text))
+    if not found:
+        return None
+    *_, node, cause, text = min(found, key=lambda f: f[:3])
+    sys.stderr.write(f"node {node}'s last traceback:\n{_tail_of(text)}\n")
+    return f"node {node}: {cause}"
+
+
 def slurm_command(spec: PackageSpec) -> list[str]:
     """srun of the node agent: one task a node, each node's torchrun joining one c10d rendezvous."""
     assert spec.slurm is not None
@@ -261,15 +281,8 @@ def run(spec: PackageSpec) -> TrainResult:
     if rc != 0:
         sys.stderr.write(f"the trainer's last traceback:\n{_traceback_tail(log)}\n")
         cause = failure_cause(log.read_text(errors="replace"))
-        if spec.slurm is not None:  # each node's torchrun wrote its own log: the node that failed first is the cause
-            from workers.node import failed_node_log
-
-            failed = failed_node_log(spec)
-            if failed is not None:
-                node, node_rc, text = failed
-                sys.stderr.write(f"node {node}'s last traceback:\n{_tail_of(text)}\n")
-                own = f"torchrun was killed by signal {-node_rc} ({_signal_name(-node_rc)})" if node_rc < 0 else None
-                cause = f"node {node}: {own or failure_cause(text) or f'torchrun exited with {node_rc}'}"
+        if spec.slurm is not None:  # each node's torchrun wrote its own log
+            cause = node_cause(spec) or cause
         # one last line: the package's failure note in the ledger
         raise WorkerFailed(f"torchrun exited with {rc}" + (f": {cause}" if cause else ""))
     if clock is None:
