@@ -523,34 +523,39 @@ class Tx128Batch:
         self.pending_bytes = 0
         self.limit = (self.limit[0] * _GROUP_GROWTH, self.limit[1] * _GROUP_GROWTH)
         g = _group_table(key, self.anchor.data_ptr(), self.block, self.programs, self.device)
-        if g is not None:
-            _tx128_table_kernel[(g.grid,)](
-                self.anchor, self.anchor8, g.table, self.acc, g.n_main, g.n_tail,
-                BLOCK=self.block, WIDE=g.wide, UNIT=g.unit, num_warps=8, maxnreg=self.maxnreg,
-            )  # fmt: skip
+        if g is None:
+            return
+        if self.device.type == "cuda" and self.device.index != torch.cuda.current_device():
+            with torch.cuda.device(self.device):  # Triton launches on the current device
+                self._launch(g)
+        else:
+            self._launch(g)
+
+    def _launch(self, g: _Group) -> None:
+        _tx128_table_kernel[(g.grid,)](
+            self.anchor, self.anchor8, g.table, self.acc, g.n_main, g.n_tail,
+            BLOCK=self.block, WIDE=g.wide, UNIT=g.unit, num_warps=8, maxnreg=self.maxnreg,
+        )  # fmt: skip
 
     def finish(self) -> list[str]:
-        """The digests in add() order: the last launch, the headers while the device works, one host copy."""
+        """The digests in add() order: the last launch, the header states while the device works, one host copy."""
         self.launch()
-        pre = []
+        states = []
         for t in self.tensors:
             key = (t.dtype, t.shape)
             h = _HEADERS.get(key)
             if h is None:
                 if len(_HEADERS) > 1 << 16:
                     _HEADERS.clear()
-                shape = tuple(t.shape)
-                h = _HEADERS[key] = hashlib.sha256(tensor_header("tx128", str(t.dtype), shape, t.nbytes))
-            pre.append(h)
+                h = _HEADERS[key] = hashlib.sha256(tensor_header("tx128", str(t.dtype), tuple(t.shape), t.nbytes))
+            states.append(h.copy())
         n = len(self.tensors)
         body = self.acc[:n].cpu().numpy().view(np.uint64).astype("<u8", copy=False).tobytes()  # the host copy
         self.keep = []
-        out = []
-        for i, h in enumerate(pre):
-            h = h.copy()
-            h.update(body[16 * i : 16 * i + 16])  # lanes A, B as 64-bit little-endian: tx128_finalize's body
-            out.append("tx128:" + h.hexdigest()[:32])
-        return out
+        view = memoryview(body)
+        for i, h in enumerate(states):
+            h.update(view[16 * i : 16 * i + 16])  # lanes A, B as 64-bit little-endian: tx128_finalize's body
+        return ["tx128:" + h.hexdigest()[:32] for h in states]
 
 
 def tx128_cuda_many(
