@@ -221,3 +221,53 @@ def test_digest_many_on_cuda_equals_per_tensor_and_sha256_of_cpu_tensors() -> No
     assert list(got) == list(mixed)
     assert [got[k] for k in cuda] == tx128_cuda_many_per_tensor(list(cuda.values()))
     assert all(got[k] == digest_cpu(v) for k, v in cpu.items())
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: the lead runs the kernel test on the GPU")
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=3000), max_size=24), st.sampled_from([16, 32, 1024]),
+       st.integers(min_value=1, max_value=40), st.integers(min_value=0, max_value=3))  # fmt: skip
+def test_launch_table_gives_every_block_of_every_tensor_to_one_program(
+    nbytes: list[int], block: int, programs: int, row0: int
+) -> None:
+    """The table kernel's walk, replayed from its table: each program's contiguous range, the tensor switch at each
+    first block, the tails; every whole chunk is read once, by the row of its tensor, whatever block and grid."""
+    from workers.digest_triton import _group_table
+
+    anchor = 1 << 20
+    ptrs, at = [], anchor + 4096
+    for n in nbytes:
+        ptrs.append(at)
+        at += (n + 15) // 16 * 16 + 16 * (n % 3)  # 16-byte aligned, sometimes gaps
+    key = (row0, *[v for pn in zip(ptrs, nbytes, strict=True) for v in pn])
+    g = _group_table(key, anchor, block, programs, torch.device("cpu"))
+    whole = [n // 16 for n in nbytes]
+    if g is None:
+        assert not any(nbytes)
+        return
+    t = g.host.tolist()
+    m, grid, n_tail = g.n_main, g.grid, g.n_tail
+    off, chunks, first, rows = t[:m], t[m : 2 * m], t[2 * m : 3 * m + 1], t[3 * m + 1 : 4 * m + 1]
+    prog, pseg = t[4 * m + 1 : 4 * m + grid + 2], t[4 * m + grid + 2 : 4 * m + 2 * grid + 2]
+    tails = t[4 * m + 2 * grid + 2 :]
+    assert len(tails) == 4 * n_tail and grid <= programs and g.unit == 16
+    seen: dict[int, list[int]] = {}
+    for pid in range(grid):  # the kernel's loop, step by step
+        lo, hi = prog[pid], prog[pid + 1]
+        if hi <= lo:
+            continue
+        s = pseg[pid]
+        for blk in range(lo, hi):
+            if blk == first[s + 1]:
+                s += 1
+            for c in range((blk - first[s]) * block, min((blk - first[s] + 1) * block, chunks[s])):
+                seen.setdefault(rows[s], []).append(c)
+            assert ptrs[rows[s] - row0] - anchor == off[s] * 16
+    expect = {row0 + i: list(range(w)) for i, w in enumerate(whole) if w}
+    assert {r: sorted(c) for r, c in seen.items()} == expect
+    tail_rows = tails[3 * n_tail :]
+    assert tail_rows == [row0 + i for i, n in enumerate(nbytes) if n % 16]
+    for j, r in enumerate(tail_rows):
+        i = r - row0
+        assert tails[j] == ptrs[i] + whole[i] * 16 - anchor and tails[n_tail + j] == whole[i]
+        assert tails[2 * n_tail + j] == nbytes[i] % 16
