@@ -5,12 +5,18 @@ click's own report is a usage block and a boxed message; DESIGN.md section 4 ask
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import NoReturn
 
 import typer
 
 from protocol.errors import EXIT_INTERRUPTED, EXIT_USAGE
+
+
+def _asks_json(argv: list[str]) -> bool:
+    """Whether --json was given to orch itself (not after `--`, where gpu-run's command starts)."""
+    return "--json" in (argv[: argv.index("--")] if "--" in argv else argv)
 
 
 def run_app(app: typer.Typer, prog_name: str) -> NoReturn:
@@ -29,6 +35,9 @@ def run_app(app: typer.Typer, prog_name: str) -> NoReturn:
         ctx = getattr(err, "ctx", None)
         where = ctx.command_path if ctx is not None else prog_name
         hint = f"; see `{where} --help`" if exit_code == EXIT_USAGE else ""
-        typer.echo(f"{where}: {str(message()).rstrip('.')}{hint}", err=True)
+        line = f"{where}: {str(message()).rstrip('.')}{hint}"
+        if _asks_json(sys.argv[1:]):  # --json promises one document on stdout, refusals of the parser included
+            typer.echo(json.dumps({"ok": False, "exit_code": exit_code, "error": line}, sort_keys=True))
+        typer.echo(line, err=True)
         sys.exit(exit_code)
     sys.exit(code if isinstance(code, int) else 0)

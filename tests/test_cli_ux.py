@@ -265,6 +265,14 @@ def test_negative_lock_timeout_is_one_usage_line_before_any_run(command: str, tm
     assert not home.exists()  # no run folder, no ledger record, no scratch
 
 
+@pytest.mark.parametrize("args", [["launch", "p.yaml", "--lock-timeout", "-1"], ["audit"], ["ledger", "list", "-x"]])
+def test_a_parser_refusal_with_json_is_one_document_on_stdout(args: list[str], tmp_path: Path) -> None:
+    proc = orch(*args, "--json", cwd=tmp_path)
+    assert proc.returncode == 2
+    doc = json.loads(proc.stdout)  # before: stdout was empty, only the line on stderr
+    assert doc["ok"] is False and doc["exit_code"] == 2 and doc["error"] == proc.stderr.strip()
+
+
 def test_gpu_run_refuses_a_missing_command_at_once_even_when_busy(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "GPU_RUN_FAKE_NVML": _no_gpus(tmp_path),
            "GPU_RUN_LOCK_DIR": str(tmp_path / "locks"), "GPU_RUN_SLOTS": "1"}
