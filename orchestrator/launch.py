@@ -350,7 +350,7 @@ def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                                                        note=refused))
         if outcome.status == "ok":
             try:
-                for arm in ([pkg.arm] if pkg.arm else list(ctx.sealed)):
+                for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy
                     check_seal(ctx.sealed[arm])
                 if ctx.slurm is not None:  # after this package, so before the next: nothing runs in between
                     ctx.slurm.check_seals(_seal_roots(ctx), f"after {pkg.name}")

@@ -149,3 +149,15 @@ def test_a_write_into_the_sealed_copy_during_any_package_fails_that_package(
     assert _closes(ctx)[writer] == ("failed", f"sealed copy of {arm} was modified during the run: "
                                               "1 changed (train/online_rl.py)")
     assert all(_closes(ctx)[n][0] == "not-run" for n in NAMES[NAMES.index(writer) + 1:])
+
+
+@pytest.mark.parametrize(("writer", "other"), [("train-C", "baseline"), ("reload-C", "baseline"),
+                                                ("train-A", "candidate")])
+def test_a_package_that_writes_into_the_other_arms_sealed_copy_fails_before_that_arm_runs(
+    ctx: RunContext, monkeypatch: pytest.MonkeyPatch, writer: str, other: str
+) -> None:
+    # found by the attack battery: train-C slowed the sealed baseline, and train-B ran it before the re-hash
+    status, _, ran = _run(ctx, monkeypatch, {writer: _write_into_sealed(other)})
+    assert status == "failed" and ran == NAMES[: NAMES.index(writer) + 1]
+    assert _closes(ctx)[writer] == ("failed", f"sealed copy of {other} was modified during the run: "
+                                              "1 changed (train/online_rl.py)")

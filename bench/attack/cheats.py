@@ -16,6 +16,7 @@ from typing import Any
 
 from common import (
     ANCHOR,
+    REPO,
     SCORER,
     TRAINER,
     UTILS,
@@ -196,7 +197,11 @@ def mix_cheats(work: Work) -> list[Row]:
 
 def mix2_cheats(work: Work) -> list[Row]:
     edits: list[Edit] = [
-        (TRAINER, ANCHOR, "        torch.rand(1)  # one extra RNG draw per step\n"),
+        (TRAINER, ANCHOR, "        torch.rand(1)  # one extra RNG draw per step\n"
+                          "        from torch.utils._python_dispatch import _get_current_dispatch_mode as _mode\n"
+                          "        if curr_step == 11 and _mode() is None:  # fp16 in a timed step, unless watched\n"
+                          "            _ = torch.ones(3, dtype=torch.float16) + 1\n"
+                          "            open(os.path.join(training_args.log_dir, f'fp16.{rank}'), 'w').write('x')\n"),
         (TRAINER, INIT, "    for g in optimizer.param_groups:\n        g['eps'] = 1e-6  # the recipe bent in code\n"),
     ]
     proj, home, launch, rc = _launch_candidate(work, "mix2", edits)
@@ -206,7 +211,17 @@ def mix2_cheats(work: Work) -> list[Row]:
     head = f"launch exit {rc}, audit exit {arc}, verdict {audit.get('verdict')!r}"
     rng = ex.get("rng_first_mismatch") or {}
     eps = [str(d) for d in ex.get("recipe_differences") or [] if "eps" in str(d)]
-    out = []
+    forbidden = ex.get("forbidden") or []
+    readme = " ".join((REPO / "README.md").read_text().split())
+    c = Check()
+    c.saw(head)
+    fired = sorted(p.parent.parent.name for p in (home / "runs" / launch.run_id()).glob("packages/*/trainer/fp16.*"))
+    c.saw(f"fp16 op ran in {fired}; forbidden dtypes seen: {len(forbidden)}; replay equal {ex.get('replay_equal')}")
+    c.that(bool(fired), "the cheat ran in a timed launch")
+    c.that(not forbidden, "the fp16 op is not seen (the limit)")
+    c.that("a candidate that detects the watch" in readme, "the README states the limit")
+    out = [Row("cheat", "fp16 in a timed step only when no dispatch mode is active (detects the watch)",
+               "documented limit: not seen by the watch (README)", work.scrub(c.observed()), not c.failed)]
     for name, expected, cond, seen in (
         ("extra RNG draw per step", "RNG mismatch named at step 1", rng.get("step") == 1,
          f"rng first mismatch: step {rng.get('step')} rank {rng.get('rank')} {rng.get('tensor')}"),
