@@ -63,7 +63,7 @@ def ctx(tmp_path: Path) -> Iterator[RunContext]:
 def _runner(ctx: RunContext, ran: list[str], behaviour: dict[str, Behaviour]) -> Callable[..., PackageOutcome]:
     """A package runner that writes what a worker writes (result.json, the sealed score) and returns its status."""
 
-    def run_package(spec: Any, env: dict[str, str], timeout: float, on_tick: Any = None) -> PackageOutcome:
+    def run_package(spec: Any, env: dict[str, str], timeout: float, on_tick: Any = None, **_: Any) -> PackageOutcome:
         ran.append(spec.name)
         pkg_dir = Path(spec.package_dir)
         pkg_dir.mkdir(parents=True, exist_ok=True)
