@@ -138,6 +138,10 @@ def shard_r3mini(device: str = "cuda") -> dict[str, torch.Tensor]:
     return out
 
 
+def progress(what: str) -> None:
+    print(f"[bench-digest {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
 def shard_figures(label: str, named: dict[str, torch.Tensor], reps: int, sweep: bool) -> dict[str, Any]:
     """The probe's call (digest_many) against torch.sum over the same device bytes concatenated, in one process."""
     from workers.digest_triton import Tx128Batch, tx128_cuda_many, tx128_cuda_many_per_tensor
@@ -149,8 +153,14 @@ def shard_figures(label: str, named: dict[str, torch.Tensor], reps: int, sweep: 
     flat = flat[: flat.numel() // 4 * 4].view(torch.float32)  # the same bytes, read as float32 by torch.sum
     digests = digest_many(named)
     per_tensor = tx128_cuda_many_per_tensor(dev)
-    if [digests[k] for k, t in named.items() if t.is_cuda] != per_tensor or two_launch(dev) != per_tensor:
-        raise SystemExit(f"{label}: the probe's path, the per-tensor and the two-launch digests differ: not timing")
+    names = [k for k, t in named.items() if t.is_cuda]
+    bad = [k for k, d in zip(names, per_tensor, strict=True) if digests[k] != d]
+    old = two_launch(dev)
+    if bad or old != per_tensor:
+        shown = ", ".join(f"{k} ({named[k].nbytes} B, address mod 16 = {named[k].data_ptr() % 16})" for k in bad[:5])
+        raise SystemExit(f"{label}: {len(bad)} probe-path digest(s) differ from the per-tensor path ({shown}); the "
+                         f"two-launch path differs at {sum(a != b for a, b in zip(old, per_tensor, strict=True))}: "
+                         "not timing")  # fmt: skip
     small = [(k, t) for k, t in named.items() if t.nbytes <= 1 << 22][:64]
     for k, t in small:  # the NumPy reference over the small ones (it reads 0.2 GB/s)
         c = t.detach().cpu().contiguous()
@@ -180,6 +190,7 @@ def shard_figures(label: str, named: dict[str, torch.Tensor], reps: int, sweep: 
         return statistics.median(kernel_times[1:])
 
     kernel_times: list[float] = []
+    progress(f"{label}: {len(dev)} device tensors, {nbytes / 2**30:.2f} GiB: digests checked, timing")
     sum_s = time_cuda(lambda: flat.sum(), reps)
     probe_s = time_cuda(lambda: digest_many(named), reps)
     many_s = time_cuda(lambda: tx128_cuda_many(dev), reps)
@@ -304,11 +315,13 @@ def main() -> int:
         doc["triton"] = triton.__version__
         doc["gpu"] = torch.cuda.get_device_name(0)
         doc["sets"] = {}
+        progress("7b shard set")
         named = shard_7b(args.ranks, args.counters, {**QWEN2_7B, "layers": args.layers})
         doc["sets"]["7b"] = shard_figures("7b", named, args.reps, sweep=True)
         doc["record_7b"] = record_figures(named, args.reps)
         del named
         torch.cuda.empty_cache()
+        progress("r3-mini shard set")
         try:
             mini = shard_r3mini()
         except ImportError as e:  # the trainer's imports (safetensors) are missing on this machine
@@ -316,6 +329,7 @@ def main() -> int:
         else:
             doc["sets"]["r3-mini"] = shard_figures("r3-mini", mini, args.reps, sweep=False)
             del mini
+        progress("single-tensor kernel sweep")
         doc["single_tensor"] = single_tensor_figures(args.gib, args.reps)
         doc["projection_7b"] = projection(doc, args.project_params, args.ranks)
         doc["cuda_wall_s"] = time.perf_counter() - t0
