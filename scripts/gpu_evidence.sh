@@ -47,7 +47,7 @@ if [ "$phase" = runs ]; then
     run_id=$(python3 -c "import json,sys; print(json.loads(open('/tmp/$p.launch.json').read().splitlines()[-1]).get('run_id',''))" 2>/dev/null)
     [ -n "$run_id" ] || continue
     banner "orch audit $run_id"
-    COLUMNS=140 $ORCH audit "$run_id" --home "$HOME_DIR" 2>&1 | grep -v "DEV score" | head -60
+    COLUMNS=140 $ORCH audit "$run_id" --home "$HOME_DIR" 2>&1 | grep -v "DEV score" | head -80
     # publish writes only into the repository's docs/validation/ (this copy's); the figures come back from $OUT
     $ORCH publish "$run_id" --home "$HOME_DIR" --to "docs/validation/$p.$run_id.json"; echo "publish exit $?"
     cp "docs/validation/$p.$run_id.json" "$OUT/$p.json" 2>/dev/null
