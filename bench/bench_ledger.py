@@ -21,9 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ledger.accounting import columns_for, summarize
-from ledger.record import GENESIS, record_message, schema_message, seal
-from ledger.store import Ledger
+from ledger.cost.accounting import columns_for, summarize
+from ledger.cost.record import GENESIS, record_message, schema_message, seal
+from ledger.cost.store import Ledger
 
 PACKAGES = [("checks", "checks", None), ("train-A", "train", "baseline"), ("reload-A", "reload", "baseline"),
             ("train-C", "train", "candidate"), ("reload-C", "reload", "candidate"), ("train-B", "train", "baseline"),

@@ -1,4 +1,5 @@
-"""The cost ledger (append-only Arrow IPC stream, hash chain, RFC 6962 head, accounting), the audit and publishing.
+"""The ledger and what is decided from it, by family: ledger.cost (the cost ledger), ledger.verdict (the audit's
+verdict of one run) and ledger.files (evidence files: publish, hygiene); ledger.render draws their tables.
 
-Import the parts from their modules: ledger.store, ledger.merkle, ledger.accounting, ledger.audit.
+Arrows: files -> verdict -> cost; cost imports neither. Import the parts from their modules.
 """

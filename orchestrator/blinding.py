@@ -11,7 +11,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from ledger.hygiene import classify_bytes
+from ledger.files.hygiene import classify_bytes
 from protocol.hashing import file_sha256
 
 # what may stay in a package's run folder although the trainer wrote it: nothing the hygiene scan calls a

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ledger.calibration import CALIBRATION_FILE, Calibration, fingerprint
-from ledger.store import Ledger
+from ledger.cost.store import Ledger
+from ledger.verdict.calibration import CALIBRATION_FILE, Calibration, fingerprint
 from orchestrator.launch import LaunchResult, launch
 from protocol.errors import FailedError
 from protocol.fileio import write_atomic

@@ -151,7 +151,7 @@ def audit(
 
     Exit 0 when the verdict is accepted, 1 for any other verdict or when there is no audit (the same as launch).
     """
-    from ledger.audit import MIX_REFUSAL, audit_command
+    from ledger.verdict.audit import MIX_REFUSAL, audit_command
 
     def run() -> dict[str, Any]:
         if ctx.args:
@@ -172,7 +172,7 @@ def publish(
     as_json: JsonOpt = False,
 ) -> None:
     """Write the aggregate evidence of an audited run; refused (exit 3) when it fails hygiene."""
-    from ledger.publish import publish_command
+    from ledger.files.publish import publish_command
 
     report(lambda: publish_command(run_id, to, home), as_json)
 
@@ -187,7 +187,7 @@ def hygiene(
     as_json: JsonOpt = False,
 ) -> None:
     """Find what must never be committed or published; exit 3 with one line per finding."""
-    from ledger.hygiene import hygiene_command
+    from ledger.files.hygiene import hygiene_command
 
     report(lambda: hygiene_command(paths), as_json)
 
@@ -314,7 +314,7 @@ def launch_command(protocol: Path, home: Path | None, lock_timeout: float | None
         typer.echo(err.result.run_id)
         err.document = err.result.as_json()
         raise
-    from ledger.verdict import exit_code
+    from ledger.verdict.decision import exit_code
 
     typer.echo(result.run_id)
     doc = result.as_json()

@@ -1,4 +1,4 @@
-"""`orch ledger` and its subcommands: options parsed here, one function per command in ledger.commands.
+"""`orch ledger` and its subcommands: options parsed here, one function per command in ledger.cost.commands.
 
 Options given to the group (`orch ledger --home X head`) apply to the subcommand, or are refused in one line.
 """
@@ -81,7 +81,7 @@ def ledger_main(
 
 def _summary(home: Path | None, by: str | None, since: str | None, until: str | None, user: str | None,
              fmt: str | None, as_json: bool) -> None:
-    from ledger.commands import summary_command
+    from ledger.cost.commands import summary_command
 
     if as_json:
         fmt = "json"
@@ -126,7 +126,7 @@ def ledger_list(
     as_json: JsonOpt = False,
 ) -> None:
     """One line per ledger record (open and close records), like Slurm's sacct."""
-    from ledger.commands import list_command
+    from ledger.cost.commands import list_command
 
     o = _merge(ctx, "list", ("home", "since", "until", "user", "as_json"), home=home, since=since, until=until,
                user=user, as_json=as_json)
@@ -152,7 +152,7 @@ def ledger_export(
     as_json: JsonOpt = False,
 ) -> None:
     """Write the ledger as Parquet or an Arrow IPC file (real UTC timestamps) for pandas, polars, DuckDB."""
-    from ledger.commands import export_command
+    from ledger.cost.commands import export_command
 
     o = _merge(ctx, "export", ("home", "since", "until", "user", "as_json"), home=home, since=since, until=until,
                user=user, as_json=as_json)
@@ -170,7 +170,7 @@ def ledger_verify(
     as_json: JsonOpt = False,
 ) -> None:
     """Hash chain, schema and every byte; with --against, an RFC 6962 proof that the ledger only grew."""
-    from ledger.commands import verify_command
+    from ledger.cost.commands import verify_command
 
     o = _merge(ctx, "verify", ("home", "as_json"), home=home, as_json=as_json)
     report(lambda: verify_command(o["home"], against), bool(o["as_json"]))
@@ -191,7 +191,7 @@ def ledger_reconcile(ctx: typer.Context, home: HomeOpt = None, as_json: JsonOpt 
 @ledger_app.command("head", cls=OrchCommand, epilog=examples("orch ledger head", "orch ledger --home X head --json"))
 def ledger_head(ctx: typer.Context, home: HomeOpt = None, as_json: JsonOpt = False) -> None:
     """The RFC 6962 tree head SIZE:ROOT over the record hashes."""
-    from ledger.commands import head_command
+    from ledger.cost.commands import head_command
 
     o = _merge(ctx, "head", ("home", "as_json"), home=home, as_json=as_json)
     report(lambda: head_command(o["home"]), bool(o["as_json"]))
@@ -200,7 +200,7 @@ def ledger_head(ctx: typer.Context, home: HomeOpt = None, as_json: JsonOpt = Fal
 @ledger_app.command("repair", cls=OrchCommand, epilog=examples("orch ledger repair", "orch ledger --home X repair"))
 def ledger_repair(ctx: typer.Context, home: HomeOpt = None, as_json: JsonOpt = False) -> None:
     """Move a torn tail aside into a file next to the ledger (never deleted)."""
-    from ledger.commands import repair_command
+    from ledger.cost.commands import repair_command
 
     o = _merge(ctx, "repair", ("home", "as_json"), home=home, as_json=as_json)
     report(lambda: repair_command(o["home"]), bool(o["as_json"]))

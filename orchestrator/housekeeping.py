@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from ledger.store import Ledger
+from ledger.cost.store import Ledger
 from orchestrator.sealing import unseal_for_removal
 from protocol.errors import UsageError
 from protocol.home import OWNERS_DIR, Home, validate_run_id

@@ -20,9 +20,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ledger.salt import host_hash
-from ledger.store import Ledger
-from ledger.witness import check_witnessed, record_head, repository_root
+from ledger.cost.salt import host_hash
+from ledger.cost.store import Ledger
+from ledger.cost.witness import check_witnessed, record_head, repository_root
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from manifests.sources import arm_source_dir
 from orchestrator import gpu_lock, slurm
@@ -527,7 +527,7 @@ def launch(
         raise RunFailedError(f"run {run_id}: package {failed} {statuses.get(failed)}" + (f" ({note})" if note else "")
                              + "; later packages not run, no audit written", result)
     # the evidence is complete: the audit is computed and written now, before anyone reads a quality metric
-    from ledger.audit import audit_run
+    from ledger.verdict.audit import audit_run
 
     audited = audit_run(home.root, run_id)
     result.audit = audited.document

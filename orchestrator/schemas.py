@@ -29,7 +29,7 @@ def schema_document(kind: str) -> dict[str, Any]:
 
         schema = GpuRunRecord.model_json_schema(by_alias=True)
     elif kind == "ledger-record":
-        from ledger.record import LedgerRecordV2
+        from ledger.cost.record import LedgerRecordV2
 
         schema = LedgerRecordV2.model_json_schema()
     else:

@@ -4,7 +4,7 @@ Each module runs in its own scratch copy of the tree (.mutation/<module>/), so t
 its per-function test selection never mix modules. Not part of CI (minutes per module on two cores).
 
     python scripts/mutation.py                      # every module of MODULES
-    python scripts/mutation.py ledger/windows.py    # some of them
+    python scripts/mutation.py ledger/verdict/windows.py    # some of them
     python scripts/mutation.py --timeout 900 --max-children 2 --json .mutation/scores.json
 """
 
@@ -38,33 +38,34 @@ class Target:
 
 
 MODULES: dict[str, Target] = {
-    "ledger/windows.py": Target(("tests/test_windows.py",), equivalent={
+    "ledger/verdict/windows.py": Target(("tests/test_windows.py",), equivalent={
         **dict.fromkeys(
-            ("ledger.windows.x__window__mutmut_7", "ledger.windows.x__window__mutmut_10",
-             "ledger.windows.x__window__mutmut_11"),
+            ("ledger.verdict.windows.x__window__mutmut_7", "ledger.verdict.windows.x__window__mutmut_10",
+             "ledger.verdict.windows.x__window__mutmut_11"),
             "zip(ROLES, (a, c, b), strict=...): both are always three long, strictness cannot change a result"),
-        "ledger.windows.x__window__mutmut_53": "'faster' if ratio >= 1.0: the words branch runs only beyond the noise, "
-                                               "and a ratio of exactly 1 is always within it (|1 - 1| = 0 <= noise)",
+        "ledger.verdict.windows.x__window__mutmut_53": "'faster' if ratio >= 1.0: the words branch runs only beyond "
+                                                       "the noise, and a ratio of exactly 1 is always within it "
+                                                       "(|1 - 1| = 0 <= noise)",
     }),
-    "ledger/stats.py": Target(("tests/test_stats.py",)),
-    "ledger/verdict.py": Target(("tests/test_stats.py", "tests/test_audit.py")),
-    "ledger/merkle.py": Target(("tests/test_merkle.py",), equivalent={
-        "ledger.merkle.x__subproof__mutmut_27": "complete=None instead of False: only its truth is read",
+    "ledger/verdict/stats.py": Target(("tests/test_stats.py",)),
+    "ledger/verdict/decision.py": Target(("tests/test_stats.py", "tests/test_audit.py")),
+    "ledger/cost/merkle.py": Target(("tests/test_merkle.py",), equivalent={
+        "ledger.cost.merkle.x__subproof__mutmut_27": "complete=None instead of False: only its truth is read",
         **dict.fromkeys(
-            ("ledger.merkle.x_prefix_roots__mutmut_16", "ledger.merkle.x_prefix_roots__mutmut_29",
-             "ledger.merkle.x_prefix_roots__mutmut_30"),
+            ("ledger.cost.merkle.x_prefix_roots__mutmut_16", "ledger.cost.merkle.x_prefix_roots__mutmut_29",
+             "ledger.cost.merkle.x_prefix_roots__mutmut_30"),
             "prefix_roots' heights are only compared with each other for equality: starting at 1, or counting "
             "by -1 or 2, relabels every height one-to-one and merges exactly the same subtrees"),
     }),
     "manifests/core.py": Target(("tests/test_manifests.py",)),
     "protocol/recipe.py": Target(("tests/test_recipe.py", "tests/test_protocol.py", "tests/test_model_declared.py")),
     "protocol/schema.py": Target(("tests/test_protocol.py", "tests/test_model_declared.py", "tests/test_recipe.py")),
-    "ledger/exactness.py": Target(("tests/test_audit.py",)),
-    "ledger/audit.py": Target(("tests/test_audit.py", "tests/test_audit_evidence.py")),
-    "ledger/record.py": Target(("tests/test_ledger_store.py", "tests/test_ledger_chain.py")),
-    "ledger/store.py": Target(("tests/test_ledger_store.py", "tests/test_ledger_chain.py",
+    "ledger/verdict/exactness.py": Target(("tests/test_audit.py",)),
+    "ledger/verdict/audit.py": Target(("tests/test_audit.py", "tests/test_audit_evidence.py")),
+    "ledger/cost/record.py": Target(("tests/test_ledger_store.py", "tests/test_ledger_chain.py")),
+    "ledger/cost/store.py": Target(("tests/test_ledger_store.py", "tests/test_ledger_chain.py",
                                "tests/test_ledger_accounting.py")),
-    "ledger/hygiene.py": Target(("tests/test_hygiene.py",)),
+    "ledger/files/hygiene.py": Target(("tests/test_hygiene.py",)),
     "workers/probe.py": Target(("tests/test_probe_timing.py", "tests/test_probe_discovery.py"), forkserver=True),
 }
 

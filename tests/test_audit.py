@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ledger.audit import audit_run
-from ledger.document import AUDIT_SCHEMA, canonical_bytes
-from ledger.evidence import IncompleteRunError
-from ledger.store import Ledger
+from ledger.cost.store import Ledger
+from ledger.verdict.audit import audit_run
+from ledger.verdict.document import AUDIT_SCHEMA, canonical_bytes
+from ledger.verdict.evidence import IncompleteRunError
 from manifests.core import hash_tree
 from protocol.errors import FailedError
 from protocol.home import resolve_home
@@ -452,7 +452,7 @@ def test_fp16_op_is_named(tmp_path: Path) -> None:
 
 
 def test_what_the_watch_let_through_and_could_not_inspect_is_shown(tmp_path: Path) -> None:
-    from ledger.report import exactness_lines
+    from ledger.verdict.report import exactness_lines
 
     make_run(tmp_path, spec=RunSpec(watch=True))
     doc = audit_run(tmp_path, "run1").document

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from test_audit import WRITTEN, make_run
 
-from ledger.audit import audit_run
-from ledger.evidence import IncompleteRunError
+from ledger.verdict.audit import audit_run
+from ledger.verdict.evidence import IncompleteRunError
 
 
 @pytest.mark.parametrize("status", ["interrupted", "failed", "running"])

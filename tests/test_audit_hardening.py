@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from test_audit import RunSpec, make_run
 
-from ledger.audit import audit_run
-from ledger.evidence import IncompleteRunError
-from ledger.recipe_check import is_vit, structure_differences
+from ledger.verdict.audit import audit_run
+from ledger.verdict.evidence import IncompleteRunError
+from ledger.verdict.recipe_check import is_vit, structure_differences
 from protocol.results import ObservedRecipe, ParamGroup
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from ledger.hygiene import scan_paths
+from ledger.files.hygiene import scan_paths
 from orchestrator.blinding import quarantine, seal_outputs
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64

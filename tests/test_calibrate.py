@@ -14,9 +14,9 @@ import pytest
 import yaml
 from test_audit import HOST, make_run
 
-from ledger.audit import audit_run
-from ledger.calibration import CALIBRATION_FILE, Calibration
-from ledger.store import Ledger
+from ledger.cost.store import Ledger
+from ledger.verdict.audit import audit_run
+from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
 from orchestrator.calibrate import aa_protocol
 from protocol.home import resolve_home
 from protocol.schema import load_protocol

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from ledger.cost.store import Ledger
 from ledger.render import print_whole, whole_table
-from ledger.store import Ledger
 from protocol.audit_doc import AuditDocument, EvidenceDocument
 from protocol.gpu_record import GpuRunRecord
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.document import canonical_bytes
-from ledger.record import canonical_json as record_canonical_json
-from ledger.record import seal
-from ledger.store import Ledger
+from ledger.cost.record import canonical_json as record_canonical_json
+from ledger.cost.record import seal
+from ledger.cost.store import Ledger
+from ledger.verdict.document import canonical_bytes
 from manifests.core import Entry, hash_tree, load_manifest, root_digest
 from protocol.plan import package_names
 from protocol.schema import Protocol, canonical_json, load_protocol, protocol_id

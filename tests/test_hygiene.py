@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.hygiene import Finding, scan_paths, this_host_names
+from ledger.files.hygiene import Finding, scan_paths, this_host_names
 
 HOSTS = ["gpu-node-17.cluster.internal", "gpu-node-17"]
 
@@ -180,7 +180,7 @@ def test_cli_passes_over_the_repository(repo: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["a", "b", "p", "r", "s"])
 def test_a_slack_token_is_a_credential(kind: str) -> None:
-    from ledger.hygiene import scan_text
+    from ledger.files.hygiene import scan_text
 
     token = "xox" + kind + "-" + "1234567890-abcdefABCDEF"  # assembled, so this file passes hygiene itself
     found = scan_text("cfg.env", f"SLACK={token}\n", [])
@@ -190,6 +190,6 @@ def test_a_slack_token_is_a_credential(kind: str) -> None:
 
 @pytest.mark.parametrize("text", ["xox" + "q-1234567890-abcdef", "xox" + "b-12345678", "axox" + "b-1234567890abc"])
 def test_what_only_resembles_a_slack_token_is_not_a_credential(text: str) -> None:
-    from ledger.hygiene import scan_text
+    from ledger.files.hygiene import scan_text
 
     assert scan_text("cfg.env", f"SLACK={text}\n", []) == []

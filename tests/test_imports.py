@@ -1,7 +1,8 @@
 """The project's own import graph, read with ast: no cycle, and every arrow points down the layers of STYLE.md.
 
 protocol <- manifests <- ledger <- orchestrator, and protocol <- workers; nothing imports orchestrator, and the CPU
-side never imports workers (they run as subprocesses). Function-level and TYPE_CHECKING imports count too.
+side never imports workers (they run as subprocesses). Inside ledger: cost <- verdict <- files. Function-level and
+TYPE_CHECKING imports count too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,19 @@ ALLOWED = {
     "workers": {"protocol", "workers"},
     "orchestrator": {"protocol", "manifests", "ledger", "orchestrator"},
 }
+
+
+# inside ledger, what each family may import of the ledger (ledger.render and the package itself are shared)
+LEDGER_ALLOWED = {
+    "cost": {"cost"},
+    "verdict": {"cost", "verdict"},
+    "files": {"cost", "verdict", "files"},
+}
+
+
+def _family(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "ledger" and len(parts) > 2 and parts[1] in LEDGER_ALLOWED else None
 
 
 def _module_name(path: Path) -> str:
@@ -99,7 +113,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_the_imports_it_must_judge() -> None:
     graph = import_graph()
-    assert "ledger.store" in graph["ledger.audit"] and "protocol.hashing" in graph["manifests.core"]
+    assert "ledger.cost.store" in graph["ledger.verdict.audit"] and "protocol.hashing" in graph["manifests.core"]
     assert "workers.digest_triton" in graph["workers.digest"]  # a function-level import is an edge
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -116,3 +130,15 @@ def test_no_upward_import() -> None:
         if dst.split(".")[0] not in ALLOWED[src.split(".")[0]]
     )
     assert upward == []
+
+
+def test_ledger_families_point_one_way() -> None:
+    against = sorted(
+        f"{src} -> {dst}"
+        for src, targets in import_graph().items()
+        for dst in targets
+        if (family := _family(src)) is not None
+        and dst.startswith("ledger.")
+        and (_family(dst) or "shared") not in LEDGER_ALLOWED[family] | {"shared"}
+    )
+    assert against == []

@@ -20,8 +20,8 @@ import pyarrow.ipc as ipc
 import pytest
 import yaml
 
-from ledger.store import Ledger
-from ledger.verdict import exit_code as verdict_exit_code
+from ledger.cost.store import Ledger
+from ledger.verdict.decision import exit_code as verdict_exit_code
 from orchestrator import gpu_lock
 
 REPO = Path(__file__).resolve().parents[1]

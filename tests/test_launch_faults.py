@@ -18,7 +18,7 @@ import pytest
 from test_launch import edit_protocol, env, launch_cmd, lock_is_free, make_project, records, wait_for
 from test_ledger_store import offsets
 
-from ledger.store import Ledger
+from ledger.cost.store import Ledger
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ledger.store import Ledger
+from ledger.cost.store import Ledger
 from manifests.core import hash_tree
 from orchestrator import launch as launch_mod
 from orchestrator.launch import PLAN, RunContext, VerifiedArm, _cpu_grant, _run_all

@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ledger.accounting import columns_for, render_csv, render_json, render_table, summarize
-from ledger.store import Ledger
+from ledger.cost.accounting import columns_for, render_csv, render_json, render_table, summarize
+from ledger.cost.store import Ledger
 from orchestrator.cli import app
 from protocol.errors import UsageError
 from protocol.home import resolve_home

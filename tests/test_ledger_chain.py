@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ledger.record import GENESIS, record_message, schema_message, seal
-from ledger.store import Ledger
+from ledger.cost.record import GENESIS, record_message, schema_message, seal
+from ledger.cost.store import Ledger
 
 BASE: dict[str, Any] = {"run_id": "r", "package": "checks", "kind": "checks", "arm": None, "gpus": 1,
                         "protocol_id": "b" * 64, "host": "a" * 64, "started": "2026-01-01T00:00:00Z"}

@@ -15,10 +15,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ledger.export import ledger_table
-from ledger.merkle import parse_head
-from ledger.record import login_name
-from ledger.store import Ledger
+from ledger.cost.export import ledger_table
+from ledger.cost.merkle import parse_head
+from ledger.cost.record import login_name
+from ledger.cost.store import Ledger
 
 REPO = Path(__file__).resolve().parents[1]
 V1 = REPO / "tests" / "fixtures" / "ledger_v1.arrows"

@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.layout import layout
-from ledger.merkle import TreeHead, parse_head
-from ledger.record import GENESIS, schema_message
-from ledger.salt import host_hash
-from ledger.store import Ledger
+from ledger.cost.layout import layout
+from ledger.cost.merkle import TreeHead, parse_head
+from ledger.cost.record import GENESIS, schema_message
+from ledger.cost.salt import host_hash
+from ledger.cost.store import Ledger
 from protocol.errors import FailedError, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -279,7 +279,7 @@ def test_failed_write_leaves_the_ledger_unchanged(ledger: Ledger, monkeypatch: p
         real(fd, bytes(data[: len(data) // 2]), offset)
         raise OSError(28, "No space left on device")
 
-    import ledger.store as store
+    import ledger.cost.store as store
 
     monkeypatch.setattr(store.os, "pwrite", half_then_full)
     with pytest.raises(FailedError, match="No space left"):
@@ -296,7 +296,7 @@ def test_file_size_limit_fails_cleanly_in_a_real_process(ledger: Ledger) -> None
         import resource, sys
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from ledger.store import Ledger
+        from ledger.cost.store import Ledger
         from protocol.errors import FailedError
         resource.setrlimit(resource.RLIMIT_FSIZE, ({len(before) + 100}, resource.RLIM_INFINITY))
         try:
@@ -317,7 +317,7 @@ def test_two_processes_append_concurrently(ledger: Ledger) -> None:
         import sys
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from ledger.store import Ledger
+        from ledger.cost.store import Ledger
         led = Ledger(Path({str(ledger.path)!r}), fsync=False)
         for i in range(5000):
             led.append(run_id="w" + sys.argv[1], package="train-A", kind="train", status="ok", protocol_id="p",

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger import merkle
+from ledger.cost import merkle
 
 # RFC 6962 test leaves and roots as published with certificate-transparency / trillian
 LEAVES = [bytes.fromhex(x) for x in ["", "00", "10", "2021", "3031", "40414243", "5051525354555657",

@@ -9,7 +9,7 @@ import pytest
 from protocolutil import BAGEL, bagel_variant
 from typer.testing import CliRunner
 
-from ledger.recipe_check import model_differences
+from ledger.verdict.recipe_check import model_differences
 from orchestrator.cli import app
 from protocol.errors import RefusedError
 from protocol.results import ObservedRecipe

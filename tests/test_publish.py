@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from test_audit import RunSpec, make_run
 
-from ledger.audit import audit_run
-from ledger.hygiene import scan_paths
-from ledger.publish import EVIDENCE_SCHEMA, publish_run
+from ledger.files.hygiene import scan_paths
+from ledger.files.publish import EVIDENCE_SCHEMA, publish_run
+from ledger.verdict.audit import audit_run
 from protocol.errors import RefusedError
 
 

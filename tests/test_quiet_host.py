@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from ledger.host_report import quiet_host_doc
+from ledger.verdict.host_report import quiet_host_doc
 from protocol.quiet_host import QuietHost
 from workers.quiet_host import HostWatch
 

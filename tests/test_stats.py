@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.stats import speedup_interval, t_cdf, t_quantile, triplets_needed
-from ledger.verdict import decide, launch_windows
+from ledger.verdict.decision import decide, launch_windows
+from ledger.verdict.stats import speedup_interval, t_cdf, t_quantile, triplets_needed
 from protocol.plan import arm_of, launch_labels
 
 SIMS = 300

@@ -331,7 +331,7 @@ def _home_write(work: Work) -> Row:
             "    _seen.append('witness writable')\n"
             "except OSError as exc:\n"
             "    _seen.append(f'witness: {exc.strerror}')\n"
-            "from ledger.store import Ledger as _L\n"
+            "from ledger.cost.store import Ledger as _L\n"
             "_L(_home / 'ledger' / 'ledger.arrows').append(run_id='forged', package='forged', kind='checks',\n"
             "    status='not-run', protocol_id='forged')\n"
             "_seen.append('ledger record appended')")

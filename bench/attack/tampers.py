@@ -53,7 +53,7 @@ def _cut(path: Path, size: int) -> None:
 
 
 def _ledger_api() -> Any:
-    from ledger.store import Ledger  # orch's own code, as a forger would use it
+    from ledger.cost.store import Ledger  # orch's own code, as a forger would use it
 
     return Ledger
 

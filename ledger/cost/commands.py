@@ -16,10 +16,10 @@ import pyarrow as pa
 import typer
 from rich.console import Console
 
-from ledger.accounting import FORMATS, columns_for, render_csv, render_table, summarize, summary_document
-from ledger.merkle import parse_head
+from ledger.cost.accounting import FORMATS, columns_for, render_csv, render_table, summarize, summary_document
+from ledger.cost.merkle import parse_head
+from ledger.cost.store import Ledger
 from ledger.render import print_whole
-from ledger.store import Ledger
 from protocol.errors import FailedError, UsageError
 from protocol.home import Home, resolve_home
 
@@ -53,7 +53,7 @@ def summary_command(home: Path | None, by: str, since: str | None, fmt: str, *, 
     """GPU-seconds, wall seconds, lock wait, package counts and failures per group, and correct totals."""
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
-    from ledger.export import ledger_table
+    from ledger.cost.export import ledger_table
 
     ledger = _ledger(home)
     table = ledger_table(ledger, columns_for(by, since, until), user=user)
@@ -76,7 +76,7 @@ def summary_command(home: Path | None, by: str, since: str | None, fmt: str, *, 
 def list_command(home: Path | None, fields: str | None, since: str | None, until: str | None, user: str | None,
                  run: str | None, parsable: bool) -> dict[str, Any]:
     """One line per record, sacct-like: chosen fields, time bounds, one user or run."""
-    from ledger.export import LIST_DEFAULT, field_help, ledger_table, list_fields, select_records
+    from ledger.cost.export import LIST_DEFAULT, field_help, ledger_table, list_fields, select_records
 
     if fields is not None and fields.strip().lower() == "help":
         typer.echo(field_help())
@@ -126,7 +126,7 @@ def _json_value(value: Any) -> Any:
 def export_command(home: Path | None, to: Path, since: str | None, until: str | None,
                    user: str | None) -> dict[str, Any]:
     """Write Parquet or an Arrow IPC file of the (selected) records, with real UTC timestamps."""
-    from ledger.export import export_table, ledger_table, select_records
+    from ledger.cost.export import export_table, ledger_table, select_records
 
     ledger = _existing(home)
     table = select_records(ledger_table(ledger, None, user=user), since=since, until=until)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ledger.accounting import INSTANT, as_instant, as_timestamps, instants, parse_since
-from ledger.store import Ledger
+from ledger.cost.accounting import INSTANT, as_instant, as_timestamps, instants, parse_since
+from ledger.cost.store import Ledger
 from protocol.errors import FailedError, UsageError
 
 # what export writes: every data column; `canonical` (the hashed JSON) stays in the ledger
@@ -65,7 +65,7 @@ def select_records(table: pa.Table, *, since: str | None = None, until: str | No
 
 
 def field_help() -> str:
-    from ledger.record import ARROW_FIELDS_V2
+    from ledger.cost.record import ARROW_FIELDS_V2
 
     return " ".join(name for name, _ in ARROW_FIELDS_V2 if name not in EXPORT_DROP)
 

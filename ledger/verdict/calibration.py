@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ledger.record import LedgerRecord
+from ledger.cost.record import LedgerRecord
 
 CALIBRATION_SCHEMA = "orch.calibration/1"
 CALIBRATION_FILE = "calibration.json"

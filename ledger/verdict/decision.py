@@ -9,8 +9,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledger.stats import Interval, speedup_interval
-from ledger.windows import Speedup, speedup, window_steps
+from ledger.verdict.stats import Interval, speedup_interval
+from ledger.verdict.windows import Speedup, speedup, window_steps
 from protocol.plan import Triplet, arm_of
 
 ACCEPTED, NO_DIFFERENCE, NOT_EXACT = "accepted", "no difference shown", "not exact"

@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ledger.layout import Columns
-from ledger.orphans import empty_keys
-from ledger.record import GENESIS, canonical_json, record_class, record_from_row, record_message, schema_message
-from ledger.scan import UNPARSEABLE, decode_message, file_version, scan_messages
+from ledger.cost.layout import Columns
+from ledger.cost.orphans import empty_keys
+from ledger.cost.record import GENESIS, canonical_json, record_class, record_from_row, record_message, schema_message
+from ledger.cost.scan import UNPARSEABLE, decode_message, file_version, scan_messages
 
 MAX_PROBLEMS = 20  # a broken chain repeats; the first problems say where it broke
 VERIFY_CHUNK = 8192  # records per hashing task: small enough to balance two processes, large enough to be cheap

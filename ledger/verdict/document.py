@@ -1,6 +1,7 @@
 """The audit document (orch.audit/1) of one verified, complete run, its canonical bytes, and the audit's result.
 
-Pure: computed from the loaded evidence (ledger/evidence.py); written and recorded by the command (ledger/audit.py).
+Pure: computed from the loaded evidence (ledger/verdict/evidence.py); written and recorded by the command
+(ledger/verdict/audit.py).
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledger.evidence import RunEvidence
-from ledger.exactness import Exactness, Mismatch, exactness
-from ledger.host_report import clock_doc, quiet_host_doc
 from ledger.probe_cost import probe_cost_doc
-from ledger.verdict import decide, drift_notes, interval_doc, replication_doc, run_interval, triplet_speedups
-from ledger.windows import Speedup, step_times
+from ledger.verdict.decision import decide, drift_notes, interval_doc, replication_doc, run_interval, triplet_speedups
+from ledger.verdict.evidence import RunEvidence
+from ledger.verdict.exactness import Exactness, Mismatch, exactness
+from ledger.verdict.host_report import clock_doc, quiet_host_doc
+from ledger.verdict.windows import Speedup, step_times
 from protocol.hashing import canonical_json
 from protocol.plan import ARMS, BASELINE_ROLES, KINDS, ROLES, launch_labels, replay_label, triplets
 
@@ -227,7 +228,8 @@ def scope_sentence(first: int, last: int, ranks: int) -> str:
 def compute_audit(
     ev: RunEvidence, head: tuple[int, str], audited_at: str, calibration: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The audit document (orch.audit/1) of one verified, complete run; calibration: ledger.calibration's block."""
+    """The audit document (orch.audit/1) of one verified, complete run; calibration: the block of
+    ledger.verdict.calibration."""
     m = ev.protocol.measurement
     labels = launch_labels(m.repeats)
     trips = triplets(m.repeats)

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger import merkle
-from ledger.merkle import TreeHead
-from ledger.salt import ledger_salt
-from ledger.store import Ledger
+from ledger.cost import merkle
+from ledger.cost.merkle import TreeHead
+from ledger.cost.salt import ledger_salt
+from ledger.cost.store import Ledger
 from protocol.errors import FailedError
 from protocol.home import Home
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
 
-from ledger.orphans import compact_pairs, encode, unclosed
-from ledger.record import FAILURES, VERDICTS, LedgerRecord, utc_iso
+from ledger.cost.orphans import compact_pairs, encode, unclosed
+from ledger.cost.record import FAILURES, VERDICTS, LedgerRecord, utc_iso
 from protocol.errors import UsageError
 
 By = Literal["run", "arm", "kind", "day", "protocol"]
@@ -79,7 +79,7 @@ def _as_table(records: pa.Table | Sequence[LedgerRecord]) -> pa.Table:
     if isinstance(records, pa.Table):
         return records
     rows = [r.model_dump(include=set(SUMMARY_COLUMNS)) for r in records]
-    from ledger.record import SCHEMA
+    from ledger.cost.record import SCHEMA
 
     schema = pa.schema([SCHEMA.field(name) for name in SUMMARY_COLUMNS])
     return pa.Table.from_pylist(rows, schema=schema)

@@ -20,11 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import ValidationError
 
-from ledger import merkle
-from ledger.layout import Columns, frame, index_valid, layout
-from ledger.merkle import TreeHead
-from ledger.orphans import orphans_of
-from ledger.record import (
+from ledger.cost import merkle
+from ledger.cost.layout import Columns, frame, index_valid, layout
+from ledger.cost.merkle import TreeHead
+from ledger.cost.orphans import orphans_of
+from ledger.cost.record import (
     ASSIGNED,
     GENESIS,
     LATEST,
@@ -38,10 +38,10 @@ from ledger.record import (
     scrub_note,
     seal,
 )
-from ledger.repair import repair_torn_tail
-from ledger.salt import host_hash
-from ledger.scan import UNPARSEABLE, decode_message, decode_or_fail, file_version, scan_messages
-from ledger.verify import MAX_PROBLEMS, VERIFY_CHUNK, VerifyReport, verify_fast, verify_slow
+from ledger.cost.repair import repair_torn_tail
+from ledger.cost.salt import host_hash
+from ledger.cost.scan import UNPARSEABLE, decode_message, decode_or_fail, file_version, scan_messages
+from ledger.cost.verify import MAX_PROBLEMS, VERIFY_CHUNK, VerifyReport, verify_fast, verify_slow
 from protocol.errors import FailedError, UsageError
 from protocol.fileio import fsync_dir
 
@@ -376,7 +376,7 @@ class Ledger:
         return VerifyReport(**report)
 
     def _verify_fast(self, buf: Any, size: int) -> tuple[int, pa.Table] | None:
-        """The vectorised verification (ledger.verify.verify_fast); None unless every check passes."""
+        """The vectorised verification (ledger.cost.verify.verify_fast); None unless every check passes."""
         return verify_fast(self._columns(buf, size), buf, size, self.verify_chunk)
 
     def record_hashes(self) -> list[bytes]:

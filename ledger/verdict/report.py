@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from ledger.render import print_whole, whole_table
-from ledger.verdict import interval_text, verdict_lines
+from ledger.verdict.decision import interval_text, verdict_lines
 from protocol.plan import ROLES
 
 if TYPE_CHECKING:
-    from ledger.document import AuditResult
+    from ledger.verdict.document import AuditResult
 
 ARM_COLORS = {"A": "#1f77b4", "C": "#d62728", "B": "#2ca02c"}
 VERDICT_STYLE = {"accepted": "bold green", "no difference shown": "bold yellow", "not exact": "bold red"}

@@ -11,8 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ledger.layout import frame, layout
-from ledger.record import LATEST, VERSIONS, schema_message, schema_of
+from ledger.cost.layout import frame, layout
+from ledger.cost.record import LATEST, VERSIONS, schema_message, schema_of
 from protocol.errors import FailedError
 
 # what pyarrow and the decoding below raise on bytes that are not a ledger record

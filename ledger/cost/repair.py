@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ledger.layout import CONTINUATION
-from ledger.scan import UNPARSEABLE, decode_message, message_length, scan_messages
+from ledger.cost.layout import CONTINUATION
+from ledger.cost.scan import UNPARSEABLE, decode_message, message_length, scan_messages
 from protocol.errors import FailedError
 from protocol.fileio import fsync_dir
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.recipe_check import model_differences, recipe_differences, structure_differences
+from ledger.verdict.recipe_check import model_differences, recipe_differences, structure_differences
 from protocol.plan import ROLES
 from protocol.results import ReloadResult, StepRecord, TrainResult
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from rich.console import Console
 
-from ledger.hygiene import scan_bytes, this_host_names
-from ledger.store import Ledger
-from ledger.witness import EVIDENCE_DIR, ledger_id, record_head, repository_root
+from ledger.cost.store import Ledger
+from ledger.cost.witness import EVIDENCE_DIR, ledger_id, record_head, repository_root
+from ledger.files.hygiene import scan_bytes, this_host_names
 from protocol.errors import RefusedError, UsageError
 from protocol.fileio import write_atomic
 from protocol.hashing import canonical_json

@@ -4,8 +4,8 @@ run.json and the ledger. Each problem is one line; an empty list means the evide
 
 from __future__ import annotations
 
-from ledger.evidence import RunEvidence
-from ledger.store import Ledger
+from ledger.cost.store import Ledger
+from ledger.verdict.evidence import RunEvidence
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from protocol.errors import OrchError
 from protocol.hashing import sha256_file

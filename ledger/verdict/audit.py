@@ -15,8 +15,12 @@ from typing import Any
 
 from rich.console import Console
 
-from ledger.calibration import find_calibration
-from ledger.document import (
+from ledger.cost.record import LedgerRecord
+from ledger.cost.store import Ledger
+from ledger.cost.witness import check_witnessed, record_head, repository_root
+from ledger.verdict.calibration import find_calibration
+from ledger.verdict.decision import exit_code
+from ledger.verdict.document import (
     ADDED_LATER,
     AUDIT_UNITS,
     AuditResult,
@@ -25,13 +29,9 @@ from ledger.document import (
     compute_audit,
     evidence_part,
 )
-from ledger.evidence import IncompleteRunError, RunEvidence, collect_evidence
-from ledger.integrity import verify_integrity
-from ledger.record import LedgerRecord
-from ledger.report import plot_step_times, render_markdown, render_terminal
-from ledger.store import Ledger
-from ledger.verdict import exit_code
-from ledger.witness import check_witnessed, record_head, repository_root
+from ledger.verdict.evidence import IncompleteRunError, RunEvidence, collect_evidence
+from ledger.verdict.integrity import verify_integrity
+from ledger.verdict.report import plot_step_times, render_markdown, render_terminal
 from protocol.errors import FailedError
 from protocol.fileio import write_atomic
 from protocol.home import resolve_home

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ledger.record import LedgerRecord
-from ledger.store import Ledger
+from ledger.cost.record import LedgerRecord
+from ledger.cost.store import Ledger
 from protocol.errors import FailedError, UsageError
 from protocol.hashing import sha256_file
 from protocol.home import Home

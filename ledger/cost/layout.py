@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ledger.record import GENESIS, LATEST, NON_NULL, canonical_json, fields_of, record_class, record_message
+from ledger.cost.record import GENESIS, LATEST, NON_NULL, canonical_json, fields_of, record_class, record_message
 
 CONTINUATION = 0xFFFFFFFF
 _HEAD = struct.Struct("<Ii")
