@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from ledger.salt import ledger_salt
+from ledger.cost.salt import ledger_salt
 from protocol.errors import FailedError, LockTimeoutError, RefusedError
 from protocol.package import SlurmStep
 from protocol.schema import SlurmLauncher

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from ledger.store import Ledger
+from ledger.cost.store import Ledger
 from orchestrator.slurm import STEP_NOTE, gres_gpus
 from protocol.errors import FailedError
 from protocol.home import resolve_home

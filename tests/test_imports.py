@@ -1,8 +1,8 @@
 """The project's own import graph, read with ast: no cycle, and every arrow points down the layers of STYLE.md.
 
-protocol <- manifests <- ledger <- orchestrator, and protocol <- workers; nothing imports orchestrator, and the CPU
-side never imports workers (they run as subprocesses). Inside ledger: cost <- verdict <- files. Function-level and
-TYPE_CHECKING imports count too.
+protocol <- manifests <- ledger <- orchestrator, and protocol, manifests <- workers; nothing imports orchestrator,
+and the CPU side never imports workers (they run as subprocesses). Inside ledger: cost <- verdict <- files.
+Function-level and TYPE_CHECKING imports count too.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ ALLOWED = {
     "protocol": {"protocol"},
     "manifests": {"protocol", "manifests"},
     "ledger": {"protocol", "manifests", "ledger"},
-    "workers": {"protocol", "workers"},
+    "workers": {"protocol", "manifests", "workers"},
     "orchestrator": {"protocol", "manifests", "ledger", "orchestrator"},
 }
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from slurm_cluster import Cluster, missing
 
-from ledger.store import Ledger
+from ledger.cost.store import Ledger
 from orchestrator.slurm import node_hash
 
 REPO = Path(__file__).resolve().parents[1]

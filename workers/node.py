@@ -82,7 +82,7 @@ def rendezvous_args(spec: PackageSpec, host: str, node_id: int) -> list[str]:
 def train(spec_path: str) -> int:
     """torchrun for this node's ranks under the probe; the node's clock stamps are written for the train worker."""
     from protocol.process import die_with_parent
-    from workers.train import torchrun_command
+    from workers.torchrun import torchrun_command
 
     spec = PackageSpec.model_validate_json(Path(spec_path).read_bytes())
     if spec.kind not in ("train", "replay") or spec.slurm is None:

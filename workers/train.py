@@ -31,33 +31,7 @@ from protocol.results import ObservedRecipe, RankSummary, StepRecord, TrainResul
 from workers.clock import StepClock
 from workers.common import RANK_FAILED_RE, WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
-
-
-def torchrun_command(spec: PackageSpec, clock: str | None = None, rendezvous: list[str] | None = None) -> list[str]:
-    """torchrun on one node; --standalone lets the c10d rendezvous bind a free local port itself.
-
-    `rendezvous`: the options of one node of a multi-node launch instead (workers.node, under Slurm)."""
-    if not spec.script:
-        raise WorkerFailed("train spec has no script")
-    if spec.ckpt_dir is None and not spec.watch_all:
-        raise WorkerFailed("train spec has no ckpt_dir")
-    target = ["-m", spec.script.split(None, 1)[1]] if spec.script.startswith("-m ") else [spec.script]
-    # the timed launches watch the warm-up only; the watched replay (untimed) watches every step
-    watch = f"0-{spec.steps - 1}" if spec.watch_all else f"0-{spec.warmup - 1}" if spec.warmup > 0 else "none"
-    ckpt = ["--ckpt-dir", spec.ckpt_dir] if spec.ckpt_dir is not None else []
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        *(rendezvous if rendezvous is not None else ["--standalone", f"--nproc_per_node={spec.nproc}"]),
-        "-m", "workers.probe",
-        "--out", spec.package_dir,
-        "--steps", str(spec.steps),
-        "--digest-steps", f"{spec.digest_first}-{spec.digest_last}",
-        "--watch-steps", watch,
-        *ckpt,
-        "--host-controls", ",".join(spec.host_controls) or "none",
-        *(["--clock-socket", clock] if clock is not None else []),
-        "--", *target, *spec.args,
-    ]  # fmt: skip
+from workers.torchrun import torchrun_command
 
 
 def _traceback_tail(log: Path, limit: int = 40) -> str:
