@@ -1,6 +1,6 @@
-"""Where an arm's sources come from (the working tree or `git archive REV`) and their check against a commitment.
+"""Where an arm's sources come from: the working tree, or an export of `git archive REV`.
 
-Used by `orch freeze --protocol`, `orch verify` and the launcher, so all three hash the same bytes the same way.
+Used by `orch freeze --protocol` and the launcher, so both hash the same tree the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from manifests.core import Manifest, diff_manifests, hash_tree, load_manifest
 from protocol.errors import RefusedError
 from protocol.schema import Arm, LoadedProtocol
 
@@ -50,16 +49,3 @@ def arm_source_dir(loaded: LoadedProtocol, arm: Arm, workdir: Path) -> Path:
     if out.exists():
         shutil.rmtree(out)
     return export_git_tree(root, arm.source.git, out)
-
-
-def verify_against(commitment_path: Path, root: Path, include: list[str] | None = None) -> Manifest:
-    """Hash root with the commitment's include globs; RefusedError with the diff when they differ."""
-    commitment = load_manifest(commitment_path)
-    actual = hash_tree(root, include if include is not None else commitment.include)
-    diff = diff_manifests(commitment, actual)
-    if not diff.equal:
-        raise RefusedError(
-            f"sources differ from {commitment_path.name}: {diff.summary()}; "
-            "run `orch freeze` if this is a new candidate"
-        )
-    return actual

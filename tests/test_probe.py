@@ -7,16 +7,48 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from workers.compare import first_mismatch
 from workers.probe import parse_steps
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
+
+
+# where two runs' step lines first differ (step, rank, tensor): what the audit's exactness does, kept small here
+def _index(lines: Iterable[Mapping[str, Any]]) -> dict[tuple[int, int], Mapping[str, str]]:
+    out: dict[tuple[int, int], Mapping[str, str]] = {}
+    for rec in lines:
+        digests = rec.get("digests")
+        if digests is not None:
+            out[(int(rec["step"]), int(rec["rank"]))] = digests
+    return out
+
+
+def first_mismatch(
+    steps_a: Iterable[Mapping[str, Any]], steps_b: Iterable[Mapping[str, Any]]
+) -> tuple[int, int, str] | None:
+    """First (step, rank, tensor name) whose digests differ, in step, rank, name order; None when all agree.
+
+    A (step, rank) present on one side only, or a name present on one side only, is a mismatch too
+    (tensor name "<missing step>" or the missing name).
+    """
+    a = _index(steps_a)
+    b = _index(steps_b)
+    for key in sorted(set(a) | set(b)):
+        step, rank = key
+        if key not in a or key not in b:
+            return step, rank, "<missing step>"
+        da, db = a[key], b[key]
+        for name in sorted(set(da) | set(db)):
+            if da.get(name) != db.get(name):
+                return step, rank, name
+    return None
 
 
 def run_probe(out: Path, steps: int, env: dict[str, str] | None = None, args: list[str] | None = None) -> int:

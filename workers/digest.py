@@ -57,9 +57,6 @@ def digest_many(tensors: Mapping[str, Any]) -> dict[str, str]:
     return {k: out[k] for k in tensors}
 
 
-def digest_tensor(t: Any) -> str:
-    return digest_many({"t": t})["t"]
-
 
 def combined_digest(digests: Mapping[str, str]) -> str:
     """SHA256 over sorted 'name=digest' lines: ranks and runs compare directly."""

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workers.tx128 import GOLD, KAE, KAO, KBE, KBO, byte_view, local_tensor, tensor_header, tx128_finalize
+from workers.tx128 import GOLD, KAE, KAO, KBE, KBO, byte_view, tensor_header, tx128_finalize
 
 DEFAULT_BLOCK = 1024  # chunks (16 B each) per loop iteration of a program: 16 KiB in flight
 DEFAULT_PROGRAMS_PER_SM = 8
@@ -574,7 +574,3 @@ def tx128_cuda_many(
     for t in tensors:
         batch.add(t)
     return batch.finish()
-
-
-def tx128_tensor(t: Any, block: int | None = None, programs: int | None = None) -> str:
-    return tx128_cuda_many([local_tensor(t)], block=block, programs=programs)[0]
