@@ -216,6 +216,11 @@ def shard_figures(label: str, named: dict[str, torch.Tensor], reps: int, sweep: 
             configs.append({"block": block, "programs_per_sm": pps, "maxnreg": "default" if maxnreg == -1 else maxnreg,
                             "kernel_only_s": s, "fraction_of_sum": sum_s / s})  # fmt: skip
         doc["kernel_configs"] = configs
+        groups = []  # the launch-group schedule of the host path (tx128_cuda_many, host work included)
+        for first, growth in (((32, 64 << 20), 2), ((32, 64 << 20), 4), ((8, 16 << 20), 2), ((1 << 30, 1 << 62), 1)):
+            s = time_cuda(lambda f=first, g=growth: tx128_cuda_many(dev, first_group=f, growth=g), reps)  # type: ignore[misc]
+            groups.append({"first_group": list(first), "growth": growth, "s": s, "fraction_of_sum": sum_s / s})
+        doc["group_schedules"] = groups
     return doc
 
 
@@ -282,6 +287,10 @@ def print_tables(doc: dict[str, Any]) -> None:
     for c in doc["sets"]["7b"].get("kernel_configs", []):
         print(f"  7b kernel alone: block {c['block']:5d}, {c['programs_per_sm']:2d} programs/SM, maxnreg "
               f"{c['maxnreg']!s:7}: {c['kernel_only_s'] * 1e3:8.3f} ms = {c['fraction_of_sum']:.3f} x sum")
+    for c in doc["sets"]["7b"].get("group_schedules", []):
+        sched = ("one launch after the walk" if c["growth"] == 1 else f"first group {c['first_group'][0]} tensors / "
+                 f"{c['first_group'][1] >> 20} MiB, growth {c['growth']}")  # fmt: skip
+        print(f"  7b tx128_cuda_many, {sched}: {c['s'] * 1e3:8.3f} ms = {c['fraction_of_sum']:.3f} x sum")
     st = doc["single_tensor"]
     print(f"single-tensor kernel tx128_partials (not the probe's path), {st['bytes'] / 2**30:.1f} GiB: default "
           f"{st['default_fraction_of_sum']:.3f} x sum, best {st['best_fraction_of_sum']:.3f} x sum "

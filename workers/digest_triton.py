@@ -469,7 +469,7 @@ class Tx128Batch:
     finish() makes the batch's one host copy. Values equal tx128_lanes_reference's for any block size and grid."""
 
     def __init__(self, device: torch.device, block: int | None = None, programs: int | None = None,
-                 capacity: int = 0, first_group: tuple[int, int] = _FIRST_GROUP,
+                 capacity: int = 0, first_group: tuple[int, int] = _FIRST_GROUP, growth: int = _GROUP_GROWTH,
                  maxnreg: int | None = -1) -> None:  # fmt: skip
         self.device = device
         self.block = block or int(os.environ.get("ORCH_TX128_BLOCK", DEFAULT_BLOCK))
@@ -490,6 +490,7 @@ class Tx128Batch:
         self.pending_bytes = 0
         self.group_start = 0
         self.limit = first_group  # tensors, bytes of the first launch group
+        self.growth = growth
 
     def add(self, t: Any) -> int:
         """Queue one tensor (on this batch's device); returns its index in finish()'s list."""
@@ -522,7 +523,7 @@ class Tx128Batch:
         self.group_start = len(self.tensors)
         self.pending = []
         self.pending_bytes = 0
-        self.limit = (self.limit[0] * _GROUP_GROWTH, self.limit[1] * _GROUP_GROWTH)
+        self.limit = (self.limit[0] * self.growth, self.limit[1] * self.growth)
         g = _group_table(key, self.anchor.data_ptr(), self.block, self.programs, self.device)
         if g is None:
             return
@@ -561,7 +562,7 @@ class Tx128Batch:
 
 def tx128_cuda_many(
     tensors: list[Any], block: int | None = None, programs: int | None = None,
-    first_group: tuple[int, int] = _FIRST_GROUP, capacity: int | None = None,
+    first_group: tuple[int, int] = _FIRST_GROUP, capacity: int | None = None, growth: int = _GROUP_GROWTH,
 ) -> list[str]:  # fmt: skip
     """tx128 digests of one device's tensors, read in place: a few launches and one host copy for any count."""
     if not tensors:
@@ -569,7 +570,7 @@ def tx128_cuda_many(
     device = tensors[0].device
     if any(t.device != device for t in tensors):
         raise ValueError("tx128_cuda_many needs tensors on one device; call it once per device")
-    batch = Tx128Batch(device, block=block, programs=programs, first_group=first_group,
+    batch = Tx128Batch(device, block=block, programs=programs, first_group=first_group, growth=growth,
                        capacity=len(tensors) if capacity is None else capacity)  # fmt: skip
     for t in tensors:
         batch.add(t)
