@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -77,12 +79,57 @@ def commit() -> dict[str, object]:
     return {"commit": head.stdout.strip() or None, "tracked_changes": bool(dirty.stdout.strip())}
 
 
+def document(rows: list[Row], only: list[str], started: float, timings: dict[str, float],
+             previous: Path | None) -> dict[str, Any]:
+    """The JSON summary: aggregate rows, counts and the provenance of the run (and, with --update, of the runs
+    whose families were kept)."""
+    run = {**commit(), "families": only,
+           "command": f"make attack (nice -n 5 .venv/bin/python bench/attack/battery.py --only {','.join(only)})",
+           "python": platform.python_version(),
+           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+           "wall_s": round(time.time() - started, 1), "step_seconds": timings}
+    attacks = [{"family": r.family, "attack": r.name, "expected": r.expected, "observed": r.observed, "pass": r.ok}
+               for r in rows]
+    runs = [run]
+    if previous is not None and previous.exists():
+        old = json.loads(previous.read_text())
+        kept = [a for a in old["attacks"] if a["family"] not in only]
+        attacks = sorted(kept + attacks, key=lambda a: FAMILIES.index(a["family"]))
+        old_runs = old["provenance"].get("runs") or [
+            {**old["provenance"], "families": sorted({a["family"] for a in old["attacks"]})}]  # a first-version file
+        runs = [*[r for r in old_runs if set(r["families"]) - set(only)], run]
+    counts = {f: {"passed": sum(a["pass"] for a in attacks if a["family"] == f),
+                  "total": sum(a["family"] == f for a in attacks)}
+              for f in FAMILIES if any(a["family"] == f for a in attacks)}
+    return {
+        "schema": SCHEMA,
+        "what": "issue 17's attacks re-run for real on r3-mini (2 CPU ranks, gloo): cheating candidates, faults, "
+                "ledger/evidence tampers with a witnessed head, bad inputs",
+        "provenance": {"runs": runs},
+        "counts": counts,
+        "attacks": attacks,
+    }
+
+
+def doc_rows(doc: dict[str, Any]) -> list[Row]:
+    return [Row(a["family"], a["attack"], a["expected"], a["observed"], a["pass"]) for a in doc["attacks"]]
+
+
+def write(out: Path, doc: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=",".join(FAMILIES), help="families to run, comma-separated")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "validation" / "attack_battery_cpu.json")
     ap.add_argument("--work", type=Path, default=REPO / ".orch" / "attack")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (homes, runs) for inspection")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the other families' rows (and their provenance) of an existing --out file")
     opts = ap.parse_args(argv)
     only = [f.strip() for f in opts.only.split(",") if f.strip()]
     unknown = sorted(set(only) - set(FAMILIES))
@@ -106,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             r.seconds = timings[name]
             print(f"[{'PASS' if r.ok else 'FAIL'}] {r.family}: {r.name} -- {r.observed}", flush=True)
         rows.extend(got)
+        write(progress_file, document(rows, only, started, timings, opts.out if opts.update else None))
 
+    progress_file = work.root / "partial.json"  # the rows so far, should the battery be stopped
     ref: Reference | None = None
     if {"input", "tamper"} & set(only):
         t0 = time.monotonic()
@@ -124,33 +173,19 @@ def main(argv: list[str] | None = None) -> int:
         step("cheat: failing launches", lambda: separate_cheats(work))
     if "fault" in only:
         step("fault: faults", lambda: faults(work))
+    doc = document(rows, only, started, timings, opts.out if opts.update else None)
     print()
-    print(table(rows))
-    summary = counts(rows)
+    print(table(doc_rows(doc)))
     print()
-    for fam, c in summary.items():
+    for fam, c in doc["counts"].items():
         print(f"{fam}: {c['passed']}/{c['total']}")
-    doc = {
-        "schema": SCHEMA,
-        "what": "issue 17's attacks re-run for real on r3-mini (2 CPU ranks, gloo): cheating candidates, faults, "
-                "ledger/evidence tampers with a witnessed head, bad inputs",
-        "provenance": {**commit(), "command": "make attack (nice -n 5 .venv/bin/python bench/attack/battery.py "
-                                              f"--only {','.join(only)})",
-                       "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                     time.gmtime(started)),
-                       "wall_s": round(time.time() - started, 1), "family_seconds": timings},
-        "counts": summary,
-        "attacks": [{"family": r.family, "attack": r.name, "expected": r.expected, "observed": r.observed,
-                     "pass": r.ok} for r in rows],
-    }
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write(opts.out, doc)
     hygiene = cli(orch_argv("hygiene", str(opts.out)), cwd=REPO, timeout=120)
     print(f"wrote {opts.out.relative_to(REPO) if opts.out.is_relative_to(REPO) else opts.out}; "
           f"hygiene exit {hygiene.returncode}{': ' + hygiene.stdout.strip() if hygiene.returncode else ''}")
     if not opts.keep:
         remove_tree(opts.work)
-    return 0 if all(r.ok for r in rows) and hygiene.returncode == 0 else 1
+    return 0 if all(r["pass"] for r in doc["attacks"]) and hygiene.returncode == 0 else 1
 
 
 if __name__ == "__main__":

@@ -238,8 +238,9 @@ def foreign_lock(fh: FaultHome) -> Row:
         c.that(str(holder.pid) in launch.stderr or "flock" in launch.stderr, "names the holder")
         c.that(set(status.values()) <= {"not-run"}, "no package ran")
     finally:
-        holder.terminate()
+        os.killpg(holder.pid, signal.SIGTERM)  # flock and its sleep (which inherited the locked descriptor)
         holder.wait()
+        wait_for(lambda: lock_free(fh.locks, 1), 10, "the foreign holder to let go")
     row.ok, row.observed = not c.failed, c.observed()
     return row
 
@@ -249,9 +250,10 @@ def live_beside(fh: FaultHome) -> Row:
               "the next launch removes the dead run's scratch; a launch beside the live run names the dead run, "
               "never the live one, whose scratch stays")
     four = {"GPU_RUN_SLOTS": "4"}
-    wait = checks_only(fh.proj, "wait.yaml", ["python", "-c", "import time; time.sleep(120)"])
+    wait = checks_only(fh.proj, "wait.yaml", ["python", "-c", "import time; time.sleep(600)"])
     fail = checks_only(fh.proj, "fail.yaml", ["python", "-c", "raise SystemExit(3)"])
     c = Check()
+    c.that(lock_free(fh.locks, 4), "every slot free before")
     dead = fh.launch(wait, extra_env=four)
     dead_id = dead.run_id()
     wait_for(lambda: dead.started_package("checks"), 120, "the dead run's checks")
