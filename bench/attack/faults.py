@@ -247,8 +247,8 @@ def foreign_lock(fh: FaultHome) -> Row:
 
 def live_beside(fh: FaultHome) -> Row:
     row = Row("fault", "kill -9 of a run, then launches beside a live run",
-              "the next launch removes the dead run's scratch; a launch beside the live run names the dead run, "
-              "never the live one, whose scratch stays")
+              "the next launch removes the dead run's scratch; launches beside and waiting for the live run name "
+              "the dead run only after the lock, never the live one, whose scratch stays")
     four = {"GPU_RUN_SLOTS": "4"}
     wait = checks_only(fh.proj, "wait.yaml", ["python", "-c", "import time; time.sleep(600)"])
     fail = checks_only(fh.proj, "fail.yaml", ["python", "-c", "raise SystemExit(3)"])
@@ -273,8 +273,18 @@ def live_beside(fh: FaultHome) -> Row:
         c.that(any(dead_id in ln for ln in orphaned), "the dead run named as orphaned")
         c.that(not any(live_id in ln for ln in orphaned), "live run not called crashed")
         c.that((fh.home / "scratch" / live_id).is_dir(), "live run's scratch kept")
+        # the reviewer's case: a launch waiting for the live run's slots called it "a crash or kill -9"
+        waiter = fh.launch(fail, extra_env={"GPU_RUN_SLOTS": "2"})
+        wait_for(lambda: "waiting for" in waiter.stderr, 120, "the waiting launch to wait for the lock")
+        said_while_waiting = [ln for ln in waiter.stderr.splitlines() if ln.startswith("orphaned")]
         live.proc.send_signal(signal.SIGTERM)
         c.that(live.wait(timeout=60) == 130, "the live run stops with 130 on SIGTERM")
+        c.that(waiter.wait(timeout=180) == 1, "the waiter runs once the lock is free (its checks fail: exit 1)")
+        said = [ln for ln in waiter.stderr.splitlines() if ln.startswith("orphaned")]
+        c.saw(f"waiter: {len(said_while_waiting)} orphan lines while waiting, none naming the live run: "
+              f"{not any(live_id in ln for ln in said)}")
+        c.that(not said_while_waiting, "nothing reported while waiting")
+        c.that(not any(live_id in ln for ln in said), "the waiter never calls the live run crashed")
     finally:
         live.stop()
     row.ok, row.observed = not c.failed, c.observed()

@@ -17,7 +17,20 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-from common import REPO, Check, Reference, Row, Work, cli, lines, orch_argv, records, restore, snapshot
+from common import (
+    REPO,
+    Check,
+    Reference,
+    Row,
+    Work,
+    checks_only,
+    cli,
+    lines,
+    orch_argv,
+    records,
+    restore,
+    snapshot,
+)
 
 ASSIGNED = ("seq", "prev_hash", "prev_message_sha256", "record_hash", "canonical")
 
@@ -91,7 +104,17 @@ def _tampers(ref: Reference) -> list[tuple[str, Callable[[], str]]]:
         off = offsets(led)
         k = len(off) // 2
         _flip(led, (off[k] + off[k + 1]) // 2)
-        return f"flipped a byte of record {k - 1}"
+        # the reviewer's launch appended 9 records onto such a ledger: it must refuse before any lock or record
+        before = led.read_bytes()
+        fail = checks_only(ref.proj, "fail.yaml", ["python", "-c", "raise SystemExit(3)"])
+        done = cli(orch_argv("launch", str(fail), "--home", str(ref.home), "--lock-dir", str(ref.home.parent /
+                                                                                                 "locks-t")),
+                   cwd=ref.proj, timeout=300)
+        out = lines(done.stdout + done.stderr)
+        same = led.read_bytes() == before
+        return (f"flipped a byte of record {k - 1}; then orch launch: exit {done.returncode}, {len(out)} line(s), "
+                f"ledger {'unchanged' if same else 'APPENDED TO'}: {out[-1][:120] if out else ''}"
+                + ("" if done.returncode == 1 and len(out) == 1 and same else " [launch NOT refused]"))
 
     def t_flip_schema() -> str:
         _flip(led, offsets(led)[1] // 2)
@@ -250,6 +273,7 @@ def tampers(work: Work, ref: Reference) -> list[Row]:
                        "the README says an unsigned append after the last witnessed head passes")
             else:
                 c.that(detected, "detected")
+                c.that("NOT refused" not in done, "a launch onto the damaged ledger refused, nothing appended")
             row.ok, row.observed = not c.failed, work.scrub(c.observed())
             rows.append(row)
             restore(ref.home, backup / "home")
