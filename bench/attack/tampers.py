@@ -211,8 +211,10 @@ def _tampers(ref: Reference) -> list[tuple[str, Callable[[], str]]]:
         return "score.sealed.json edited"
 
     def t_audit() -> str:
-        _edit_json(run / "audit.json", lambda d: d.update(verdict="accepted"))
-        return "audit.json: verdict set to accepted"
+        recorded = json.loads((run / "audit.json").read_text())["verdict"]
+        forged = "no difference shown" if recorded == "accepted" else "accepted"  # always another verdict
+        _edit_json(run / "audit.json", lambda d: d.update(verdict=forged))
+        return f"audit.json: verdict {recorded!r} set to {forged!r}"
 
     def t_sealed() -> str:
         path = run / "sealed" / "candidate" / "train" / "online_rl.py"
