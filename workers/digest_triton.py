@@ -473,7 +473,7 @@ class Tx128Batch:
                  maxnreg: int | None = -1) -> None:  # fmt: skip
         self.device = device
         self.block = block or int(os.environ.get("ORCH_TX128_BLOCK", DEFAULT_BLOCK))
-        self.maxnreg = TABLE_MAXNREG.get(self.block) if maxnreg == -1 else maxnreg  # -1: the measured default
+        self.maxnreg = TABLE_MAXNREG.get(self.block) if maxnreg == -1 else maxnreg  # -1: TABLE_MAXNREG's value
         if programs is None:
             if device not in _SMS:
                 _SMS[device] = _max_programs(device, DEFAULT_PROGRAMS_PER_SM)
