@@ -1,12 +1,10 @@
-"""`orch launch`: load -> verify -> fingerprint -> lock -> seal -> run packages -> ledger -> audit.
-
-Stop on first failure; every package gets an open and a close ledger record, packages never reached `not-run`.
+"""`orch launch` as a pipeline of steps: load -> verify -> fingerprint -> open the run -> lock -> seal -> run the plan
+(orchestrator/run_plan.py) -> close -> audit. Each step takes and returns typed state and can be called alone.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -26,35 +24,20 @@ from ledger.cost.witness import check_witnessed, record_head, repository_root
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from manifests.sources import arm_source_dir
 from orchestrator import gpu_lock, slurm
-from orchestrator.blinding import quarantine, seal_outputs
 from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
 from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
-from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, utc_now
 from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
-from orchestrator.sealing import SealedArm, check_seal, seal_arm, unseal_for_removal
+from orchestrator.run_plan import PLAN, RunContext, VerifiedArm, run_plan
+from orchestrator.sealing import seal_arm, unseal_for_removal
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, os_error_line
 from protocol.fileio import write_atomic
-from protocol.hashing import canonical_json, sha256_file
+from protocol.hashing import canonical_json
 from protocol.home import Home, resolve_home
-from protocol.package import CommandSpec, PackageSpec, ScoreTarget
-from protocol.plan import ARMS, PlannedPackage, kept_checkpoints, plan, score_labels
-from protocol.results import RUN_SCHEMA, ChecksResult, TrainResult
+from protocol.plan import ARMS
+from protocol.results import RUN_SCHEMA
 from protocol.schema import Arm, LoadedProtocol, load_protocol
 from protocol.schema import canonical_json as protocol_canonical_json
-
-PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K)
-WATCH_TIMEOUT_FACTOR = 3  # the watched replay runs every op through the dispatch watch: slower than train
-
-
-@dataclass
-class VerifiedArm:
-    name: str
-    spec: Arm
-    source_dir: Path
-    commitment_root: str
-    sources_root: str
-    note: str | None = None
 
 
 @dataclass
@@ -118,128 +101,6 @@ def verify_arms(loaded: LoadedProtocol, workdir: Path, say: Callable[[str], None
     return out
 
 
-def _substitute(argv: list[str], values: dict[str, str]) -> list[str]:
-    out = []
-    for a in argv:
-        for key, value in values.items():
-            a = a.replace("{" + key + "}", value)
-        out.append(a)
-    return out
-
-
-def _arm_args(loaded: LoadedProtocol, arm: Arm) -> list[str]:
-    extra = [x for key, value in sorted(arm.config.items()) for x in (f"--{key}", value)]
-    return [*loaded.protocol.launcher.args, *extra]
-
-
-@dataclass
-class RunContext:
-    loaded: LoadedProtocol
-    home: Home
-    run_id: str
-    run_dir: Path
-    scratch: Path
-    ledger: Ledger
-    host: dict[str, Any]
-    arms: dict[str, VerifiedArm]
-    sealed: dict[str, SealedArm] = field(default_factory=dict)
-    grant: gpu_lock.Grant | slurm.Allocation | None = None
-    slurm: slurm.SlurmRun | None = None  # launcher.scheduler slurm: the allocation's steps and per-node seal checks
-    doc: dict[str, Any] = field(default_factory=dict)
-    opened: set[str] = field(default_factory=set)
-    closed: set[str] = field(default_factory=set)
-
-    @property
-    def plan(self) -> tuple[PlannedPackage, ...]:
-        return plan(self.loaded.protocol.measurement.repeats)
-
-    @property
-    def gpus(self) -> int:
-        if isinstance(self.grant, slurm.Allocation):
-            return self.grant.gpus
-        return len(self.grant.devices) if self.grant is not None and self.grant.kind == "gpu" else 0
-
-    def write_run_json(self) -> None:
-        write_atomic(self.run_dir / "run.json", canonical_json(self.doc, ensure_ascii=True, pretty=True).encode())
-
-    def record(self, pkg: PlannedPackage, status: str, **fields: Any) -> None:
-        (self.opened if status == "open" else self.closed).add(pkg.name)
-        arm = pkg.arm
-        sources_root = self.arms[arm].sources_root if arm else None
-        self.ledger.append(
-            run_id=self.run_id, package=pkg.name, kind=pkg.kind, arm=arm, status=status,
-            gpus=self.gpus, host=self.host["host_hash"], protocol_id=self.loaded.id, sources_root=sources_root,
-            lock_wait_s=None if self.grant is None else round(self.grant.wait_s, 6), **fields,
-        )
-
-
-def trainer_dir(ctx: RunContext, pkg: PlannedPackage) -> Path:
-    """`{trainer_dir}`: the trainer's own output folder (its --log_dir), in scratch, sealed after the package."""
-    return ctx.scratch / "trainer" / pkg.name
-
-
-def _placeholders(ctx: RunContext, pkg: PlannedPackage) -> dict[str, str]:
-    return {"scratch": str(ctx.scratch), "init": str(ctx.scratch / "init.safetensors"),
-            "package_dir": str(ctx.run_dir / "packages" / pkg.name), "trainer_dir": str(trainer_dir(ctx, pkg))}
-
-
-def _spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> PackageSpec:
-    p = ctx.loaded.protocol
-    pkg_dir = ctx.run_dir / "packages" / pkg.name
-    values = _placeholders(ctx, pkg)
-    common: dict[str, Any] = {
-        "run_id": ctx.run_id, "name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
-        "package_dir": str(pkg_dir), "scratch_dir": str(ctx.scratch), "result_path": str(pkg_dir / "result.json"),
-        "device": p.launcher.device, "precision": p.precision, "nproc": p.launcher.world_size,
-        "backend": p.launcher.backend, "steps": p.measurement.steps, "warmup": p.measurement.warmup,
-        "window": p.measurement.window,
-        "digest_first": p.measurement.digest_first, "digest_last": p.measurement.digest_last,
-        "host_controls": list(p.measurement.host_controls),
-    }
-    inputs = {"init": init_digest} if init_digest else {}
-    if pkg.kind == "checks":
-        def cmd(d: Any) -> CommandSpec:
-            return CommandSpec(name=d.name, argv=_substitute(list(d.command), values), expect_sha256=d.expect_sha256)
-
-        return PackageSpec(
-            **common, sealed_dir=str(ctx.sealed["baseline"].path),
-            prepare=[cmd(d) for d in p.checks.prepare], diagnostics=[cmd(d) for d in p.checks.diagnostics],
-            static_graph=None if p.checks.static_graph is None else cmd(p.checks.static_graph),
-        )
-    if pkg.kind == "score":
-        targets = []
-        for label in score_labels(p.measurement.repeats):
-            ckpt = ctx.scratch / "ckpt" / label
-            argv = _substitute(list(p.scorer.command), values)  # {ckpt} and {out} are the score worker's to fill
-            # the scorer is the baseline's committed code and configuration for every arm: a candidate cannot
-            # change how it is scored; its checkpoint is the only input from arm C
-            targets.append(ScoreTarget(arm_label=label, sealed_dir=str(ctx.sealed["baseline"].path),
-                                       ckpt_dir=str(ckpt), argv=argv + _arm_args_config(ctx.loaded, "baseline")))
-        return PackageSpec(**common, sealed_dir=str(ctx.sealed["baseline"].path), inputs=inputs,
-                           score_targets=targets, sealed_metrics_path=str(ctx.run_dir / "score.sealed.json"))
-    assert pkg.arm is not None and pkg.arm_label is not None
-    arm_spec: Arm = getattr(p.arms, pkg.arm)
-    ckpt_dir: Path | None = ctx.scratch / "ckpt" / pkg.arm_label
-    if pkg.kind == "replay":
-        ckpt_dir = None  # the replay is checked by its digests; no second checkpoint of the candidate
-        common["watch_all"] = True
-    if ctx.slurm is not None and pkg.kind in ("train", "replay"):
-        common["slurm"] = ctx.slurm.step(pkg.name, p.launcher.nproc, ctx.scratch)
-    if pkg.kind == "reload":
-        train_result = ctx.run_dir / "packages" / f"train-{pkg.arm_label}" / "result.json"
-        inputs = {**inputs, "train_result": sha256_file(train_result)}
-    return PackageSpec(
-        **common, sealed_dir=str(ctx.sealed[pkg.arm].path), ckpt_dir=None if ckpt_dir is None else str(ckpt_dir),
-        script=p.launcher.script,
-        args=_substitute(_arm_args(ctx.loaded, arm_spec), values), inputs=inputs,
-    )
-
-
-def _arm_args_config(loaded: LoadedProtocol, arm: str) -> list[str]:
-    spec: Arm = getattr(loaded.protocol.arms, arm)
-    return [x for key, value in sorted(spec.config.items()) for x in (f"--{key}", value)]
-
-
 @contextmanager
 def _signals_as_interrupt() -> Iterator[None]:
     """SIGTERM and SIGINT to orch behave like Ctrl-C: the current package is stopped and recorded as interrupted,
@@ -270,135 +131,202 @@ def _create_run_dir(run_dir: Path, protocol_json: bytes, run_doc: dict[str, Any]
         raise
 
 
-def last_passing_checks(runs_dir: Path, protocol_id: str, exclude: str) -> tuple[str, dict[str, str]] | None:
-    """(run id, versions) of the latest earlier run of this protocol whose checks package passed."""
-    best: tuple[str, str, dict[str, str]] | None = None
-    for run_json in runs_dir.glob("*/run.json"):
-        try:
-            doc = json.loads(run_json.read_text())
-            if doc.get("protocol_id") != protocol_id or doc.get("run_id") == exclude:
-                continue
-            if not any(p.get("name") == "checks" and p.get("status") == "ok" for p in doc.get("packages", [])):
-                continue
-            versions = ChecksResult.model_validate_json(
-                (run_json.parent / "packages" / "checks" / "result.json").read_bytes()
-            ).versions
-        except (OSError, ValueError):
-            continue
-        if best is None or doc.get("started", "") > best[0]:
-            best = (doc.get("started", ""), doc["run_id"], dict(versions))
-    return None if best is None else (best[1], best[2])
+@dataclass(frozen=True)
+class Prepared:
+    """What `load` leaves: the validated protocol, the home, and its ledger (verified, witnessed heads extended)."""
+
+    loaded: LoadedProtocol
+    home: Home
+    ledger: Ledger
 
 
-def _announce_version_changes(ctx: RunContext, result: Any, say: Callable[[str], None]) -> None:
-    """The owner's rule: rerun the GPU diagnostics after upgrades; the checks always run, so say what changed."""
-    if not isinstance(result, ChecksResult):
-        return
-    previous = last_passing_checks(ctx.home.runs, ctx.loaded.id, ctx.run_id)
-    if previous is None:
-        return
-    changed = {k: (previous[1].get(k), v) for k, v in result.versions.items() if previous[1].get(k) != v}
-    if changed:
-        listed = "; ".join(f"{k}: {old} -> {new}" for k, (old, new) in sorted(changed.items()))
-        say(f"environment changed since the last passing checks of this protocol (run {previous[0]}): {listed}; "
-            "the GPU diagnostics were rerun by this run's checks package")
-        ctx.doc["versions_changed"] = {"since_run": previous[0], "changes": {k: list(v) for k, v in changed.items()}}
+@dataclass(frozen=True)
+class RunEnd:
+    """How the packages under the lock ended: complete | failed | interrupted, each package's status, an OS error."""
+
+    status: str
+    statuses: dict[str, str]
+    os_failure: OSError | None = None
 
 
-def _peaks(result: Any) -> dict[str, int | None]:
-    if not isinstance(result, TrainResult):
-        return {"peak_allocated": None, "peak_reserved": None}
-    alloc = [r.peak_allocated for r in result.ranks if r.peak_allocated is not None]
-    res = [r.peak_reserved for r in result.ranks if r.peak_reserved is not None]
-    return {"peak_allocated": max(alloc) if alloc else None, "peak_reserved": max(res) if res else None}
+def load(protocol_path: Path, home_dir: Path | None, loaded: LoadedProtocol | None = None) -> Prepared:
+    """Load and validate the protocol, look up the worker packages, open the home and verify its ledger.
+
+    Every refusal here (exit 3, or 1 for a damaged ledger) comes before any lock, run directory or ledger record.
+    """
+    loaded = loaded or load_protocol(protocol_path)
+    require_worker_packages(loaded)
+    home = resolve_home(home_dir)
+    for d in (home.runs, home.ledger_dir, home.scratch):
+        d.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(home.ledger_path)
+    report = ledger.verify()
+    if not report.ok:  # never append to a damaged ledger: before any lock or package
+        raise FailedError(f"{report.message}; nothing was run or appended ({home.ledger_path})")
+    check_witnessed(home, ledger, repository_root(Path.cwd()))
+    return Prepared(loaded, home, ledger)
 
 
-def _run_all(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
-    """Run the plan; returns (run status, package -> status). Raises KeyboardInterrupt after recording it."""
-    statuses = {pkg.name: "not-run" for pkg in ctx.plan}
-    init_digest: str | None = None
-    failed_at: int | None = None
-    interrupted = False
-    for index, pkg in enumerate(ctx.plan):
-        spec = _spec(ctx, pkg, init_digest)
-        arm_spec: Arm | None = getattr(ctx.loaded.protocol.arms, pkg.arm) if pkg.arm else None
-        assert ctx.grant is not None
-        values = _placeholders(ctx, pkg)
-        launcher_env = {k: _substitute([v], values)[0] for k, v in ctx.loaded.protocol.launcher.env.items()}
-        env = package_env(os.environ, ctx.grant.env({}), launcher_env,
-                          arm_spec.switches if arm_spec else {}, ctx.run_id)
-        if pkg.kind in ("train", "replay"):
-            trainer_dir(ctx, pkg).mkdir(parents=True, exist_ok=True)
-        ctx.record(pkg, "open", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        entry: dict[str, Any] = {"name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
-                 "env": env_summary(env), "status": "running"}
-        ctx.doc["packages"].append(entry)
+def fingerprint(home: Home, say: Callable[[str], None]) -> dict[str, Any]:
+    """This host's fingerprint (the name only as a salted hash); says what changed since the last run."""
+    host = host_fingerprint(host_hash(home.ledger_dir))
+    previous = last_run_fingerprint(home.runs)
+    if previous is not None:
+        changes = fingerprint_changes(previous[1], host)
+        if changes:
+            say(f"host fingerprint changed since run {previous[0]} ({'; '.join(changes)}); "
+                "this run records both baselines (A and B) fresh before anything is compared")
+    return host
+
+
+def open_run(
+    prep: Prepared, arms: dict[str, VerifiedArm], host: dict[str, Any], owner: contextlib.ExitStack,
+    run_doc: dict[str, Any] | None, say: Callable[[str], None],
+) -> RunContext:
+    """A new run id, held by this process until the run ends; its folder with protocol.json and run.json."""
+    loaded = prep.loaded
+    run_id = new_run_id(loaded.id)
+    owner.enter_context(prep.home.hold_owner(run_id))  # held until the run ends: others see it live
+    run_dir = prep.home.run_dir(run_id)
+    scratch = prep.home.scratch / run_id
+    ctx = RunContext(loaded, prep.home, run_id, run_dir, scratch, prep.ledger, host, arms)
+    ctx.doc = {
+        "schema": RUN_SCHEMA, "run_id": run_id, "protocol_id": loaded.id, "protocol_name": loaded.protocol.name,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ended": None, "status": "running",
+        "host": host, "lock": None, "packages": [],
+        "arms": {
+            name: {"commitment": a.spec.commitment, "commitment_root": a.commitment_root,
+                   "sources_root": a.sources_root, "switches": dict(a.spec.switches), "config": dict(a.spec.config),
+                   "source": a.spec.source if a.spec.source == "tree" else {"git": a.spec.source.git},
+                   "under_evaluation": a.spec.under_evaluation, "note": a.note}
+            for name, a in arms.items()
+        },
+        **(run_doc or {}),
+    }
+    _create_run_dir(run_dir, protocol_canonical_json(loaded.protocol), ctx.doc)
+    scratch.mkdir(parents=True)
+    say(f"run {run_id}")
+    return ctx
+
+
+def lock(
+    ctx: RunContext, lock_timeout: float | None, lock_dir: Path | None, say: Callable[[str], None]
+) -> gpu_lock.Grant | slurm.Allocation:
+    """The whole run's devices: the Slurm allocation, the GPU lock, or CPU slots; when none is had, every package
+    is recorded `not-run` and run.json `failed` before the error goes on."""
+    launcher = ctx.loaded.protocol.launcher
+    need = launcher.nproc if launcher.device == "cuda" else None
+    try:
+        if launcher.slurm is not None:  # the scheduler owns the GPUs: never orch's own lock
+            allocation = slurm.enter_allocation(launcher.slurm, say)
+            ctx.slurm = slurm.SlurmRun(allocation, ctx.run_id, ctx.home.ledger_dir)
+            return allocation
+        if need:
+            return gpu_lock.acquire(gpus=need or 1, timeout=lock_timeout, lock_dir=lock_dir, status=say,
+                                    slots=None, command=f"orch launch {ctx.run_id}")
+        return _cpu_grant(launcher.nproc, lock_timeout, lock_dir, say, ctx.run_id)
+    except BaseException:
+        for pkg in ctx.plan:
+            ctx.record(pkg, "not-run", note="GPU lock not obtained")
+        ctx.doc.update(status="failed", ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         ctx.write_run_json()
-        steps = ctx.loaded.protocol.measurement.steps if pkg.kind in ("train", "replay") else None
-        progress.start(pkg.name, pkg.kind, steps)
-        pkg_dir = Path(spec.package_dir)
-        timeouts = ctx.loaded.protocol.timeouts
-        timeout = float(timeouts.train * WATCH_TIMEOUT_FACTOR if pkg.kind == "replay" else getattr(timeouts, pkg.kind))
+        record_head(ctx.home, ctx.ledger, f"launch {ctx.run_id}")
+        raise
 
-        def tick(elapsed: float, pkg_dir: Path = pkg_dir) -> None:
-            progress.tick(elapsed, probe_progress(pkg_dir), ctx.gpus)
 
-        prefix = ctx.slurm.prefix(pkg.kind, pkg.name) if ctx.slurm is not None else []
-        refused = _slurm_precheck(ctx) if ctx.slurm is not None and index == 0 else None
-        outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix) if refused is None
-                                   else PackageOutcome(pkg.name, "failed", None, 0.0, utc_now(), utc_now(),
-                                                       note=refused))
-        if outcome.status == "ok":
-            try:
-                for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy
-                    check_seal(ctx.sealed[arm])
-                if ctx.slurm is not None:  # after this package, so before the next: nothing runs in between
-                    ctx.slurm.check_seals(_seal_roots(ctx), f"after {pkg.name}")
-                if init_digest is not None and pkg.kind != "score":
-                    if sha256_file(ctx.scratch / "init.safetensors") != init_digest:
-                        raise FailedError("the shared initial state changed during the run")
-            except FailedError as err:
-                outcome.status, outcome.note = "failed", err.message
-        if outcome.extra.get("stragglers"):
-            entry["stragglers"] = outcome.extra["stragglers"]
-        if pkg.kind in ("train", "replay"):  # blinding: the trainer's own outputs never stay in the run folder
-            moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
-            entry["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}
-        if outcome.status == "ok" and pkg.kind == "reload":
-            _drop_checkpoint(ctx, pkg)
-        if outcome.status == "ok" and pkg.kind == "checks":
-            init = ctx.scratch / "init.safetensors"
-            init_digest = sha256_file(init) if init.is_file() else None
-            _announce_version_changes(ctx, outcome.result, progress.say)
-        result_digest = outcome.result_sha256
-        if pkg.kind == "score" and outcome.status == "ok":
-            result_digest = sha256_file(ctx.run_dir / "score.sealed.json")  # the ledger holds the sealed digest only
-        gpu_seconds = round(outcome.wall_s * ctx.gpus, 6)
-        if ctx.slurm is not None and refused is None:  # what Slurm charged its steps (sacct), ids in the note
-            gpu_seconds, slurm_note = slurm_charge(ctx.slurm, pkg.name)
-            outcome.note = f"{slurm_note}; {outcome.note}" if outcome.note else slurm_note
-        ctx.record(pkg, outcome.status, started=outcome.started, ended=outcome.ended,
-                   wall_s=round(outcome.wall_s, 6), gpu_seconds=gpu_seconds, result_digest=result_digest,
-                   exit_code=outcome.exit_code, note=outcome.note, **_peaks(outcome.result))
-        entry.update(status=outcome.status, exit_code=outcome.exit_code, started=outcome.started,
-                     ended=outcome.ended, wall_s=round(outcome.wall_s, 6), gpus=ctx.gpus, gpu_seconds=gpu_seconds,
-                     result_sha256=outcome.result_sha256, note=outcome.note,
-                     isolation=outcome.extra.get("isolation"))
+def held(ctx: RunContext, grant: gpu_lock.Grant | slurm.Allocation, say: Callable[[str], None]) -> None:
+    """With the lock held: report orphaned runs (a run still holding the lock was live), remove stale scratch."""
+    ctx.grant = grant
+    report_orphans(ctx.home, ctx.ledger, say)
+    remove_stale_scratch(ctx.home, say)
+    ctx.doc["lock"] = {"kind": grant.kind, "devices": grant.devices, "wait_s": round(grant.wait_s, 6)}
+    say(f"lock: {grant.kind} {','.join(map(str, grant.devices))} after {grant.wait_s:.1f} s")
+
+
+def seal(ctx: RunContext) -> None:
+    """A read-only copy of each arm's verified sources, hashed; its manifest beside it; run.json records the seals."""
+    include = list(ctx.loaded.protocol.sources.include)
+    for name, arm in ctx.arms.items():
+        ctx.sealed[name] = seal_arm(name, arm.source_dir, include, arm.sources_root, ctx.run_dir / "sealed" / name)
+        sealed = ctx.sealed[name]  # the seal covers every file; sources_root the included ones
+        write_atomic(ctx.run_dir / "sealed" / f"{name}.manifest.json", sealed.manifest.to_json().encode())
+        ctx.doc["arms"][name]["sealed_root"] = sealed.manifest.root
+    ctx.write_run_json()
+    if ctx.slurm is not None:
+        ctx.doc["slurm"] = {"job_id": ctx.slurm.alloc.job_id, "nodes": [
+            slurm.node_hash(ctx.home.ledger_dir, n) for n in ctx.slurm.alloc.nodes]}
         ctx.write_run_json()
-        statuses[pkg.name] = outcome.status
-        progress.finish(pkg.name, outcome.status, outcome.wall_s, gpu_seconds, outcome.note)
-        if outcome.status != "ok":
-            failed_at = index
-            interrupted = outcome.status == "interrupted"
-            break
-    if failed_at is not None:
-        stopped = ctx.plan[failed_at].name
-        for pkg in ctx.plan[failed_at + 1 :]:
-            ctx.record(pkg, "not-run", note=f"not reached: {stopped} {statuses[stopped]}")
-        if interrupted:
-            return "interrupted", statuses
-        return "failed", statuses
-    return "complete", statuses
+
+
+def run_under_lock(
+    ctx: RunContext, lock_timeout: float | None, lock_dir: Path | None, live: bool | None,
+    say: Callable[[str], None],
+) -> RunEnd:
+    """lock -> seal -> run the plan, with SIGINT/SIGTERM as Ctrl-C; an interrupt or an OS error closes every
+    record that is still open (or never opened) before it is reported."""
+    progress = Progress(live=live, say=say)
+    status = "failed"
+    statuses: dict[str, str] = {}
+    try:
+        with _signals_as_interrupt():
+            grant = lock(ctx, lock_timeout, lock_dir, say)
+            with grant:
+                held(ctx, grant, say)
+                seal(ctx)
+                with progress:
+                    try:
+                        status, statuses = run_plan(ctx, progress)
+                    finally:
+                        _clean_scratch(ctx.scratch)
+    except KeyboardInterrupt:
+        for pkg in ctx.plan:  # an interrupt outside a package (e.g. while sealing): close every record
+            if pkg.name not in ctx.closed and ctx.grant is not None:
+                ctx.record(pkg, "interrupted" if pkg.name in ctx.opened else "not-run", note="interrupted")
+        return RunEnd("interrupted", statuses)
+    except OSError as err:  # e.g. a full disk: close what can be closed, then one line
+        with contextlib.suppress(OSError, OrchError):
+            for pkg in PLAN:
+                if pkg.name not in ctx.closed and ctx.grant is not None:
+                    ctx.record(pkg, "failed" if pkg.name in ctx.opened else "not-run", note=os_error_line(err))
+        return RunEnd("failed", statuses, err)
+    return RunEnd(status, statuses)
+
+
+def close_run(ctx: RunContext, end: RunEnd) -> None:
+    """run.json's final status and a witnessed head of the ledger (outside the ledger file: see `orch audit`)."""
+    ctx.doc.update(status=end.status, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    try:
+        ctx.write_run_json()
+        record_head(ctx.home, ctx.ledger, f"launch {ctx.run_id}")
+    except OSError:
+        if end.os_failure is None:
+            raise
+
+
+def outcome(ctx: RunContext, end: RunEnd) -> LaunchResult:
+    """The launch's result when the run is complete; otherwise the one-line error of how it stopped."""
+    result = LaunchResult(ctx.run_id, ctx.run_dir, end.status, end.statuses)
+    if end.os_failure is not None:
+        raise RunFailedError(f"run {ctx.run_id} failed: {os_error_line(end.os_failure)}", result)
+    if end.status == "interrupted":
+        raise RunInterruptedError(f"run {ctx.run_id} interrupted; its packages are recorded in the ledger", result)
+    if end.status != "complete":
+        statuses = end.statuses
+        failed = next((n for n, s in statuses.items() if s not in ("ok", "not-run")), "?")
+        note = next((p.get("note") for p in ctx.doc["packages"] if p["name"] == failed), None)
+        raise RunFailedError(f"run {ctx.run_id}: package {failed} {statuses.get(failed)}"
+                             + (f" ({note})" if note else "") + "; later packages not run, no audit written", result)
+    return result
+
+
+def audit(ctx: RunContext, result: LaunchResult, say: Callable[[str], None]) -> LaunchResult:
+    """The evidence is complete: the audit is computed and written now, before anyone reads a quality metric."""
+    from ledger.verdict.audit import audit_run
+
+    audited = audit_run(ctx.home.root, ctx.run_id)
+    result.audit = audited.document
+    say(f"audit: {audited.verdict} ({ctx.run_dir / 'audit.md'})")
+    return result
 
 
 def launch(
@@ -410,151 +338,14 @@ def launch(
 
     `loaded` runs a protocol derived in memory (the A/A run of `orch calibrate`); `run_doc` adds to run.json.
     """
-    loaded = loaded or load_protocol(protocol_path)
-    require_worker_packages(loaded)  # before any lock, run directory or ledger record
-    home = resolve_home(home_dir)
-    for d in (home.runs, home.ledger_dir, home.scratch):
-        d.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(home.ledger_path)
-    report = ledger.verify()
-    if not report.ok:  # never append to a damaged ledger: before any lock or package
-        raise FailedError(f"{report.message}; nothing was run or appended ({home.ledger_path})")
-    check_witnessed(home, ledger, repository_root(Path.cwd()))
+    prep = load(protocol_path, home_dir, loaded)
     with tempfile.TemporaryDirectory(prefix="orch-verify-") as tmp, contextlib.ExitStack() as owner:
-        arms = verify_arms(loaded, Path(tmp), say)
-        host = host_fingerprint(host_hash(home.ledger_dir))
-        previous = last_run_fingerprint(home.runs)
-        if previous is not None:
-            changes = fingerprint_changes(previous[1], host)
-            if changes:
-                say(f"host fingerprint changed since run {previous[0]} ({'; '.join(changes)}); "
-                    "this run records both baselines (A and B) fresh before anything is compared")
-        run_id = new_run_id(loaded.id)
-        owner.enter_context(home.hold_owner(run_id))  # held until the run ends: others see it live
-        run_dir = home.run_dir(run_id)
-        scratch = home.scratch / run_id
-        ctx = RunContext(loaded, home, run_id, run_dir, scratch, ledger, host, arms)
-        ctx.doc = {
-            "schema": RUN_SCHEMA, "run_id": run_id, "protocol_id": loaded.id, "protocol_name": loaded.protocol.name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ended": None, "status": "running",
-            "host": host, "lock": None, "packages": [],
-            "arms": {
-                name: {"commitment": a.spec.commitment, "commitment_root": a.commitment_root,
-                       "sources_root": a.sources_root, "switches": dict(a.spec.switches), "config": dict(a.spec.config),
-                       "source": a.spec.source if a.spec.source == "tree" else {"git": a.spec.source.git},
-                       "under_evaluation": a.spec.under_evaluation, "note": a.note}
-                for name, a in arms.items()
-            },
-            **(run_doc or {}),
-        }
-        _create_run_dir(run_dir, protocol_canonical_json(loaded.protocol), ctx.doc)
-        scratch.mkdir(parents=True)
-        say(f"run {run_id}")
-        launcher = loaded.protocol.launcher
-        need = launcher.nproc if launcher.device == "cuda" else None
-        progress = Progress(live=live, say=say)
-        status = "failed"
-        statuses: dict[str, str] = {}
-        os_failure: OSError | None = None
-        try:
-            with _signals_as_interrupt():
-                try:
-                    grant: gpu_lock.Grant | slurm.Allocation
-                    if launcher.slurm is not None:  # the scheduler owns the GPUs: never orch's own lock
-                        grant = slurm.enter_allocation(launcher.slurm, say)
-                        ctx.slurm = slurm.SlurmRun(grant, run_id, home.ledger_dir)
-                    elif need:
-                        grant = gpu_lock.acquire(gpus=need or 1, timeout=lock_timeout, lock_dir=lock_dir, status=say,
-                                                 slots=None, command=f"orch launch {run_id}")
-                    else:
-                        grant = _cpu_grant(launcher.nproc, lock_timeout, lock_dir, say, run_id)
-                except BaseException:
-                    for pkg in ctx.plan:
-                        ctx.record(pkg, "not-run", note="GPU lock not obtained")
-                    ctx.doc.update(status="failed", ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-                    ctx.write_run_json()
-                    record_head(home, ledger, f"launch {run_id}")
-                    raise
-                with grant:
-                    ctx.grant = grant
-                    # only now: a run still holding the lock was live, and a live run is never called crashed
-                    report_orphans(home, ledger, say)
-                    remove_stale_scratch(home, say)
-                    ctx.doc["lock"] = {"kind": grant.kind, "devices": grant.devices, "wait_s": round(grant.wait_s, 6)}
-                    say(f"lock: {grant.kind} {','.join(map(str, grant.devices))} after {grant.wait_s:.1f} s")
-                    for name, arm in arms.items():
-                        ctx.sealed[name] = seal_arm(name, arm.source_dir, list(loaded.protocol.sources.include),
-                                                    arm.sources_root, run_dir / "sealed" / name)
-                        sealed = ctx.sealed[name]  # the seal covers every file; sources_root the included ones
-                        write_atomic(run_dir / "sealed" / f"{name}.manifest.json", sealed.manifest.to_json().encode())
-                        ctx.doc["arms"][name]["sealed_root"] = sealed.manifest.root
-                    ctx.write_run_json()
-                    if ctx.slurm is not None:
-                        ctx.doc["slurm"] = {"job_id": ctx.slurm.alloc.job_id, "nodes": [
-                            slurm.node_hash(home.ledger_dir, n) for n in ctx.slurm.alloc.nodes]}
-                        ctx.write_run_json()
-                    with progress:
-                        try:
-                            status, statuses = _run_all(ctx, progress)
-                        finally:
-                            _clean_scratch(scratch)
-        except KeyboardInterrupt:
-            status = "interrupted"
-            for pkg in ctx.plan:  # an interrupt outside a package (e.g. while sealing): close every record
-                if pkg.name not in ctx.closed and ctx.grant is not None:
-                    ctx.record(pkg, "interrupted" if pkg.name in ctx.opened else "not-run", note="interrupted")
-        except OSError as err:  # e.g. a full disk: close what can be closed, then one line
-            status, os_failure = "failed", err
-            with contextlib.suppress(OSError, OrchError):
-                for pkg in PLAN:
-                    if pkg.name not in ctx.closed and ctx.grant is not None:
-                        ctx.record(pkg, "failed" if pkg.name in ctx.opened else "not-run", note=os_error_line(err))
-        ctx.doc.update(status=status, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        try:
-            ctx.write_run_json()
-            record_head(home, ledger, f"launch {run_id}")  # a witness outside the ledger file: see `orch audit`
-        except OSError:
-            if os_failure is None:
-                raise
-    result = LaunchResult(run_id, run_dir, status, statuses)
-    if os_failure is not None:
-        raise RunFailedError(f"run {run_id} failed: {os_error_line(os_failure)}", result)
-    if status == "interrupted":
-        raise RunInterruptedError(f"run {run_id} interrupted; its packages are recorded in the ledger", result)
-    if status != "complete":
-        failed = next((n for n, s in statuses.items() if s not in ("ok", "not-run")), "?")
-        note = next((p.get("note") for p in ctx.doc["packages"] if p["name"] == failed), None)
-        raise RunFailedError(f"run {run_id}: package {failed} {statuses.get(failed)}" + (f" ({note})" if note else "")
-                             + "; later packages not run, no audit written", result)
-    # the evidence is complete: the audit is computed and written now, before anyone reads a quality metric
-    from ledger.verdict.audit import audit_run
-
-    audited = audit_run(home.root, run_id)
-    result.audit = audited.document
-    say(f"audit: {audited.verdict} ({run_dir / 'audit.md'})")
-    return result
-
-
-def _slurm_precheck(ctx: RunContext) -> str | None:
-    """Every node reads the sealed copies before the first package: None, or why not (the first package fails)."""
-    assert ctx.slurm is not None
-    try:
-        ctx.slurm.check_seals(_seal_roots(ctx), "before the first package")
-    except FailedError as err:
-        return err.message
-    return None
-
-
-def _seal_roots(ctx: RunContext) -> dict[str, tuple[Path, str]]:
-    return {name: (sealed.path, sealed.manifest.root) for name, sealed in ctx.sealed.items()}
-
-
-def slurm_charge(run: slurm.SlurmRun, package: str) -> tuple[float, str]:
-    """(GPU-seconds sacct charged the package's steps, the ledger note naming the job and steps)."""
-    from orchestrator.slurm_accounting import package_steps, step_note
-
-    steps = package_steps(run.alloc.job_id, run.step_name(package))
-    return round(sum(s.gpu_seconds for s in steps), 6), step_note(run.alloc.job_id, steps)
+        arms = verify_arms(prep.loaded, Path(tmp), say)
+        host = fingerprint(prep.home, say)
+        ctx = open_run(prep, arms, host, owner, run_doc, say)
+        end = run_under_lock(ctx, lock_timeout, lock_dir, live, say)
+        close_run(ctx, end)
+    return audit(ctx, outcome(ctx, end), say)
 
 
 def _cpu_grant(nproc: int, timeout: float | None, lock_dir: Path | None, say: Callable[[str], None],
@@ -573,17 +364,6 @@ class _NoGpus:
 
     def foreign_users(self, index: int) -> list[tuple[int, int]]:
         return []
-
-
-def _drop_checkpoint(ctx: RunContext, pkg: PlannedPackage) -> None:
-    """With repeats, a launch's checkpoint is deleted once its reload passed, unless the scorer needs it."""
-    repeats = ctx.loaded.protocol.measurement.repeats
-    if repeats == 1 or pkg.arm_label is None or pkg.arm_label in kept_checkpoints(repeats):
-        return
-    ckpt = ctx.scratch / "ckpt" / pkg.arm_label
-    if ckpt.exists():
-        unseal_for_removal(ckpt)
-        shutil.rmtree(ckpt, ignore_errors=True)
 
 
 def _clean_scratch(scratch: Path) -> None:

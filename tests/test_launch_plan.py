@@ -1,4 +1,4 @@
-"""The launch's run-the-plan step (`_run_all`) on real files: real sealed copies, a real ledger, a real CPU-slot lock.
+"""The run-the-plan step (`orchestrator.run_plan.run_plan`) on real files: sealed copies, a ledger, a CPU-slot lock.
 
 Only the package runner is replaced (it would start a trainer); the rules under test are the launch's own: stop on
 the first failure with every later package recorded not-run, and the sealed copy re-hashed after each package.
@@ -15,10 +15,11 @@ import pytest
 
 from ledger.cost.store import Ledger
 from manifests.core import hash_tree
-from orchestrator import launch as launch_mod
-from orchestrator.launch import PLAN, RunContext, VerifiedArm, _cpu_grant, _run_all
+from orchestrator import run_plan as run_plan_mod
+from orchestrator.launch import _cpu_grant
 from orchestrator.packages import PackageOutcome
 from orchestrator.progress import Progress
+from orchestrator.run_plan import PLAN, RunContext, VerifiedArm, run_plan
 from orchestrator.sealing import seal_arm
 from protocol.home import resolve_home
 from protocol.schema import load_protocol
@@ -89,8 +90,8 @@ def _opens(ctx: RunContext) -> list[str]:
 def _run(ctx: RunContext, monkeypatch: pytest.MonkeyPatch,
          behaviour: dict[str, Behaviour]) -> tuple[str, dict[str, str], list[str]]:
     ran: list[str] = []
-    monkeypatch.setattr(launch_mod, "run_package", _runner(ctx, ran, behaviour))
-    status, statuses = _run_all(ctx, Progress(live=False, say=lambda _: None))
+    monkeypatch.setattr(run_plan_mod, "run_package", _runner(ctx, ran, behaviour))
+    status, statuses = run_plan(ctx, Progress(live=False, say=lambda _: None))
     return status, statuses, ran
 
 

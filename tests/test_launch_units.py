@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.launch import _substitute, last_passing_checks
+from orchestrator.run_plan import last_passing_checks, substitute
 from orchestrator.sealing import check_seal, seal_arm
 from protocol.errors import FailedError
 
@@ -33,7 +33,7 @@ def test_last_passing_checks_of_the_same_protocol(tmp_path: Path) -> None:
 
 
 def test_placeholders_are_substituted_everywhere_in_an_argument() -> None:
-    assert _substitute(["--out", "{scratch}/init.safetensors", "{x}"], {"scratch": "/s"}) == [
+    assert substitute(["--out", "{scratch}/init.safetensors", "{x}"], {"scratch": "/s"}) == [
         "--out", "/s/init.safetensors", "{x}"]
 
 
@@ -60,7 +60,7 @@ def test_the_scorer_is_the_baselines_sealed_code_for_every_arm(tmp_path: Path, r
     """Issue 17: arm C's checkpoint is its only input to the score package; the candidate's scorer never runs."""
     from types import SimpleNamespace
 
-    from orchestrator.launch import PLAN, RunContext, _spec
+    from orchestrator.run_plan import PLAN, RunContext, package_spec
     from protocol.schema import load_protocol
 
     loaded = load_protocol(repo / "protocol" / "r3_mini.yaml")
@@ -68,12 +68,33 @@ def test_the_scorer_is_the_baselines_sealed_code_for_every_arm(tmp_path: Path, r
     ctx = RunContext(loaded, None, "r1", tmp_path / "run", tmp_path / "scratch", None, {}, {},  # type: ignore[arg-type]
                      sealed=sealed)  # type: ignore[arg-type]
     score = next(p for p in PLAN if p.kind == "score")
-    spec = _spec(ctx, score, None)
+    spec = package_spec(ctx, score, None)
     assert {t.arm_label: Path(t.sealed_dir).name for t in spec.score_targets} == {"A": "baseline", "C": "baseline"}
     assert {t.arm_label: Path(t.ckpt_dir).name for t in spec.score_targets} == {"A": "A", "C": "C"}
     assert spec.score_targets[0].argv == spec.score_targets[1].argv  # the baseline's configuration for both
     replay = next(p for p in PLAN if p.name == "watch-C")
-    watched = _spec(ctx, replay, None)
+    watched = package_spec(ctx, replay, None)
     assert (replay.kind, watched.watch_all, watched.ckpt_dir, Path(watched.sealed_dir).name) == (
         "replay", True, None, "candidate")
     assert [p.name for p in PLAN].index("watch-C") > [p.name for p in PLAN].index("reload-B")  # after the triplet
+
+
+def test_outcome_step_turns_how_the_run_ended_into_the_result_or_its_one_line(tmp_path: Path) -> None:
+    """The pipeline's `outcome` step alone: complete -> the result; failed, interrupted, an OS error -> the error."""
+    import errno
+
+    from orchestrator.launch import RunEnd, RunFailedError, RunInterruptedError, outcome
+    from orchestrator.run_plan import RunContext
+
+    ctx = RunContext(None, None, "r1", tmp_path / "run", tmp_path / "scratch", None, {}, {})  # type: ignore[arg-type]
+    ctx.doc = {"packages": [{"name": "checks", "note": "exit 2: boom"}]}
+    done = outcome(ctx, RunEnd("complete", {"checks": "ok"}))
+    assert (done.run_id, done.status, done.packages, done.audit) == ("r1", "complete", {"checks": "ok"}, None)
+    with pytest.raises(RunFailedError, match=r"^run r1: package checks failed \(exit 2: boom\); later packages not "
+                                             r"run, no audit written$") as failed:
+        outcome(ctx, RunEnd("failed", {"checks": "failed", "train-A": "not-run"}))
+    assert failed.value.result.status == "failed"
+    with pytest.raises(RunInterruptedError, match=r"interrupted; its packages are recorded in the ledger$"):
+        outcome(ctx, RunEnd("interrupted", {}))
+    with pytest.raises(RunFailedError, match=r"^run r1 failed: "):
+        outcome(ctx, RunEnd("failed", {}, OSError(errno.ENOSPC, "No space left on device")))

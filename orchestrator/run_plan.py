@@ -1,0 +1,330 @@
+"""Running the plan of one run: its context (RunContext: the run's directory, ledger, lock, seals, run.json), each
+package's sealed spec, and the loop that runs the packages in order, stopping at the first failure.
+
+Every package gets an open and a close ledger record; packages never reached are recorded `not-run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ledger.cost.store import Ledger
+from orchestrator import gpu_lock, slurm
+from orchestrator.blinding import quarantine, seal_outputs
+from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, utc_now
+from orchestrator.progress import Progress
+from orchestrator.sealing import SealedArm, check_seal, unseal_for_removal
+from protocol.errors import FailedError
+from protocol.fileio import write_atomic
+from protocol.hashing import canonical_json, sha256_file
+from protocol.home import Home
+from protocol.package import CommandSpec, PackageSpec, ScoreTarget
+from protocol.plan import PlannedPackage, kept_checkpoints, plan, score_labels
+from protocol.results import ChecksResult, TrainResult
+from protocol.schema import Arm, LoadedProtocol
+
+PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K)
+WATCH_TIMEOUT_FACTOR = 3  # the watched replay runs every op through the dispatch watch: slower than train
+
+
+@dataclass
+class VerifiedArm:
+    name: str
+    spec: Arm
+    source_dir: Path
+    commitment_root: str
+    sources_root: str
+    note: str | None = None
+
+
+def substitute(argv: list[str], values: dict[str, str]) -> list[str]:
+    out = []
+    for a in argv:
+        for key, value in values.items():
+            a = a.replace("{" + key + "}", value)
+        out.append(a)
+    return out
+
+
+def _arm_args(loaded: LoadedProtocol, arm: Arm) -> list[str]:
+    extra = [x for key, value in sorted(arm.config.items()) for x in (f"--{key}", value)]
+    return [*loaded.protocol.launcher.args, *extra]
+
+
+@dataclass
+class RunContext:
+    loaded: LoadedProtocol
+    home: Home
+    run_id: str
+    run_dir: Path
+    scratch: Path
+    ledger: Ledger
+    host: dict[str, Any]
+    arms: dict[str, VerifiedArm]
+    sealed: dict[str, SealedArm] = field(default_factory=dict)
+    grant: gpu_lock.Grant | slurm.Allocation | None = None
+    slurm: slurm.SlurmRun | None = None  # launcher.scheduler slurm: the allocation's steps and per-node seal checks
+    doc: dict[str, Any] = field(default_factory=dict)
+    opened: set[str] = field(default_factory=set)
+    closed: set[str] = field(default_factory=set)
+
+    @property
+    def plan(self) -> tuple[PlannedPackage, ...]:
+        return plan(self.loaded.protocol.measurement.repeats)
+
+    @property
+    def gpus(self) -> int:
+        if isinstance(self.grant, slurm.Allocation):
+            return self.grant.gpus
+        return len(self.grant.devices) if self.grant is not None and self.grant.kind == "gpu" else 0
+
+    def write_run_json(self) -> None:
+        write_atomic(self.run_dir / "run.json", canonical_json(self.doc, ensure_ascii=True, pretty=True).encode())
+
+    def record(self, pkg: PlannedPackage, status: str, **fields: Any) -> None:
+        (self.opened if status == "open" else self.closed).add(pkg.name)
+        arm = pkg.arm
+        sources_root = self.arms[arm].sources_root if arm else None
+        self.ledger.append(
+            run_id=self.run_id, package=pkg.name, kind=pkg.kind, arm=arm, status=status,
+            gpus=self.gpus, host=self.host["host_hash"], protocol_id=self.loaded.id, sources_root=sources_root,
+            lock_wait_s=None if self.grant is None else round(self.grant.wait_s, 6), **fields,
+        )
+
+
+def trainer_dir(ctx: RunContext, pkg: PlannedPackage) -> Path:
+    """`{trainer_dir}`: the trainer's own output folder (its --log_dir), in scratch, sealed after the package."""
+    return ctx.scratch / "trainer" / pkg.name
+
+
+def _placeholders(ctx: RunContext, pkg: PlannedPackage) -> dict[str, str]:
+    return {"scratch": str(ctx.scratch), "init": str(ctx.scratch / "init.safetensors"),
+            "package_dir": str(ctx.run_dir / "packages" / pkg.name), "trainer_dir": str(trainer_dir(ctx, pkg))}
+
+
+def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> PackageSpec:
+    p = ctx.loaded.protocol
+    pkg_dir = ctx.run_dir / "packages" / pkg.name
+    values = _placeholders(ctx, pkg)
+    common: dict[str, Any] = {
+        "run_id": ctx.run_id, "name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
+        "package_dir": str(pkg_dir), "scratch_dir": str(ctx.scratch), "result_path": str(pkg_dir / "result.json"),
+        "device": p.launcher.device, "precision": p.precision, "nproc": p.launcher.world_size,
+        "backend": p.launcher.backend, "steps": p.measurement.steps, "warmup": p.measurement.warmup,
+        "window": p.measurement.window,
+        "digest_first": p.measurement.digest_first, "digest_last": p.measurement.digest_last,
+        "host_controls": list(p.measurement.host_controls),
+    }
+    inputs = {"init": init_digest} if init_digest else {}
+    if pkg.kind == "checks":
+        def cmd(d: Any) -> CommandSpec:
+            return CommandSpec(name=d.name, argv=substitute(list(d.command), values), expect_sha256=d.expect_sha256)
+
+        return PackageSpec(
+            **common, sealed_dir=str(ctx.sealed["baseline"].path),
+            prepare=[cmd(d) for d in p.checks.prepare], diagnostics=[cmd(d) for d in p.checks.diagnostics],
+            static_graph=None if p.checks.static_graph is None else cmd(p.checks.static_graph),
+        )
+    if pkg.kind == "score":
+        targets = []
+        for label in score_labels(p.measurement.repeats):
+            ckpt = ctx.scratch / "ckpt" / label
+            argv = substitute(list(p.scorer.command), values)  # {ckpt} and {out} are the score worker's to fill
+            # the scorer is the baseline's committed code and configuration for every arm: a candidate cannot
+            # change how it is scored; its checkpoint is the only input from arm C
+            targets.append(ScoreTarget(arm_label=label, sealed_dir=str(ctx.sealed["baseline"].path),
+                                       ckpt_dir=str(ckpt), argv=argv + _arm_args_config(ctx.loaded, "baseline")))
+        return PackageSpec(**common, sealed_dir=str(ctx.sealed["baseline"].path), inputs=inputs,
+                           score_targets=targets, sealed_metrics_path=str(ctx.run_dir / "score.sealed.json"))
+    assert pkg.arm is not None and pkg.arm_label is not None
+    arm_spec: Arm = getattr(p.arms, pkg.arm)
+    ckpt_dir: Path | None = ctx.scratch / "ckpt" / pkg.arm_label
+    if pkg.kind == "replay":
+        ckpt_dir = None  # the replay is checked by its digests; no second checkpoint of the candidate
+        common["watch_all"] = True
+    if ctx.slurm is not None and pkg.kind in ("train", "replay"):
+        common["slurm"] = ctx.slurm.step(pkg.name, p.launcher.nproc, ctx.scratch)
+    if pkg.kind == "reload":
+        train_result = ctx.run_dir / "packages" / f"train-{pkg.arm_label}" / "result.json"
+        inputs = {**inputs, "train_result": sha256_file(train_result)}
+    return PackageSpec(
+        **common, sealed_dir=str(ctx.sealed[pkg.arm].path), ckpt_dir=None if ckpt_dir is None else str(ckpt_dir),
+        script=p.launcher.script,
+        args=substitute(_arm_args(ctx.loaded, arm_spec), values), inputs=inputs,
+    )
+
+
+def _arm_args_config(loaded: LoadedProtocol, arm: str) -> list[str]:
+    spec: Arm = getattr(loaded.protocol.arms, arm)
+    return [x for key, value in sorted(spec.config.items()) for x in (f"--{key}", value)]
+
+
+def last_passing_checks(runs_dir: Path, protocol_id: str, exclude: str) -> tuple[str, dict[str, str]] | None:
+    """(run id, versions) of the latest earlier run of this protocol whose checks package passed."""
+    best: tuple[str, str, dict[str, str]] | None = None
+    for run_json in runs_dir.glob("*/run.json"):
+        try:
+            doc = json.loads(run_json.read_text())
+            if doc.get("protocol_id") != protocol_id or doc.get("run_id") == exclude:
+                continue
+            if not any(p.get("name") == "checks" and p.get("status") == "ok" for p in doc.get("packages", [])):
+                continue
+            versions = ChecksResult.model_validate_json(
+                (run_json.parent / "packages" / "checks" / "result.json").read_bytes()
+            ).versions
+        except (OSError, ValueError):
+            continue
+        if best is None or doc.get("started", "") > best[0]:
+            best = (doc.get("started", ""), doc["run_id"], dict(versions))
+    return None if best is None else (best[1], best[2])
+
+
+def _announce_version_changes(ctx: RunContext, result: Any, say: Callable[[str], None]) -> None:
+    """The owner's rule: rerun the GPU diagnostics after upgrades; the checks always run, so say what changed."""
+    if not isinstance(result, ChecksResult):
+        return
+    previous = last_passing_checks(ctx.home.runs, ctx.loaded.id, ctx.run_id)
+    if previous is None:
+        return
+    changed = {k: (previous[1].get(k), v) for k, v in result.versions.items() if previous[1].get(k) != v}
+    if changed:
+        listed = "; ".join(f"{k}: {old} -> {new}" for k, (old, new) in sorted(changed.items()))
+        say(f"environment changed since the last passing checks of this protocol (run {previous[0]}): {listed}; "
+            "the GPU diagnostics were rerun by this run's checks package")
+        ctx.doc["versions_changed"] = {"since_run": previous[0], "changes": {k: list(v) for k, v in changed.items()}}
+
+
+def _peaks(result: Any) -> dict[str, int | None]:
+    if not isinstance(result, TrainResult):
+        return {"peak_allocated": None, "peak_reserved": None}
+    alloc = [r.peak_allocated for r in result.ranks if r.peak_allocated is not None]
+    res = [r.peak_reserved for r in result.ranks if r.peak_reserved is not None]
+    return {"peak_allocated": max(alloc) if alloc else None, "peak_reserved": max(res) if res else None}
+
+
+def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
+    """Run the plan; returns (run status, package -> status). Raises KeyboardInterrupt after recording it."""
+    statuses = {pkg.name: "not-run" for pkg in ctx.plan}
+    init_digest: str | None = None
+    failed_at: int | None = None
+    interrupted = False
+    for index, pkg in enumerate(ctx.plan):
+        spec = package_spec(ctx, pkg, init_digest)
+        arm_spec: Arm | None = getattr(ctx.loaded.protocol.arms, pkg.arm) if pkg.arm else None
+        assert ctx.grant is not None
+        values = _placeholders(ctx, pkg)
+        launcher_env = {k: substitute([v], values)[0] for k, v in ctx.loaded.protocol.launcher.env.items()}
+        env = package_env(os.environ, ctx.grant.env({}), launcher_env,
+                          arm_spec.switches if arm_spec else {}, ctx.run_id)
+        if pkg.kind in ("train", "replay"):
+            trainer_dir(ctx, pkg).mkdir(parents=True, exist_ok=True)
+        ctx.record(pkg, "open", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        entry: dict[str, Any] = {"name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
+                 "env": env_summary(env), "status": "running"}
+        ctx.doc["packages"].append(entry)
+        ctx.write_run_json()
+        steps = ctx.loaded.protocol.measurement.steps if pkg.kind in ("train", "replay") else None
+        progress.start(pkg.name, pkg.kind, steps)
+        pkg_dir = Path(spec.package_dir)
+        timeouts = ctx.loaded.protocol.timeouts
+        timeout = float(timeouts.train * WATCH_TIMEOUT_FACTOR if pkg.kind == "replay" else getattr(timeouts, pkg.kind))
+
+        def tick(elapsed: float, pkg_dir: Path = pkg_dir) -> None:
+            progress.tick(elapsed, probe_progress(pkg_dir), ctx.gpus)
+
+        prefix = ctx.slurm.prefix(pkg.kind, pkg.name) if ctx.slurm is not None else []
+        refused = _slurm_precheck(ctx) if ctx.slurm is not None and index == 0 else None
+        outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix) if refused is None
+                                   else PackageOutcome(pkg.name, "failed", None, 0.0, utc_now(), utc_now(),
+                                                       note=refused))
+        if outcome.status == "ok":
+            try:
+                for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy
+                    check_seal(ctx.sealed[arm])
+                if ctx.slurm is not None:  # after this package, so before the next: nothing runs in between
+                    ctx.slurm.check_seals(_seal_roots(ctx), f"after {pkg.name}")
+                if init_digest is not None and pkg.kind != "score":
+                    if sha256_file(ctx.scratch / "init.safetensors") != init_digest:
+                        raise FailedError("the shared initial state changed during the run")
+            except FailedError as err:
+                outcome.status, outcome.note = "failed", err.message
+        if outcome.extra.get("stragglers"):
+            entry["stragglers"] = outcome.extra["stragglers"]
+        if pkg.kind in ("train", "replay"):  # blinding: the trainer's own outputs never stay in the run folder
+            moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
+            entry["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}
+        if outcome.status == "ok" and pkg.kind == "reload":
+            _drop_checkpoint(ctx, pkg)
+        if outcome.status == "ok" and pkg.kind == "checks":
+            init = ctx.scratch / "init.safetensors"
+            init_digest = sha256_file(init) if init.is_file() else None
+            _announce_version_changes(ctx, outcome.result, progress.say)
+        result_digest = outcome.result_sha256
+        if pkg.kind == "score" and outcome.status == "ok":
+            result_digest = sha256_file(ctx.run_dir / "score.sealed.json")  # the ledger holds the sealed digest only
+        gpu_seconds = round(outcome.wall_s * ctx.gpus, 6)
+        if ctx.slurm is not None and refused is None:  # what Slurm charged its steps (sacct), ids in the note
+            gpu_seconds, slurm_note = slurm_charge(ctx.slurm, pkg.name)
+            outcome.note = f"{slurm_note}; {outcome.note}" if outcome.note else slurm_note
+        ctx.record(pkg, outcome.status, started=outcome.started, ended=outcome.ended,
+                   wall_s=round(outcome.wall_s, 6), gpu_seconds=gpu_seconds, result_digest=result_digest,
+                   exit_code=outcome.exit_code, note=outcome.note, **_peaks(outcome.result))
+        entry.update(status=outcome.status, exit_code=outcome.exit_code, started=outcome.started,
+                     ended=outcome.ended, wall_s=round(outcome.wall_s, 6), gpus=ctx.gpus, gpu_seconds=gpu_seconds,
+                     result_sha256=outcome.result_sha256, note=outcome.note,
+                     isolation=outcome.extra.get("isolation"))
+        ctx.write_run_json()
+        statuses[pkg.name] = outcome.status
+        progress.finish(pkg.name, outcome.status, outcome.wall_s, gpu_seconds, outcome.note)
+        if outcome.status != "ok":
+            failed_at = index
+            interrupted = outcome.status == "interrupted"
+            break
+    if failed_at is not None:
+        stopped = ctx.plan[failed_at].name
+        for pkg in ctx.plan[failed_at + 1 :]:
+            ctx.record(pkg, "not-run", note=f"not reached: {stopped} {statuses[stopped]}")
+        if interrupted:
+            return "interrupted", statuses
+        return "failed", statuses
+    return "complete", statuses
+
+
+def _slurm_precheck(ctx: RunContext) -> str | None:
+    """Every node reads the sealed copies before the first package: None, or why not (the first package fails)."""
+    assert ctx.slurm is not None
+    try:
+        ctx.slurm.check_seals(_seal_roots(ctx), "before the first package")
+    except FailedError as err:
+        return err.message
+    return None
+
+
+def _seal_roots(ctx: RunContext) -> dict[str, tuple[Path, str]]:
+    return {name: (sealed.path, sealed.manifest.root) for name, sealed in ctx.sealed.items()}
+
+
+def slurm_charge(run: slurm.SlurmRun, package: str) -> tuple[float, str]:
+    """(GPU-seconds sacct charged the package's steps, the ledger note naming the job and steps)."""
+    from orchestrator.slurm_accounting import package_steps, step_note
+
+    steps = package_steps(run.alloc.job_id, run.step_name(package))
+    return round(sum(s.gpu_seconds for s in steps), 6), step_note(run.alloc.job_id, steps)
+
+
+def _drop_checkpoint(ctx: RunContext, pkg: PlannedPackage) -> None:
+    """With repeats, a launch's checkpoint is deleted once its reload passed, unless the scorer needs it."""
+    repeats = ctx.loaded.protocol.measurement.repeats
+    if repeats == 1 or pkg.arm_label is None or pkg.arm_label in kept_checkpoints(repeats):
+        return
+    ckpt = ctx.scratch / "ckpt" / pkg.arm_label
+    if ckpt.exists():
+        unseal_for_removal(ckpt)
+        shutil.rmtree(ckpt, ignore_errors=True)
