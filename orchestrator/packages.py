@@ -21,7 +21,7 @@ from orchestrator.process_group import exit_status, spawn_in_group, terminate_gr
 from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
 from protocol.fileio import write_atomic
 from protocol.hashing import canonical_json
-from protocol.package import PackageSpec
+from protocol.package import PackageSpec, TrainSpec
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, TrainResult
 
 ORCH_ROOT = Path(__file__).resolve().parents[1]  # holds workers/, protocol/: on PYTHONPATH of every package
@@ -97,8 +97,9 @@ def write_spec(spec: PackageSpec) -> Path:
     pkg_dir = Path(spec.package_dir)
     pkg_dir.mkdir(parents=True, exist_ok=True)
     path = pkg_dir / "package.json"
-    # a local package's document is as it was before Slurm runs existed
-    doc = spec.model_dump(mode="json", by_alias=True, exclude={"slurm"} if spec.slurm is None else None)
+    # a local train package's document has no slurm key at all
+    local = isinstance(spec, TrainSpec) and spec.slurm is None
+    doc = spec.model_dump(mode="json", by_alias=True, exclude={"slurm"} if local else None)
     text = canonical_json(doc, ensure_ascii=True, pretty=True)
     write_atomic(path, text.encode())
     path.chmod(0o444)

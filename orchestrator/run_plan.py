@@ -25,7 +25,7 @@ from protocol.errors import FailedError
 from protocol.fileio import write_atomic
 from protocol.hashing import canonical_json, sha256_file
 from protocol.home import Home
-from protocol.package import CommandSpec, PackageSpec, ScoreTarget
+from protocol.package import ChecksSpec, CommandSpec, PackageSpec, ReloadSpec, ScoreSpec, ScoreTarget, TrainSpec
 from protocol.plan import PlannedPackage, kept_checkpoints, plan, score_labels
 from protocol.results import ChecksResult, TrainResult
 from protocol.schema import Arm, LoadedProtocol
@@ -110,24 +110,22 @@ def _placeholders(ctx: RunContext, pkg: PlannedPackage) -> dict[str, str]:
 
 
 def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) -> PackageSpec:
+    """The sealed spec of one package, of its kind's model (orch.package/2): each kind carries only its fields."""
     p = ctx.loaded.protocol
     pkg_dir = ctx.run_dir / "packages" / pkg.name
     values = _placeholders(ctx, pkg)
     common: dict[str, Any] = {
-        "run_id": ctx.run_id, "name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
+        "run_id": ctx.run_id, "name": pkg.name, "arm_label": pkg.arm_label, "arm": pkg.arm,
         "package_dir": str(pkg_dir), "scratch_dir": str(ctx.scratch), "result_path": str(pkg_dir / "result.json"),
         "device": p.launcher.device, "precision": p.precision, "nproc": p.launcher.world_size,
-        "backend": p.launcher.backend, "steps": p.measurement.steps, "warmup": p.measurement.warmup,
-        "window": p.measurement.window,
-        "digest_first": p.measurement.digest_first, "digest_last": p.measurement.digest_last,
-        "host_controls": list(p.measurement.host_controls),
+        "backend": p.launcher.backend,
     }
     inputs = {"init": init_digest} if init_digest else {}
     if pkg.kind == "checks":
         def cmd(d: Any) -> CommandSpec:
             return CommandSpec(name=d.name, argv=substitute(list(d.command), values), expect_sha256=d.expect_sha256)
 
-        return PackageSpec(
+        return ChecksSpec(
             **common, sealed_dir=str(ctx.sealed["baseline"].path),
             prepare=[cmd(d) for d in p.checks.prepare], diagnostics=[cmd(d) for d in p.checks.diagnostics],
             static_graph=None if p.checks.static_graph is None else cmd(p.checks.static_graph),
@@ -141,23 +139,25 @@ def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) 
             # change how it is scored; its checkpoint is the only input from arm C
             targets.append(ScoreTarget(arm_label=label, sealed_dir=str(ctx.sealed["baseline"].path),
                                        ckpt_dir=str(ckpt), argv=argv + _arm_args_config(ctx.loaded, "baseline")))
-        return PackageSpec(**common, sealed_dir=str(ctx.sealed["baseline"].path), inputs=inputs,
-                           score_targets=targets, sealed_metrics_path=str(ctx.run_dir / "score.sealed.json"))
+        return ScoreSpec(**common, sealed_dir=str(ctx.sealed["baseline"].path), inputs=inputs,
+                         score_targets=targets, sealed_metrics_path=str(ctx.run_dir / "score.sealed.json"))
     assert pkg.arm is not None and pkg.arm_label is not None
-    arm_spec: Arm = getattr(p.arms, pkg.arm)
-    ckpt_dir: Path | None = ctx.scratch / "ckpt" / pkg.arm_label
-    if pkg.kind == "replay":
-        ckpt_dir = None  # the replay is checked by its digests; no second checkpoint of the candidate
-        common["watch_all"] = True
-    if ctx.slurm is not None and pkg.kind in ("train", "replay"):
-        common["slurm"] = ctx.slurm.step(pkg.name, p.launcher.nproc, ctx.scratch)
+    sealed_dir = str(ctx.sealed[pkg.arm].path)
+    ckpt_dir = str(ctx.scratch / "ckpt" / pkg.arm_label)
     if pkg.kind == "reload":
         train_result = ctx.run_dir / "packages" / f"train-{pkg.arm_label}" / "result.json"
-        inputs = {**inputs, "train_result": sha256_file(train_result)}
-    return PackageSpec(
-        **common, sealed_dir=str(ctx.sealed[pkg.arm].path), ckpt_dir=None if ckpt_dir is None else str(ckpt_dir),
-        script=p.launcher.script,
+        return ReloadSpec(**common, sealed_dir=sealed_dir, ckpt_dir=ckpt_dir,
+                          inputs={**inputs, "train_result": sha256_file(train_result)})
+    arm_spec: Arm = getattr(p.arms, pkg.arm)
+    replay = pkg.kind == "replay"  # checked by its digests: every step watched, no second checkpoint of C
+    return TrainSpec(
+        **common, kind="replay" if replay else "train", sealed_dir=sealed_dir,
+        ckpt_dir=None if replay else ckpt_dir, script=p.launcher.script,
         args=substitute(_arm_args(ctx.loaded, arm_spec), values), inputs=inputs,
+        steps=p.measurement.steps, warmup=p.measurement.warmup, window=p.measurement.window,
+        digest_first=p.measurement.digest_first, digest_last=p.measurement.digest_last,
+        host_controls=list(p.measurement.host_controls), watch_all=replay,
+        slurm=None if ctx.slurm is None else ctx.slurm.step(pkg.name, p.launcher.nproc, ctx.scratch),
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.isolation import isolate, namespaces_work, protected_dirs
 from orchestrator.packages import package_env, run_package
-from protocol.package import PackageSpec
+from protocol.package import ChecksSpec
 
 CHEAT = """
 import json, os, sys
@@ -28,14 +28,14 @@ open(sys.argv[2], "w").write(json.dumps(out))
 """
 
 
-def _spec(tmp_path: Path, target: str) -> PackageSpec:
+def _spec(tmp_path: Path, target: str) -> ChecksSpec:
     run_dir = tmp_path / "home" / "runs" / "r1"
     pkg_dir = run_dir / "packages" / "checks"
     pkg_dir.mkdir(parents=True)
     scratch = tmp_path / "home" / "scratch" / "r1"
     scratch.mkdir(parents=True)
     seen = pkg_dir / "seen.json"
-    return PackageSpec.model_validate({
+    return ChecksSpec.model_validate({
         "run_id": "r1", "name": "checks", "kind": "checks", "package_dir": str(pkg_dir),
         "sealed_dir": str(tmp_path), "scratch_dir": str(scratch), "result_path": str(pkg_dir / "result.json"),
         "device": "cpu", "precision": "fp32",

@@ -139,13 +139,13 @@ def _summary(rank: int, exitcode: int) -> str:
 
 def test_multi_node_failure_names_the_node_that_failed_first(tmp_path: Path) -> None:
     """Each node agent leaves its torchrun's log and exit; the cause is found across them (workers.train)."""
-    from protocol.package import PackageSpec, SlurmStep
+    from protocol.package import SlurmStep, TrainSpec
     from workers.common import RANK_FAILED
     from workers.node import EXIT_FILE, LOG_FILE
     from workers.train import node_cause
 
     step = SlurmStep(srun=["srun"], nodes=3, nproc_per_node=1, port=20001, rdzv_id="r", clock_dir=str(tmp_path))
-    spec = PackageSpec(run_id="r", name="train-A", kind="train", package_dir=str(tmp_path), sealed_dir=str(tmp_path),
+    spec = TrainSpec(run_id="r", name="train-A", kind="train", package_dir=str(tmp_path), sealed_dir=str(tmp_path),
                        scratch_dir=str(tmp_path), result_path=str(tmp_path / "r.json"), device="cpu",
                        precision="fp32", nproc=3, slurm=step)
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from orchestrator.packages import PackageOutcome, run_package
-from protocol.package import PackageSpec
+from protocol.package import parse_spec
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_train_fails_with_a_reason(tmp_path: Path) -> None:
 
 
 def _run_train_package(tmp: Path, extra_env: dict[str, str], on_tick: object = None) -> PackageOutcome:
-    spec = PackageSpec.model_validate_json(write_spec(tmp, "train-A", "train").read_bytes())
+    spec = parse_spec(write_spec(tmp, "train-A", "train").read_bytes())  # an orch.package/1 spec, read as /2
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
            **extra_env}
     return run_package(spec, env, 240, on_tick=on_tick)  # type: ignore[arg-type]

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from protocol.hashing import canonical_json
-from protocol.package import PackageSpec
+from protocol.package import PackageSpec, parse_spec
 
 R = TypeVar("R", bound=BaseModel)
 # the probe's one line when a rank's trainer raises (time.time() when it was caught: the first failure is the cause)
@@ -29,9 +29,9 @@ class WorkerFailed(Exception):
 
 def load_spec(path: str | Path, kind: str) -> PackageSpec:
     try:
-        spec = PackageSpec.model_validate_json(Path(path).read_bytes())
-    except (OSError, ValidationError) as exc:
-        raise WorkerFailed(f"package spec {path} is not a valid orch.package/1 document: {exc}") from exc
+        spec = parse_spec(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:  # a ValidationError is a ValueError
+        raise WorkerFailed(f"package spec {path} is not a valid orch.package/2 (or /1) document: {exc}") from exc
     if spec.kind != kind:
         raise WorkerFailed(f"package spec {path} is of kind {spec.kind!r}, this worker runs {kind!r}")
     return spec

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from manifests.core import hash_tree
-from protocol.package import PackageSpec
+from protocol.package import PackageSpec, parse_spec
 from workers.clock import StepClock
 from workers.common import WorkerFailed
 
@@ -84,7 +84,7 @@ def train(spec_path: str) -> int:
     from protocol.process import die_with_parent
     from workers.torchrun import torchrun_command
 
-    spec = PackageSpec.model_validate_json(Path(spec_path).read_bytes())
+    spec = parse_spec(Path(spec_path).read_bytes())
     if spec.kind not in ("train", "replay") or spec.slurm is None:
         raise WorkerFailed(f"{spec_path} is not a train package spec with a slurm section")
     node_id = int(os.environ.get("SLURM_NODEID", "0"))
