@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import mmap
 import os
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from ledger.cost import merkle
+from ledger.cost.hints import extend_index, read_tail_hint, write_tail_hint
 from ledger.cost.layout import Columns, frame, index_valid, layout
 from ledger.cost.merkle import TreeHead
 from ledger.cost.orphans import orphans_of
@@ -145,8 +145,8 @@ class Ledger:
             finally:
                 os.close(fd)
             new_size = size + len(data)
-            self._write_tail_hint(new_size, new_size - len(message), seq + 1)
-            self._extend_index(seq, new_size - len(message))
+            write_tail_hint(self.tail_path, new_size, new_size - len(message), seq + 1)
+            extend_index(self.index_path, seq, new_size - len(message))
         return record
 
     def _write(self, fd: int, size: int, data: bytes) -> None:
@@ -179,7 +179,7 @@ class Ledger:
         """(next seq, last record_hash, sha256 of the last message, its offset) of the file behind fd."""
         if size == 0:
             return 0, GENESIS, hashlib.sha256(schema_message(version)).hexdigest(), None
-        hint = self._read_tail_hint()
+        hint = read_tail_hint(self.tail_path)
         if hint is not None and hint.get("size") == size and isinstance(hint.get("offset"), int):
             offset = int(hint["offset"])
             raw = os.pread(fd, size - offset, offset)
@@ -209,46 +209,13 @@ class Ledger:
     def _refuse_truncated(self, records: int) -> None:
         """The hint counts every record ever appended; a file holding fewer lost records: never append (which
         would lower the count and hide the loss), so the truncation stays visible to `verify`."""
-        hint = self._read_tail_hint()
+        hint = read_tail_hint(self.tail_path)
         appended = hint.get("records") if hint is not None else None
         if isinstance(appended, int) and appended > records:
             raise FailedError(
                 f"ledger {self.path.name} holds {records} records but {appended} were appended "
                 f"({self.tail_path.name}): it was truncated; nothing appended; restore the ledger from a copy"
             )
-
-    def _read_tail_hint(self) -> dict[str, Any] | None:
-        try:
-            hint = json.loads(self.tail_path.read_text())
-        except (OSError, ValueError):
-            return None
-        return hint if isinstance(hint, dict) else None
-
-    def _write_tail_hint(self, size: int, offset: int, records: int) -> None:
-        """A cache of where the last record starts (and how many records were ever appended); never trusted."""
-        tmp = self.tail_path.with_name(self.tail_path.name + f".{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps({"size": size, "offset": offset, "records": records}))
-            os.replace(tmp, self.tail_path)
-        except OSError:  # e.g. a full disk: a cache, so the append stands; no temporary file is left
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-
-    def _extend_index(self, seq: int, offset: int) -> None:
-        """Add the new message's offset to the index when it holds exactly the earlier ones, else drop it."""
-        with contextlib.suppress(OSError):
-            try:
-                entries = self.index_path.stat().st_size // 8
-            except FileNotFoundError:
-                entries = 0 if seq == 0 else -1
-            if entries != seq:
-                self.index_path.unlink(missing_ok=True)
-                return
-            fd = os.open(self.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, int(offset).to_bytes(8, "little"))
-            finally:
-                os.close(fd)
 
     # ---- reading ------------------------------------------------------------------------------------
 
@@ -355,7 +322,7 @@ class Ledger:
             else:
                 report, record_hashes, keys = verify_slow(buf, size)
         report["bytes"] = size
-        hint = self._read_tail_hint()
+        hint = read_tail_hint(self.tail_path)
         if hint is not None and isinstance(hint.get("records"), int) and hint["records"] > report["size"]:
             report["problems"].append(
                 f"truncated: {hint['records']} records were appended but {report['size']} complete records remain"

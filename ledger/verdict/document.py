@@ -14,8 +14,9 @@ from typing import Any
 from ledger.probe_cost import probe_cost_doc
 from ledger.verdict.decision import decide, drift_notes, interval_doc, replication_doc, run_interval, triplet_speedups
 from ledger.verdict.evidence import RunEvidence
-from ledger.verdict.exactness import Exactness, Mismatch, exactness
+from ledger.verdict.exactness import Exactness, exactness
 from ledger.verdict.host_report import clock_doc, quiet_host_doc
+from ledger.verdict.mismatch import Mismatch
 from ledger.verdict.windows import Speedup, step_times
 from protocol.hashing import canonical_json
 from protocol.plan import ARMS, BASELINE_ROLES, KINDS, ROLES, launch_labels, replay_label, triplets

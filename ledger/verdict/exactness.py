@@ -5,38 +5,15 @@ Pure Python over the probe's step lines and the worker results; every check name
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledger.verdict.mismatch import Mismatch, Steps, by_step
 from ledger.verdict.recipe_check import model_differences, recipe_differences, structure_differences
+from ledger.verdict.trainer_numbers import first_scalar_mismatch, logged_nothing
 from protocol.plan import ROLES
 from protocol.results import ReloadResult, StepRecord, TrainResult
-
-Steps = Mapping[str, Mapping[int, Sequence[StepRecord]]]  # arm label -> rank -> step lines
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """The first place where two arms (or a train and its reload) disagree."""
-
-    check: str  # digests | combined | final | reload | rng | lr | missing
-    step: int | None
-    rank: int | None
-    tensor: str | None
-    values: dict[str, str | None]  # arm label (or "reload X") -> value seen
-    detail: str
-
-    def line(self) -> str:
-        where = []
-        if self.step is not None:
-            where.append(f"step {self.step}")
-        if self.rank is not None:
-            where.append(f"rank {self.rank}")
-        if self.tensor is not None:
-            where.append(f"{'quantity' if self.check == 'scalars' else 'tensor'} {self.tensor}")
-        return f"{self.check} mismatch at {', '.join(where) or 'run level'}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -78,10 +55,6 @@ class Exactness:
     watch_coverage: dict[str, list[int]] = field(default_factory=dict)  # package -> steps the watch covered
 
 
-def _by_step(records: Sequence[StepRecord]) -> dict[int, StepRecord]:
-    return {r.step: r for r in records}
-
-
 def first_digest_mismatch(
     steps: Steps, labels: Sequence[str], digest_steps: Sequence[int], ranks: Sequence[int]
 ) -> tuple[Mismatch | None, int, int]:
@@ -92,7 +65,7 @@ def first_digest_mismatch(
     first: Mismatch | None = None
     count = 0
     compared = 0
-    indexed = {label: {rank: _by_step(steps[label].get(rank, ())) for rank in ranks} for label in labels}
+    indexed = {label: {rank: by_step(steps[label].get(rank, ())) for rank in ranks} for label in labels}
     for step in digest_steps:
         for rank in ranks:
             lines = {label: indexed[label][rank].get(step) for label in labels}
@@ -194,7 +167,7 @@ def first_rng_mismatch(steps: Steps, labels: Sequence[str], n_steps: int, ranks:
     """CPU and CUDA generator fingerprints must be equal across arms at every step on every rank."""
     for step in range(n_steps):
         for rank in ranks:
-            recs = {label: _by_step(steps[label].get(rank, ())).get(step) for label in labels}
+            recs = {label: by_step(steps[label].get(rank, ())).get(step) for label in labels}
             for gen in ("cpu", "cuda"):
                 values = {label: (getattr(rec.rng, gen) if rec is not None else None) for label, rec in recs.items()}
                 if len(set(values.values())) != 1:
@@ -204,61 +177,6 @@ def first_rng_mismatch(steps: Steps, labels: Sequence[str], n_steps: int, ranks:
             if len(set(lrs.values())) != 1:
                 return Mismatch("lr", step, rank, None, lrs, _differs(lrs, "learning rate"))
     return None
-
-
-def decode_scalar(code: str | None) -> str:
-    """A recorded trainer number in readable form: floats as their repr, other codes as stored."""
-    if code is None:
-        return "absent"
-    dtype, _, raw = code.partition(":")
-    try:
-        if dtype == "float64":
-            return repr(struct.unpack("<d", bytes.fromhex(raw))[0])
-        if dtype == "float32":
-            return repr(struct.unpack("<f", bytes.fromhex(raw))[0])
-    except (ValueError, struct.error):
-        pass
-    return raw if dtype in ("text", "int", "bool") else code
-
-
-def first_scalar_mismatch(
-    steps: Steps, labels: Sequence[str], scalar_steps: Sequence[int], ranks: Sequence[int]
-) -> tuple[Mismatch | None, int, int]:
-    """The trainer's own numbers (losses at backward, grad norms, logged values) equal bit for bit across arms,
-    in (step, rank, quantity) order, like torchtitan's loss_compare. Returns (first, mismatches, compared)."""
-    first: Mismatch | None = None
-    count = compared = 0
-    indexed = {label: {rank: _by_step(steps[label].get(rank, ())) for rank in ranks} for label in labels}
-    for step in scalar_steps:
-        for rank in ranks:
-            recs = {label: indexed[label][rank].get(step) for label in labels}
-            scalars = {label: (rec.scalars if rec is not None else {}) for label, rec in recs.items()}
-            for name in sorted(set().union(*(d.keys() for d in scalars.values()))):
-                compared += 1
-                values = {label: scalars[label].get(name) for label in labels}
-                if len(set(values.values())) != 1:
-                    count += 1
-                    shown = ", ".join(f"{k}={decode_scalar(v)}" for k, v in values.items())
-                    first = first or Mismatch("scalars", step, rank, name, dict(values),
-                                              f"the trainer's {name} differs ({shown})")
-    return first, count, compared
-
-
-def logged_nothing(steps: Steps, labels: Sequence[str], scalar_steps: Sequence[int]) -> list[str]:
-    """Arms whose trainer logged no number at all (through wandb.log or logging) in the compared steps."""
-    wanted = set(scalar_steps)
-    silent = []
-    for label in labels:
-        logged = any(
-            name.startswith(("log", "wandb"))
-            for recs in steps[label].values()
-            for rec in recs
-            if rec.step in wanted
-            for name in rec.scalars
-        )
-        if not logged:
-            silent.append(label)
-    return silent
 
 
 def replay_mismatch(
