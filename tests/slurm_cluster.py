@@ -19,6 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from protocol.process import die_with_parent
+
 DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "srun", "sacct")
 LIBDIR = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
 
@@ -67,18 +70,18 @@ class Cluster:
         return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def _daemon(self, argv: list[str], pidfile: Path, timeout: float = 30) -> None:
-        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"{argv[0]} did not start: {done.stderr.strip()[-300:]}")
-        self.pids.append(self._wait_pid(pidfile, timeout))
-
-    def _wait_pid(self, pidfile: Path, timeout: float) -> int:
+        """A daemon in the foreground, our child, that the kernel stops when the process that started it dies
+        (a killed pytest leaves no cluster behind); ready once its pid file names it."""
+        log = open(self.root / "log" / f"{Path(argv[0]).name}.{len(self.pids)}.out", "wb")
+        proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                preexec_fn=die_with_parent(signal.SIGTERM), start_new_session=True)
+        log.close()
+        self.pids.append(proc.pid)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if pidfile.is_file() and pidfile.read_text().strip().isdigit():
-                return int(pidfile.read_text().strip())
+        while not (pidfile.is_file() and pidfile.read_text().strip() == str(proc.pid)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{argv[0]} did not start (exit {proc.poll()}); see {log.name}")
             time.sleep(0.2)
-        raise RuntimeError(f"no pid file {pidfile.name} after {timeout} s")
 
     def start(self) -> None:
         r = self.root
@@ -90,23 +93,18 @@ class Cluster:
         key.write_bytes(os.urandom(128))
         key.chmod(0o400)
         sock = r / "munge" / "munge.socket"
-        self._daemon([_sbin("munged"), "-f", f"--socket={sock}", f"--key-file={key}", f"--log-file={r}/log/munged.log",
-                      f"--pid-file={r}/munge/munged.pid", f"--seed-file={r}/munge/seed"], r / "munge" / "munged.pid")
+        self._daemon([_sbin("munged"), "-F", "-f", f"--socket={sock}", f"--key-file={key}",
+                      f"--log-file={r}/log/munged.log", f"--pid-file={r}/munge/munged.pid",
+                      f"--seed-file={r}/munge/seed"], r / "munge" / "munged.pid")
         # MariaDB for slurmdbd (sacct needs slurmdbd; its only storage is MySQL/MariaDB)
         subprocess.run([_sbin("mariadb-install-db"), "--user=root", f"--datadir={r}/db", "--skip-test-db",
                         "--auth-root-authentication-method=socket"], capture_output=True, check=True, timeout=120)
         mysql_sock = r / "mysql.sock"
-        mysqld = subprocess.Popen(
-            [_sbin("mariadbd"), "--no-defaults", "--user=root", f"--datadir={r}/db", f"--socket={mysql_sock}",
-             f"--port={p['mysql']}", "--bind-address=127.0.0.1", f"--pid-file={r}/mysql.pid",
-             f"--log-error={r}/log/mysql.err", "--innodb-buffer-pool-size=16M", "--skip-log-bin"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        self.pids.append(mysqld.pid)
-        deadline = time.monotonic() + 60
+        self._daemon([_sbin("mariadbd"), "--no-defaults", "--user=root", f"--datadir={r}/db", f"--socket={mysql_sock}",
+                      f"--port={p['mysql']}", "--bind-address=127.0.0.1", f"--pid-file={r}/mysql.pid",
+                      f"--log-error={r}/log/mysql.err", "--innodb-buffer-pool-size=16M", "--skip-log-bin"],
+                     r / "mysql.pid", timeout=60)
         while not mysql_sock.exists():
-            if time.monotonic() > deadline or mysqld.poll() is not None:
-                raise RuntimeError("MariaDB did not start (see log/mysql.err)")
             time.sleep(0.2)
         subprocess.run(["mariadb", f"--socket={mysql_sock}", "-u", "root", "-e",
                         "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm'; "
@@ -164,13 +162,13 @@ KillWait=5
 PartitionName=skew Nodes=n1,n3 MaxTime=INFINITE State=UP
 """)
         (r / "gres.conf").write_text(f"NodeName=n[1-3] Name=gpu File={r}/dev/gpu0\n")
-        self._daemon([_sbin("slurmdbd")], r / "slurmdbd.pid", timeout=90)
+        self._daemon([_sbin("slurmdbd"), "-D"], r / "slurmdbd.pid", timeout=90)
         for argv in (["add", "cluster", "orchtest"], ["add", "account", "orch"],
                      ["add", "user", "root", "account=orch"]):
             self._retry(["sacctmgr", "-i", *argv])
-        self._daemon([_sbin("slurmctld"), "-f", str(self.conf)], r / "slurmctld.pid")
+        self._daemon([_sbin("slurmctld"), "-D", "-f", str(self.conf)], r / "slurmctld.pid")
         for n in ("n1", "n2"):
-            self._daemon([_sbin("slurmd"), "-f", str(self.conf), "-N", n], r / f"slurmd.{n}.pid")
+            self._daemon([_sbin("slurmd"), "-D", "-f", str(self.conf), "-N", n], r / f"slurmd.{n}.pid")
         self.skew = self._start_skewed_node()
         self._wait_idle(["n1", "n2", *(["n3"] if self.skew else [])])
 
@@ -185,12 +183,12 @@ PartitionName=skew Nodes=n1,n3 MaxTime=INFINITE State=UP
     def _start_skewed_node(self) -> bool:
         """n3 in its own mount namespace, where skew/ is bind-mounted from skew-elsewhere (empty)."""
         r = self.root
-        inner = (f"mount --make-rprivate / && mount --bind {r}/skew-elsewhere {r}/skew && "
-                 f"exec {_sbin('slurmd')} -f {self.conf} -N n3")
-        done = subprocess.run(["unshare", "--mount", "sh", "-c", inner], env=self.env, capture_output=True, timeout=30)
-        if done.returncode != 0:
+        probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, timeout=30)
+        if probe.returncode != 0:
             return False
-        self.pids.append(self._wait_pid(r / "slurmd.n3.pid", 30))
+        inner = (f"mount --make-rprivate / && mount --bind {r}/skew-elsewhere {r}/skew && "
+                 f"exec {_sbin('slurmd')} -D -f {self.conf} -N n3")
+        self._daemon(["unshare", "--mount", "sh", "-c", inner], r / "slurmd.n3.pid")
         return True
 
     def _wait_idle(self, nodes: list[str], timeout: float = 90) -> None:

@@ -154,6 +154,20 @@ def _run_processes(run_id: str) -> dict[int, dict[str, str]]:
     return found
 
 
+def _inner_orch(where: str) -> list[int]:
+    """`orch launch` processes inside an allocation (SLURM_JOB_ID set) whose command names `where`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "orchestrator.cli launch" in cmd and where in cmd:
+                if b"SLURM_JOB_ID=" in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def test_killed_ranks_on_one_node_fail_the_run_with_nothing_left(cluster: Cluster, tmp_path: Path) -> None:
     home = tmp_path / "home"
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(protocol(tmp_path)), "--home",
@@ -187,3 +201,58 @@ def test_killed_ranks_on_one_node_fail_the_run_with_nothing_left(cluster: Cluste
     records = {r.package: r for r in Ledger(home / "ledger" / "ledger.arrows").records(run_id)}
     assert records["train-A"].status == "failed" and records["reload-A"].status == "not-run"
     assert (records["train-A"].note or "").startswith("slurm job ")
+
+
+def test_allocation_not_granted_is_exit_75(cluster: Cluster, tmp_path: Path) -> None:
+    """The nodes are busy: salloc --immediate gives up after --lock-timeout, orch says so (no run started)."""
+    home = tmp_path / "home"
+    busy = cluster.run("sbatch", "--parsable", "--nodes=2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 120")
+    job = busy.stdout.strip()
+    try:
+        deadline = time.monotonic() + 60
+        while cluster.run("squeue", "-h", "-j", job, "-o", "%t").stdout.strip() != "R":
+            assert time.monotonic() < deadline, "the blocking job never started"
+            time.sleep(0.5)
+        t0 = time.monotonic()
+        waited = orch(cluster, "launch", str(protocol(tmp_path / "b")), "--home", str(home), "--lock-timeout", "2",
+                      "--json")
+        assert waited.returncode == 75 and time.monotonic() - t0 < 60, waited.stderr
+        assert json.loads(waited.stdout)["exit_code"] == 75
+        assert "orch: Slurm allocation not obtained (salloc exit 1)" in waited.stderr
+    finally:
+        cluster.run("scancel", job)
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())  # no run was started
+
+
+def test_orch_killed_mid_train_leaves_nothing_on_any_node(cluster: Cluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(protocol(tmp_path)), "--home",
+                             str(home)], cwd=REPO, env=env(cluster), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        steps = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            runs = list((home / "runs").glob("2*")) if (home / "runs").exists() else []
+            steps = runs[0] / "packages" / "train-A" / "steps.rank0.jsonl" if runs else None
+            if steps is not None and steps.exists() and len(steps.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.5)
+        assert steps is not None and proc.poll() is None, "train-A never reached step 2"
+        run_id = steps.parents[2].name
+        nodes = {p["node"] for p in _run_processes(run_id).values() if p["rank"]}
+        assert nodes == {"n1", "n2"}, nodes  # ranks on both nodes
+        inner = _inner_orch(str(tmp_path))  # the orch that salloc started
+        assert len(inner) == 1, inner
+        os.kill(inner[0], signal.SIGKILL)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 60
+    while _run_processes(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _run_processes(run_id) == {}  # nothing of the run on any node
+    while cluster.run("squeue", "-h").stdout.strip() and time.monotonic() < deadline + 60:
+        time.sleep(0.5)  # salloc's command died: Slurm ends the job (COMPLETING for a moment)
+    assert cluster.run("squeue", "-h").stdout.strip() == ""
