@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,17 +251,6 @@ class SlurmRun:
         if problems:
             raise FailedError(f"sealed copies differ across nodes {when}: {'; '.join(problems)}; every node must read "
                               "the same sealed copy (shared storage)")
-
-
-def wait_for_step_end(poll: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    """Poll until `poll()` is true (accounting reaches slurmdbd a moment after a step ends)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if poll():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
 
 
 STEP_NOTE = re.compile(r"^slurm job (\d+) steps ([0-9,]+)")
