@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test test-fast demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null attack mutation clean
+.PHONY: all install lint test test-fast test-e2e demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null attack mutation clean
 
 all: test
 
@@ -30,8 +30,12 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest -q -p no:cacheprovider --timeout=600
 
+# the two suites of tests/: unit (fast) and e2e (real trainers end to end, every test `slow`)
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow" --timeout=300
+	$(BIN)/pytest -q tests/unit --timeout=300
+
+test-e2e: $(STAMP)
+	$(BIN)/pytest -q tests/e2e --timeout=600
 
 demo: $(STAMP)
 	bash scripts/demo.sh

@@ -29,8 +29,8 @@ if [ "$phase" = smoke ]; then
   banner "fused-kernel exactness diagnostic"
   (cd examples/r3_mini && timeout 300 python3 -m train.diagnostics)
   banner "CUDA tests"
-  timeout 420 python3 -m pytest -q -x -p no:cacheprovider -m cuda tests/test_digest.py tests/test_workers.py \
-    tests/test_r3_mini.py 2>&1 | tail -25
+  timeout 420 python3 -m pytest -q -x -p no:cacheprovider -m cuda tests/unit/test_digest.py tests/unit/test_workers.py \
+    tests/e2e/test_r3_mini.py 2>&1 | tail -25
   banner "bench-digest"
   timeout 300 python3 bench/bench_digest.py --out "$OUT/digest.json" 2>&1 | tail -45
   banner "bench-r3mini (1 GPU)"

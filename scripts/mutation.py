@@ -38,7 +38,7 @@ class Target:
 
 
 MODULES: dict[str, Target] = {
-    "ledger/verdict/windows.py": Target(("tests/test_windows.py",), equivalent={
+    "ledger/verdict/windows.py": Target(("tests/unit/test_windows.py",), equivalent={
         **dict.fromkeys(
             ("ledger.verdict.windows.x__window__mutmut_7", "ledger.verdict.windows.x__window__mutmut_10",
              "ledger.verdict.windows.x__window__mutmut_11"),
@@ -47,9 +47,9 @@ MODULES: dict[str, Target] = {
                                                        "the noise, and a ratio of exactly 1 is always within it "
                                                        "(|1 - 1| = 0 <= noise)",
     }),
-    "ledger/verdict/stats.py": Target(("tests/test_stats.py",)),
-    "ledger/verdict/decision.py": Target(("tests/test_stats.py", "tests/test_audit.py")),
-    "ledger/cost/merkle.py": Target(("tests/test_merkle.py",), equivalent={
+    "ledger/verdict/stats.py": Target(("tests/unit/test_stats.py",)),
+    "ledger/verdict/decision.py": Target(("tests/unit/test_stats.py", "tests/unit/test_audit.py")),
+    "ledger/cost/merkle.py": Target(("tests/unit/test_merkle.py",), equivalent={
         "ledger.cost.merkle.x__subproof__mutmut_27": "complete=None instead of False: only its truth is read",
         **dict.fromkeys(
             ("ledger.cost.merkle.x_prefix_roots__mutmut_16", "ledger.cost.merkle.x_prefix_roots__mutmut_29",
@@ -57,16 +57,19 @@ MODULES: dict[str, Target] = {
             "prefix_roots' heights are only compared with each other for equality: starting at 1, or counting "
             "by -1 or 2, relabels every height one-to-one and merges exactly the same subtrees"),
     }),
-    "manifests/core.py": Target(("tests/test_manifests.py",)),
-    "protocol/recipe.py": Target(("tests/test_recipe.py", "tests/test_protocol.py", "tests/test_model_declared.py")),
-    "protocol/schema.py": Target(("tests/test_protocol.py", "tests/test_model_declared.py", "tests/test_recipe.py")),
-    "ledger/verdict/exactness.py": Target(("tests/test_audit.py",)),
-    "ledger/verdict/audit.py": Target(("tests/test_audit.py", "tests/test_audit_evidence.py")),
-    "ledger/cost/record.py": Target(("tests/test_ledger_store.py", "tests/test_ledger_chain.py")),
-    "ledger/cost/store.py": Target(("tests/test_ledger_store.py", "tests/test_ledger_chain.py",
-                               "tests/test_ledger_accounting.py")),
-    "ledger/files/hygiene.py": Target(("tests/test_hygiene.py",)),
-    "workers/probe.py": Target(("tests/test_probe_timing.py", "tests/test_probe_discovery.py"), forkserver=True),
+    "manifests/core.py": Target(("tests/unit/test_manifests.py",)),
+    "protocol/recipe.py": Target(("tests/unit/test_recipe.py", "tests/unit/test_protocol.py",
+                                  "tests/unit/test_model_declared.py")),
+    "protocol/schema.py": Target(("tests/unit/test_protocol.py", "tests/unit/test_model_declared.py",
+                                  "tests/unit/test_recipe.py")),
+    "ledger/verdict/exactness.py": Target(("tests/unit/test_audit.py",)),
+    "ledger/verdict/audit.py": Target(("tests/unit/test_audit.py", "tests/unit/test_audit_evidence.py")),
+    "ledger/cost/record.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py")),
+    "ledger/cost/store.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py",
+                               "tests/unit/test_ledger_accounting.py")),
+    "ledger/files/hygiene.py": Target(("tests/unit/test_hygiene.py",)),
+    "workers/probe.py": Target(("tests/unit/test_probe_timing.py", "tests/unit/test_probe_discovery.py"),
+                               forkserver=True),
 }
 
 # mutmut's exit-code words (mutmut 3): what counts for the score

@@ -1,5 +1,5 @@
 """Independent check of generated rehearsal inputs with upstream R3's own code (run as a subprocess by
-tests/test_rehearsal_inputs.py): `python tests/rehearsal_upstream_check.py UPSTREAM INPUTS_DIR` prints one JSON.
+tests/unit/test_rehearsal_inputs.py): `python tests/rehearsal_upstream_check.py UPSTREAM INPUTS_DIR` prints one JSON.
 
 The model is built as online_rl.py main() builds it (rank 0 of 1: seed 4396), then upstream's real
 FSDPCheckpoint.try_load_ckpt loads the folder with --finetune_from_ema True; every loaded tensor must equal the file.

@@ -12,7 +12,7 @@ caller's inference mode (an inference tensor, kept for the whole run) and then c
 What: `FSDPParamGroup.wait_for_unshard` (the copy of sharded data into the unsharded parameters) runs under
 `torch.inference_mode(False)` when called in inference mode; everything else (the forward's math) stays in
 inference mode. A copy computes the same bits in every grad mode, and the unsharded parameters are then the
-normal tensors they are when the first forward runs under no_grad: tests/test_torch_compat.py checks outputs
+normal tensors they are when the first forward runs under no_grad: tests/e2e/test_torch_compat_fsdp.py checks outputs
 bit for bit against a plain no_grad forward. It changes no upstream file, and torch only while it is imported.
 
 How: `workers/rehearsal/shim` first on PYTHONPATH (orch rehearse puts it there for the trainer); its

@@ -21,7 +21,7 @@ from ledger.verdict.audit import audit_run
 from protocol.errors import FailedError
 from protocol.home import resolve_home
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SLOW_C = RunSpec(durations={"A": [0.2] * 16, "C": [0.3] * 16, "B": [0.2] * 16})  # the honest run: a slowdown
 
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ledgerutil import offsets
 
 from ledger.cost.layout import layout
 from ledger.cost.merkle import TreeHead, parse_head
@@ -26,7 +27,7 @@ from ledger.cost.salt import host_hash
 from ledger.cost.store import Ledger
 from protocol.errors import FailedError, UsageError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KINDS = [("checks", "checks", None), ("train-A", "train", "baseline"), ("reload-C", "reload", "candidate"),
          ("score", "score", None)]
 
@@ -44,18 +45,6 @@ def fields(i: int, **extra: Any) -> dict[str, Any]:
 def fill(ledger: Ledger, n: int) -> None:
     for i in range(n):
         ledger.append(**fields(i))
-
-
-def offsets(path: Path) -> list[int]:
-    """Start offsets of the record messages, found with pyarrow alone (independent of orch's framing)."""
-    data = path.read_bytes()
-    reader = pa.BufferReader(pa.py_buffer(data))
-    pa.ipc.read_message(reader)  # schema
-    starts = []
-    while reader.tell() < len(data):
-        starts.append(reader.tell())
-        pa.ipc.read_message(reader)
-    return starts
 
 
 @pytest.fixture

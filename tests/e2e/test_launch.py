@@ -24,7 +24,7 @@ from ledger.cost.store import Ledger
 from ledger.verdict.decision import exit_code as verdict_exit_code
 from orchestrator import gpu_lock
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ["checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C", "score"]
 pytestmark = pytest.mark.slow
 

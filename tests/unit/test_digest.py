@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from workers.digest import combined_digest, digest_cpu, digest_many
 from workers.tx128 import tensor_header, tx128_finalize, tx128_lanes_reference, tx128_reference
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 

@@ -15,7 +15,7 @@ from test_audit import make_run
 from protocol.errors import UsageError
 from protocol.home import resolve_home
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _orch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

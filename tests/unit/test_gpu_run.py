@@ -21,7 +21,7 @@ from lockutil import gone, is_free
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLOCK = shutil.which("flock")
 needs_flock = pytest.mark.skipif(FLOCK is None, reason="util-linux flock is not installed")
 

@@ -16,7 +16,7 @@ import pytest
 from protocol.rehearsal_inputs import RehearsalInputs
 from workers.rehearsal import make_inputs as mi
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = ["A photo of a brown bus, a green truck, and a red skateboard", "a photo of two wine glasses",
           "How to further edit the provided image? <think> planning </think> no further edit needed."]  # fmt: skip
 TEXT = "<|im_start|>A photo of 3 red buses, naïve café 東京<|im_end|><|vision_start|><|vision_end|>\n"

@@ -16,7 +16,7 @@ import pytest
 
 from workers.probe import parse_steps
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 
 

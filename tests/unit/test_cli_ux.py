@@ -21,7 +21,7 @@ from ledger.render import print_whole, whole_table
 from protocol.audit_doc import AuditDocument, EvidenceDocument
 from protocol.gpu_record import GpuRunRecord
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LONG_RUN = "20261201T121500Z-3844cbb9-ab12"
 
 

@@ -16,7 +16,7 @@ from protocol.errors import RefusedError
 from protocol.rehearsal_inputs import RehearsalInputs
 from protocol.schema import load_protocol
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BAGEL = REPO / "protocol" / "r3_bagel7b_8xh100.yaml"
 INCLUDE = ["modeling/**/*.py", "train/**/*.py", "data/**/*.py"]
 runner = CliRunner()

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-SHIM = Path(__file__).resolve().parents[1] / "workers" / "rehearsal" / "shim"
+SHIM = Path(__file__).resolve().parents[2] / "workers" / "rehearsal" / "shim"
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
 

@@ -24,7 +24,7 @@ from orchestrator.sealing import seal_arm
 from protocol.home import resolve_home
 from protocol.schema import load_protocol
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NAMES = [p.name for p in PLAN]
 TS = "2026-01-01T00:00:00Z"
 Behaviour = Callable[[Any, RunContext], str]

@@ -24,7 +24,7 @@ from manifests.core import Entry, hash_tree, load_manifest, root_digest
 from protocol.plan import package_names
 from protocol.schema import Protocol, canonical_json, load_protocol, protocol_id
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ORCH = Path(sys.executable).parent / "orch"
 
 # protocol id of every shipped protocol (SHA256 of its canonical JSON)

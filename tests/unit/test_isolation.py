@@ -108,7 +108,7 @@ def test_a_compile_cache_the_protocol_declares_stays_writable(tmp_path: Path) ->
 def test_orchs_home_is_read_only_to_a_package_even_outside_tmp(tmp_path: Path) -> None:
     # found by the attack battery: with the home in a project checkout (./.orch, the default), a candidate's package
     # appended a well-formed record to the ledger mid-run; tmp_path is under /tmp, so the home goes under the repo
-    base = Path(__file__).resolve().parents[1] / ".orch" / f"isolation-{secrets.token_hex(6)}"
+    base = Path(__file__).resolve().parents[2] / ".orch" / f"isolation-{secrets.token_hex(6)}"
     try:
         spec = _spec(base, str(base / "home" / "ledger" / "ledger.arrows"))
         (base / "home" / "ledger").mkdir()

@@ -25,7 +25,7 @@ import pytest
 
 from protocol.rehearsal_inputs import JudgeCounts, JudgeReady
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PROMPT = "You are a strict judge of whether an image matches its description."
 
 

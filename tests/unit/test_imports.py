@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "manifests", "ledger", "orchestrator", "workers")
 # what each top-level package may import (itself included)
 ALLOWED = {

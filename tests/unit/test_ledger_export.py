@@ -20,7 +20,7 @@ from ledger.cost.merkle import parse_head
 from ledger.cost.record import login_name
 from ledger.cost.store import Ledger
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 V1 = REPO / "tests" / "fixtures" / "ledger_v1.arrows"
 V1_HEAD = "5:3844cbb98b7fb210423e411e4974062dd0cbaf2f50ffefd7cd4740d77096f0e7"  # made by the version 1 writer
 UTC_US = pa.timestamp("us", tz="UTC")

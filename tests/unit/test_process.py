@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # a parent that starts `sleep` with die_with_parent(SIGTERM) as preexec_fn, prints the child's pid, then waits
 PARENT = """

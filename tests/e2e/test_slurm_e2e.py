@@ -1,4 +1,4 @@
-"""orch on a real Slurm cluster started by this module (tests/slurm_cluster.py: slurmctld, three slurmd, slurmdbd on
+"""orch on a real Slurm cluster started by this module (tests/e2e/slurm_cluster.py: slurmctld, three slurmd, slurmdbd on
 MariaDB, munge): r3-mini across two nodes (gloo, one rank a node) audited exact and reconciled with sacct, a node
 that cannot read the sealed copy named by its salted hash, and killed ranks on one node failing the run cleanly.
 Skipped where Debian's Slurm packages are not installed (CI does not install them).
@@ -24,7 +24,7 @@ from slurm_cluster import Cluster, missing
 from ledger.cost.store import Ledger
 from orchestrator.slurm import node_hash
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "protocol" / "r3_mini_slurm2.yaml"
 
 pytestmark = [

@@ -1,5 +1,5 @@
 """The Slurm backend without a cluster: the protocol's launcher.scheduler and its id, the commands orch would run,
-sacct's output read, node names salted, and the refusal when no Slurm client is installed (tests/test_slurm_e2e.py
+sacct's output read, node names salted, and the refusal when no Slurm client is installed (tests/e2e/test_slurm_e2e.py
 runs a real cluster)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from orchestrator.slurm_accounting import parse_sacct, step_note
 from protocol.errors import RefusedError
 from protocol.schema import canonical_json, load_protocol
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "protocol" / "r3_mini.yaml"
 SLURM = REPO / "protocol" / "r3_mini_slurm2.yaml"
 

@@ -1,0 +1,63 @@
+"""`orch calibrate` end to end: one real A/A run with repeats 2 on r3-mini (2 CPU ranks), recorded in the ledger."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ledger.calibration import CALIBRATION_FILE, Calibration
+from protocol.schema import load_protocol
+
+
+@pytest.mark.slow
+def test_calibrate_on_cpu_records_an_aa_run_of_two_triplets(tmp_path: Path) -> None:
+    """A real A/A run with repeats 2: per-triplet headlines, an interval, a verdict word, a ledger record."""
+    from test_audit_e2e import small_protocol
+    from test_launch import env, make_project, orch, records
+
+    proj = make_project(tmp_path)
+    data = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
+    small_protocol(data)
+    protocol = proj / "protocol" / "small.yaml"
+    protocol.write_text(yaml.safe_dump(data, sort_keys=False))
+    home = tmp_path / "home"
+    proc = subprocess.run(
+        orch("calibrate", str(protocol), "--repeats", "2", "--home", str(home), "--json", "--lock-dir",
+             str(tmp_path / "locks"), cwd=proj), cwd=proj, env=env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    run_id = out["run_id"]
+    assert out["status"] == "complete" and out["verdict"] in ("accepted", "no difference shown")
+    assert set(out["packages"].values()) == {"ok"}
+    run_dir = home / "runs" / run_id
+    run = json.loads((run_dir / "run.json").read_text())
+    assert [p["name"] for p in run["packages"]] == [
+        "checks", "train-A1", "reload-A1", "train-C1", "reload-C1", "train-B1", "reload-B1",
+        "train-B2", "reload-B2", "train-C2", "reload-C2", "train-A2", "reload-A2", "watch-C", "score"]
+    audit = json.loads((run_dir / "audit.json").read_text())
+    assert audit["measurement"]["repeats"] == 2 and audit["exact"] is True
+    assert [t["order"] for t in audit["replication"]["triplets"]] == [["A1", "C1", "B1"], ["B2", "C2", "A2"]]
+    assert len(audit["replication"]["headlines"]) == 2 and audit["interval"]["df"] == 4
+    assert audit["calibration_of"]["protocol_id"] == load_protocol(protocol).id
+    cal = Calibration.model_validate_json((run_dir / CALIBRATION_FILE).read_bytes())
+    assert cal.of_protocol_id == load_protocol(protocol).id and cal.host["host_hash"] == audit["host_hash"]
+    assert cal.headlines == audit["replication"]["headlines"] and cal.low == audit["interval"]["low"]
+    recs = [r for r in records(home) if r["run_id"] == run_id]
+    cal_recs = [r for r in recs if r["kind"] == "calibration"]
+    assert len(cal_recs) == 1 and cal_recs[0]["protocol_id"] == cal.of_protocol_id
+    assert cal_recs[0]["result_digest"] == hashlib.sha256((run_dir / CALIBRATION_FILE).read_bytes()).hexdigest()
+    # every launch is accounted: 15 packages open and close, GPU-seconds (0 on CPU) and wall time recorded
+    kinds = ("checks", "train", "reload", "replay", "score")
+    closes = [r for r in recs if r["kind"] in kinds and r["status"] != "open"]
+    assert len(closes) == 15 and all(r["wall_s"] > 0 for r in closes)
+    assert "calibration recorded for protocol" in proc.stderr + proc.stdout
+    # the A/A run's own audit re-reads equal (the calibration record does not change its evidence)
+    again = subprocess.run(orch("audit", run_id, "--home", str(home), "--json", cwd=proj), cwd=proj, env=env(),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["written"] is False
