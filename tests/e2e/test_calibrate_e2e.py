@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ledger.calibration import CALIBRATION_FILE, Calibration
+from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
 from protocol.schema import load_protocol
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from protocol.package import PACKAGE_SCHEMA, ChecksSpec, ReloadSpec, ScoreSpec, TrainSpec, parse_spec
 
-GOLDEN_PACKAGES = Path(__file__).resolve().parent / "golden" / "home" / "runs"
+GOLDEN_PACKAGES = Path(__file__).resolve().parents[1] / "golden" / "home" / "runs"
 KINDS = {"checks": ChecksSpec, "train": TrainSpec, "replay": TrainSpec, "reload": ReloadSpec, "score": ScoreSpec}
 BASE = {"run_id": "r1", "name": "p", "package_dir": "/p", "sealed_dir": "/s", "scratch_dir": "/t",
         "result_path": "/p/result.json", "device": "cpu", "precision": "fp32"}  # fmt: skip
