@@ -1,4 +1,4 @@
-"""The protocol.yaml model (pydantic v2, frozen, extra="forbid"), its loader and its rules.
+"""The protocol.yaml model (pydantic v2, frozen, extra="forbid"), its loader and its rules (YAML: protocol_yaml.py).
 
 A protocol freezes one experiment; its id is the SHA256 of its canonical JSON. Refusals name file, line and field.
 """
@@ -10,18 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocol.errors import RefusedError
 from protocol.hashing import canonical_json as dumps_canonical
+from protocol.protocol_yaml import field_name, line_of, node_at, parse_yaml, read_text
 from protocol.recipe import ALLOWED_PRECISIONS, UPSTREAM_RECIPE, flag_value_equal
 
 PROTOCOL_SCHEMA = "orch.protocol/1"
-MAX_PROTOCOL_BYTES = 1 << 20  # refused before parsing: a protocol is a few kB
-MAX_PROTOCOL_NODES = 100_000  # YAML nodes after aliases are followed (a shipped protocol has ~300)
-# libyaml's C parser when PyYAML was built with it (the pure-Python one is ~20x slower)
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 HostControl = Literal["pin_cpus", "gc_at_boundaries"]
 HOST_CONTROLS: tuple[HostControl, ...] = ("pin_cpus", "gc_at_boundaries")
 
@@ -252,30 +248,6 @@ def protocol_id(protocol: Protocol) -> str:
     return hashlib.sha256(canonical_json(protocol)).hexdigest()
 
 
-def _node_at(node: yaml.Node | None, loc: tuple[int | str, ...]) -> yaml.Node | None:
-    """The deepest YAML node along a pydantic error location."""
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            found = next((v for k, v in node.value if getattr(k, "value", None) == key), None)
-            if found is None:
-                found = next((k for k, _ in node.value if getattr(k, "value", None) == key), None)
-                return found or node
-            node = found
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-        else:
-            return node
-    return node
-
-
-def _line(node: yaml.Node | None) -> int:
-    return node.start_mark.line + 1 if node is not None else 1
-
-
-def _field(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p in ("tree", "GitSource")))
-
-
 REHEARSAL_OVERRIDABLE = ("policy_group_size",)
 # flags of the upstream trainer that shrink the model it trains (train/online_rl.py: debug mode sets
 # llm_config.num_hidden_layers = 1, skips FSDPCheckpoint.try_load_ckpt and swaps in stub rewards)
@@ -358,74 +330,10 @@ def recipe_overrides(protocol: Protocol) -> list[str]:
     return problems
 
 
-def _read_text(path: Path) -> str:
-    """The protocol's text: at most MAX_PROTOCOL_BYTES of UTF-8, checked before any parsing."""
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_PROTOCOL_BYTES + 1)
-    except OSError as err:
-        raise RefusedError(f"{path}: cannot read protocol ({err.strerror}); check the path") from None
-    if len(raw) > MAX_PROTOCOL_BYTES:
-        raise RefusedError(f"{path}: larger than {MAX_PROTOCOL_BYTES} bytes (1 MiB); a protocol is a small YAML "
-                           "file: check that this is the protocol")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[: err.start].count(b"\n") + 1
-        raise RefusedError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
-                           "save the protocol as UTF-8") from None
-
-
-def _check_nodes(path: Path, root_node: yaml.Node) -> None:
-    """Refuse duplicate mapping keys (naming the line of the repeat) and alias bombs, walking the node graph."""
-    stack, visited = [root_node], 0
-    while stack:
-        node = stack.pop()
-        visited += 1
-        if visited > MAX_PROTOCOL_NODES:
-            raise RefusedError(f"{path}: expands to more than {MAX_PROTOCOL_NODES} YAML nodes (through aliases); "
-                               "write the protocol out without anchors and aliases")
-        if isinstance(node, yaml.MappingNode):
-            first: dict[tuple[str, str], int] = {}
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                    name = (key.tag, str(key.value))
-                    if name in first:
-                        raise RefusedError(
-                            f"{path}:{_line(key)}: duplicate key {key.value!r} (first at line {first[name]}); "
-                            "a frozen protocol gives each value once: remove one"
-                        )
-                    first[name] = _line(key)
-                stack += [key, value]
-        elif isinstance(node, yaml.SequenceNode):
-            stack += node.value
-
-
-def _parse_yaml(path: Path, text: str) -> tuple[yaml.Node | None, Any]:
-    """(root node, data) parsed once, with libyaml's C loader when this PyYAML has it."""
-    loader = _LOADER(text)
-    try:
-        root_node = loader.get_single_node()
-        if root_node is None:
-            return None, None
-        _check_nodes(path, root_node)
-        return root_node, loader.construct_document(root_node)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        raise RefusedError(f"{path}:{line}: not valid YAML ({getattr(err, 'problem', err)}); fix the syntax") from None
-    except RecursionError:
-        raise RefusedError(f"{path}: YAML nested too deeply; a protocol is a small YAML file") from None
-    except (ValueError, TypeError, OverflowError) as err:  # e.g. a date-like scalar that is no date
-        raise RefusedError(f"{path}: a YAML value cannot be read ({err}); quote it or fix it") from None
-    finally:
-        loader.dispose()
-
-
 def load_protocol(path: str | Path) -> LoadedProtocol:
     """Load, validate and check a protocol file; RefusedError (exit 3) names file, line and field."""
     path = Path(path)
-    root_node, data = _parse_yaml(path, _read_text(path))
+    root_node, data = parse_yaml(path, read_text(path))
     if not isinstance(data, dict):
         raise RefusedError(f"{path}:1: a protocol is a YAML mapping; see `orch schema`")
     try:
@@ -433,47 +341,47 @@ def load_protocol(path: str | Path) -> LoadedProtocol:
     except ValidationError as err:
         first = err.errors()[0]
         loc = tuple(first["loc"])
-        line = _line(_node_at(root_node, loc))
+        line = line_of(node_at(root_node, loc))
         more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
         msg = first["msg"].removeprefix("Value error, ")
-        raise RefusedError(f"{path}:{line}: {_field(loc)}: {msg}{more}; see `orch schema`") from None
+        raise RefusedError(f"{path}:{line}: {field_name(loc)}: {msg}{more}; see `orch schema`") from None
     overrides = protocol.rehearsal.recipe_overrides if protocol.rehearsal is not None else {}
     bad_override = sorted(set(overrides) - set(REHEARSAL_OVERRIDABLE))
     if bad_override:
-        line = _line(_node_at(root_node, ("rehearsal", "recipe_overrides")))
+        line = line_of(node_at(root_node, ("rehearsal", "recipe_overrides")))
         raise RefusedError(
             f"{path}:{line}: rehearsal.recipe_overrides: {', '.join(bad_override)} may not be overridden "
             f"(only {', '.join(REHEARSAL_OVERRIDABLE)}); remove it"
         )
     if overrides.get("policy_group_size") and protocol.launcher.nproc % overrides["policy_group_size"]:
-        line = _line(_node_at(root_node, ("rehearsal", "recipe_overrides")))
+        line = line_of(node_at(root_node, ("rehearsal", "recipe_overrides")))
         raise RefusedError(f"{path}:{line}: rehearsal.recipe_overrides.policy_group_size must divide launcher.nproc")
     diffs = recipe_differences(protocol.recipe, overrides)
     if diffs:
-        line = _line(_node_at(root_node, ("recipe", diffs[0][0])))
+        line = line_of(node_at(root_node, ("recipe", diffs[0][0])))
         listed = ", ".join(f"recipe.{k} = {g!r} (upstream {u!r})" for k, g, u in diffs)
         raise RefusedError(f"{path}:{line}: recipe differs from the frozen upstream recipe: {listed}; restore it")
     flags = launch_flag_differences(protocol)
     if flags:
-        line = _line(_node_at(root_node, ("launcher", "args")))
+        line = line_of(node_at(root_node, ("launcher", "args")))
         raise RefusedError(
             f"{path}:{line}: launcher.args do not carry the recipe: {'; '.join(flags)}; pass every recipe value"
         )
     again = recipe_overrides(protocol)
     if again:
-        line = _line(_node_at(root_node, ("launcher", "args")))
+        line = line_of(node_at(root_node, ("launcher", "args")))
         raise RefusedError(f"{path}:{line}: the recipe is set again behind its checked flag: {'; '.join(again)}; "
                            "remove the extra setting (the recipe is frozen)")
     shrink = shrinking_flags(protocol) if protocol.model is not None else []
     if shrink:
-        line = _line(_node_at(root_node, ("launcher", "args")))
+        line = line_of(node_at(root_node, ("launcher", "args")))
         raise RefusedError(
             f"{path}:{line}: launcher.args shrink the declared model ({protocol.model.layers} layers): "  # type: ignore[union-attr]
             f"{'; '.join(shrink)}; remove the flag (blinding covers the trainer's step-0 evaluation)"
         )
     m = protocol.measurement
     if not (0 <= m.digest_first <= m.digest_last < m.steps and m.warmup < m.steps and m.window >= 1):
-        line = _line(_node_at(root_node, ("measurement",)))
+        line = line_of(node_at(root_node, ("measurement",)))
         raise RefusedError(f"{path}:{line}: measurement: inconsistent steps/warm-up/windows/digest range")
     base = (path.parent / protocol.base).resolve()
     return LoadedProtocol(protocol=protocol, path=path.resolve(), base=base)

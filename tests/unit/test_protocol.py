@@ -193,17 +193,17 @@ def test_alias_expansion_is_bounded(tmp_path: Path) -> None:
 
 
 def test_protocol_is_parsed_once_with_the_c_loader(monkeypatch: pytest.MonkeyPatch) -> None:
-    import protocol.schema as schema
+    import protocol.protocol_yaml as protocol_yaml
 
-    assert yaml.__with_libyaml__ and schema._LOADER is yaml.CSafeLoader  # libyaml ships in PyYAML's wheels
+    assert yaml.__with_libyaml__ and protocol_yaml._LOADER is yaml.CSafeLoader  # libyaml ships in PyYAML's wheels
     made: list[object] = []
 
-    class Counting(schema._LOADER):  # type: ignore[misc, name-defined]
+    class Counting(protocol_yaml._LOADER):  # type: ignore[misc, name-defined]
         def __init__(self, stream: str) -> None:
             made.append(stream)
             super().__init__(stream)
 
-    monkeypatch.setattr(schema, "_LOADER", Counting)
+    monkeypatch.setattr(protocol_yaml, "_LOADER", Counting)
     monkeypatch.setattr(yaml, "compose", None)  # the old second parse: must not be called
     monkeypatch.setattr(yaml, "safe_load", None)
     load_protocol(BAGEL)
