@@ -273,6 +273,9 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if ctx.slurm is not None and refused is None:  # what Slurm charged its steps (sacct), ids in the note
             gpu_seconds, slurm_note = slurm_charge(ctx.slurm, pkg.name)
             outcome.note = f"{slurm_note}; {outcome.note}" if outcome.note else slurm_note
+        if ctx.slurm is not None:  # srun's messages name nodes: evidence and the ledger name them by hash only
+            outcome.note = None if outcome.note is None else ctx.slurm.scrub(outcome.note)
+            ctx.slurm.scrub_logs(pkg_dir)
         ctx.record(pkg, outcome.status, started=outcome.started, ended=outcome.ended,
                    wall_s=round(outcome.wall_s, 6), gpu_seconds=gpu_seconds, result_digest=result_digest,
                    exit_code=outcome.exit_code, note=outcome.note, **_peaks(outcome.result))

@@ -197,6 +197,25 @@ class SlurmRun:
     run_id: str
     salt_dir: Path
 
+    def scrub(self, text: str) -> str:
+        """Text with every node name of the allocation replaced by `node <salted hash>` (srun's own error lines
+        name nodes: "srun: error: NODE: task 0: Exited with exit code 1")."""
+        for name in sorted(self.alloc.nodes, key=len, reverse=True):
+            text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", f"node {node_hash(self.salt_dir, name)[:16]}",
+                          text)
+        return text
+
+    def scrub_logs(self, folder: Path) -> None:
+        """The package's logs in the run directory without node names (its srun wrote into them)."""
+        for log in (folder / "stdout.log", folder / "stderr.log"):
+            try:
+                text = log.read_text(errors="replace")
+            except OSError:
+                continue
+            clean = self.scrub(text)
+            if clean != text:
+                log.write_text(clean)
+
     def step_name(self, package: str) -> str:
         return f"{self.run_id}.{package}"
 

@@ -201,6 +201,11 @@ def test_killed_ranks_on_one_node_fail_the_run_with_nothing_left(cluster: Cluste
     records = {r.package: r for r in Ledger(home / "ledger" / "ledger.arrows").records(run_id)}
     assert records["train-A"].status == "failed" and records["reload-A"].status == "not-run"
     assert (records["train-A"].note or "").startswith("slurm job ")
+    named = re.compile(r"(?<![\w.-])n[123](?![\w-])")  # node names never in the ledger or the run directory
+    assert not any(named.search(r.note or "") for r in records.values())
+    for path in (home / "runs" / run_id).rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".log", ".jsonl", ".md"):
+            assert not named.search(path.read_text(errors="replace")), path
 
 
 def test_allocation_not_granted_is_exit_75(cluster: Cluster, tmp_path: Path) -> None:

@@ -165,3 +165,15 @@ def test_multi_node_failure_names_the_node_that_failed_first(tmp_path: Path) -> 
     for i in range(3):
         node(i, 143 if i else 0, True, "")
     assert node_cause(spec) is None
+
+
+def test_node_names_are_scrubbed_from_notes_and_logs(tmp_path: Path) -> None:
+    (tmp_path / "ledger").mkdir()
+    run = slurm.SlurmRun(slurm.Allocation("9", ["gpu-a1", "gpu-a10"], 0, 1), "R", tmp_path / "ledger")
+    a1, a10 = (slurm.node_hash(tmp_path / "ledger", n)[:16] for n in ("gpu-a1", "gpu-a10"))
+    line = "srun: error: gpu-a10: task 1: Exited with exit code 1; gpu-a1: Killed; gpu-a100 stays; x.gpu-a1.y"
+    assert run.scrub(line) == (f"srun: error: node {a10}: task 1: Exited with exit code 1; node {a1}: Killed; "
+                               "gpu-a100 stays; x.gpu-a1.y")
+    (tmp_path / "stderr.log").write_text("srun: error: gpu-a1: task 0: Exited with exit code 1\n")
+    run.scrub_logs(tmp_path)
+    assert (tmp_path / "stderr.log").read_text() == f"srun: error: node {a1}: task 0: Exited with exit code 1\n"
