@@ -107,8 +107,8 @@ def enter_allocation(spec: SlurmLauncher, say: Callable[[str], None]) -> Allocat
     mark_started()  # from here on, what happens is this run's to report (salloc did start it)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
-        raise RefusedError("launcher.scheduler is slurm but orch is not inside a Slurm allocation; run `orch launch` "
-                           "without SLURM_JOB_ID (it obtains one with salloc) or from sbatch/salloc")
+        raise RefusedError("launcher.scheduler is slurm but orch is not inside a Slurm allocation; run it under "
+                           "salloc or sbatch (`orch launch` alone obtains one itself)")
     fields = job_fields(job_id)
     names = _run(["scontrol", "show", "hostnames", fields.get("NodeList", "")]).split()
     if len(names) < spec.nodes:
