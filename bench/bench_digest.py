@@ -5,9 +5,11 @@ and the CPU digest against hashlib SHA256. Prints tables, writes JSON (--out). C
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import math
+import operator
 import platform
 import statistics
 import sys
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 
 from workers.digest import combined_digest, digest_cpu, digest_many
-from workers.tx128 import tx128_lanes_reference, tx128_reference
+from workers.tx128 import tensor_header, tx128_lanes_reference, tx128_reference
 
 REPO = Path(__file__).resolve().parents[1]
 # Qwen2-7B (the language model of BAGEL-7B): hidden, intermediate, layers, kv width, vocabulary
@@ -89,9 +91,11 @@ def single_tensor_figures(gib: float, reps: int) -> dict[str, object]:
             "best": best, "best_fraction_of_sum": float(best["Bps"]) * sum_s / nbytes, "configs": configs}  # fmt: skip
 
 
-def shard_7b(ranks: int, counters: int, dims: dict[str, int], device: str = "cuda") -> dict[str, torch.Tensor]:
+def shard_7b(ranks: int, counters: int, dims: dict[str, int], device: str = "cuda", fill: bool = True
+             ) -> dict[str, torch.Tensor]:  # fmt: skip
     """One rank's parameters and AdamW states of a Qwen2-7B-shaped model under FSDP2 (dim-0 shards of `ranks`),
-    float32, named as the probe names them; `counters` 0-dim step counters on the device (fused/capturable Adam)."""
+    float32, named as the probe names them; `counters` 0-dim step counters on the device (fused/capturable Adam).
+    fill=False leaves the memory untouched (the host-only figures read no bytes)."""
     h, inter, kv, vocab = dims["hidden"], dims["intermediate"], dims["kv"], dims["vocab"]
     layer = [("self_attn.q_proj.weight", (h, h)), ("self_attn.q_proj.bias", (h,)), ("self_attn.k_proj.weight", (kv, h)),
              ("self_attn.k_proj.bias", (kv,)), ("self_attn.v_proj.weight", (kv, h)), ("self_attn.v_proj.bias", (kv,)),
@@ -106,9 +110,12 @@ def shard_7b(ranks: int, counters: int, dims: dict[str, int], device: str = "cud
     optim: dict[str, torch.Tensor] = {}
     for name, shape in shapes:
         local = (math.ceil(shape[0] / ranks), *shape[1:])  # rank 0's shard
-        params[f"param/{name}"] = torch.empty(local, device=device).uniform_(generator=g)
+        params[f"param/{name}"] = torch.empty(local, device=device)
         for key in ("exp_avg", "exp_avg_sq"):
-            optim[f"optim/{name}/{key}"] = torch.empty(local, device=device).uniform_(generator=g)
+            optim[f"optim/{name}/{key}"] = torch.empty(local, device=device)
+        if fill:
+            for t in (params[f"param/{name}"], optim[f"optim/{name}/exp_avg"], optim[f"optim/{name}/exp_avg_sq"]):
+                t.uniform_(generator=g)
     for i, (name, _) in enumerate(shapes[:counters]):
         optim[f"optim/{name}/step"] = torch.tensor(float(i + 1), device=device)
     return {**params, **optim}
@@ -303,6 +310,168 @@ def print_tables(doc: dict[str, Any]) -> None:
           f"{p['min_step_s_for_1pct_without_digests']:.3f} s)")
 
 
+# -- --host-only: the probe path's host work (walk, header prep, finalisation) on CPU tensors, no kernel --
+
+
+_BEFORE_HEADERS: dict[tuple[Any, ...], Any] = {}  # the former module-level (dtype, shape) -> header state
+
+
+class _BeforeBatch:
+    """Tx128Batch's host side as it was before the plan cache (commit 5c7a0ae), the kernel launch left out: the
+    before figure of --host-only. Its walk, launch tables and finalisation are the former code line for line."""
+
+    def __init__(self, device: torch.device, capacity: int) -> None:
+        from workers.digest_triton import _FIRST_GROUP, _GROUP_GROWTH, _max_programs
+
+        self.device, self.block, self.programs = device, 1024, _max_programs(device, 8)
+        self.anchor = torch.zeros(4, dtype=torch.int32, device=device)
+        self.acc = torch.zeros((max(capacity, 1), 2), dtype=torch.int64, device=device)
+        self.tensors: list[Any] = []
+        self.keep: list[Any] = []
+        self.pending: list[int] = []
+        self.pending_bytes = 0
+        self.group_start = 0
+        self.limit = _FIRST_GROUP
+        self.growth = _GROUP_GROWTH
+
+    def add(self, t: Any) -> int:
+        row = len(self.tensors)
+        self.tensors.append(t)
+        if not t.is_contiguous():
+            t = t.contiguous()
+            self.keep.append(t)
+        p, n = t.data_ptr(), t.nbytes
+        if p & 3 and n >= 16:
+            t = t.clone()
+            self.keep.append(t)
+            p = t.data_ptr()
+        self.pending += (p, n)
+        self.pending_bytes += n
+        if len(self.pending) >= 2 * self.limit[0] or self.pending_bytes >= self.limit[1]:
+            self.launch()
+        return row
+
+    def launch(self) -> None:
+        from workers.digest_triton import _group_table
+
+        if not self.pending:
+            return
+        key = (self.group_start, *self.pending)
+        self.group_start = len(self.tensors)
+        self.pending = []
+        self.pending_bytes = 0
+        self.limit = (self.limit[0] * self.growth, self.limit[1] * self.growth)
+        _group_table(key, self.anchor.data_ptr(), self.block, self.programs, self.device)  # the kernel: left out
+
+    def finish(self) -> list[str]:
+        self.launch()
+        states = []
+        for t in self.tensors:
+            key = (t.dtype, t.shape)
+            h = _BEFORE_HEADERS.get(key)
+            if h is None:
+                header = tensor_header("tx128", str(t.dtype), tuple(t.shape), t.nbytes)
+                h = _BEFORE_HEADERS[key] = hashlib.sha256(header)
+            states.append(h.copy())
+        self.copied = time.perf_counter()
+        n = len(self.tensors)
+        body = self.acc[:n].cpu().numpy().view(np.uint64).astype("<u8", copy=False).tobytes()
+        self.keep = []
+        view = memoryview(body)
+        for i, h in enumerate(states):
+            h.update(view[16 * i : 16 * i + 16])
+        return ["tx128:" + h.hexdigest()[:32] for h in states]
+
+
+def _before_digest_many(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, str], float, float]:
+    """The former digest_many's walk over tensors taken as device tensors (CPU ones here), then _BeforeBatch."""
+    out: dict[str, str] = {}
+    batches: dict[int, Any] = {}
+    rows: list[tuple[str, Any, int]] = []
+    for name, t in tensors.items():
+        to_local = getattr(t, "to_local", None)
+        lt = to_local() if to_local is not None else t
+        if True:  # was lt.is_cuda: every tensor here stands for a device tensor
+            dev = lt.get_device()
+            batch = batches.get(dev)
+            if batch is None:
+                batch = batches[dev] = _BeforeBatch(lt.device, capacity=len(tensors))
+            rows.append((name, dev, batch.add(lt)))
+    walked = time.perf_counter()
+    done = {dev: batch.finish() for dev, batch in batches.items()}
+    copied = next(iter(batches.values())).copied
+    for name, dev, row in rows:
+        out[name] = done[dev][row]
+    return {k: out[k] for k in tensors}, walked, copied
+
+
+def _after_digest_many(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, str], float, float]:
+    """workers.digest.digest_many's walk as it is now, over tensors taken as device tensors, into the real
+    Tx128Batch with its kernel launch left out; finish() in its real parts (header states, host copy, finalize)."""
+    from workers.digest import _plain_types
+    from workers.digest_triton import Tx128Batch, finalize_rows, header_states
+
+    class HostOnly(Tx128Batch):
+        def _launch(self, g: Any) -> None:
+            pass  # no kernel: the lanes stay zero, the host's work is all that is timed
+
+    plain = _plain_types()
+    batches: dict[int, tuple[Any, list[str]]] = {}
+    for name, t in tensors.items():
+        if type(t) not in plain:
+            to_local = getattr(t, "to_local", None)
+            if to_local is not None:
+                t = to_local()
+        if True:  # is t.is_cuda in digest_many
+            dev = t.get_device()
+            entry = batches.get(dev)
+            if entry is None:
+                entry = batches[dev] = (HostOnly(t.device, capacity=len(tensors)), [])
+            entry[0].add(t)
+            entry[1].append(name)
+    walked = time.perf_counter()
+    batch, names = next(iter(batches.values()))
+    batch.launch()  # finish() in its parts
+    states = list(map(operator.methodcaller("copy"), header_states(batch.tensors)))
+    copied = time.perf_counter()
+    return dict(zip(names, finalize_rows(states, batch.lanes()), strict=True)), walked, copied
+
+
+def host_figures(ranks: int, counters: int, dims: dict[str, int], reps: int) -> dict[str, Any]:
+    """Host seconds of the probe path's walk, prep (last launch, header states) and what follows the host copy,
+    before and after, alternating in one process on the 7B shard set as unfilled CPU tensors; medians of reps."""
+    named = shard_7b(ranks, counters, dims, device="cpu", fill=False)
+    if _before_digest_many(named)[0] != _after_digest_many(named)[0]:
+        raise SystemExit("host-only: the before and after paths give different digests: not timing")
+    phases: dict[str, dict[str, list[float]]] = {k: {"walk": [], "prep": [], "after_copy": [], "total": []}
+                                                 for k in ("before", "after")}  # fmt: skip
+    gc.collect()
+    gc.disable()  # a collection's pause is not the path's cost; preemption on a loaded host is (medians)
+    for _ in range(reps):
+        for label, fn in (("before", _before_digest_many), ("after", _after_digest_many)):
+            t0 = time.perf_counter()
+            _, walked, copied = fn(named)
+            t1 = time.perf_counter()
+            for k, v in (("walk", walked - t0), ("prep", copied - walked), ("after_copy", t1 - copied),
+                         ("total", t1 - t0)):  # fmt: skip
+                phases[label][k].append(v)
+    gc.enable()
+    doc: dict[str, Any] = {"tensors": len(named), "bytes": sum(t.nbytes for t in named.values()), "reps": reps}
+    for label, ph in phases.items():
+        doc[label] = {k: statistics.median(v) for k, v in ph.items()}
+    return doc
+
+
+def print_host(doc: dict[str, Any]) -> None:
+    print(f"host-only: the probe path's host work on {doc['tensors']} tensors (7B shard set on CPU, no kernel), "
+          f"median of {doc['reps']}, ms")  # fmt: skip
+    print(f"{'':8} {'walk':>9} {'prep':>9} {'after copy':>11} {'total':>9}")
+    for label in ("before", "after"):
+        d = doc[label]
+        print(f"{label:8} {d['walk'] * 1e3:9.3f} {d['prep'] * 1e3:9.3f} {d['after_copy'] * 1e3:11.3f} "
+              f"{d['total'] * 1e3:9.3f}")  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=".orch/bench/digest.json")
@@ -313,7 +482,18 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=QWEN2_7B["layers"], help="decoder layers of the 7B shard set")
     ap.add_argument("--counters", type=int, default=4, help="0-dim step counters on the device in the 7B set")
     ap.add_argument("--project-params", type=float, default=7e9, help="parameters of the projected model")
+    ap.add_argument("--host-only", action="store_true", help="only the host work of the probe path (no GPU needed)")
     args = ap.parse_args()
+    if args.host_only:
+        dims = {**QWEN2_7B, "layers": args.layers}
+        host = host_figures(args.ranks, args.counters, dims, max(args.reps, 20))
+        print_host(host)
+        out = Path(args.out).with_name(Path(args.out).stem + "_host.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"schema": "orch.bench.digest_host/1", "python": platform.python_version(),
+                                   "torch": torch.__version__, **host}, indent=1, sort_keys=True) + "\n")  # fmt: skip
+        print(f"figures written to {out}")
+        return 0
     doc: dict[str, Any] = {"schema": "orch.bench.digest/2", "python": platform.python_version(),
                            "torch": torch.__version__, "reps": args.reps,
                            "cpu": cpu_figures(args.cpu_mib, max(3, args.reps))}  # fmt: skip

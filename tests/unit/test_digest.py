@@ -179,6 +179,17 @@ for rnd in range(2):  # the second round: same shapes (cached launch tables), ne
     assert tx128_cuda_many(steps, block=16, programs=2) == tx128_cuda_many_per_tensor(steps)
     empty = [t[:0] for t in ts[:5]]
     assert tx128_cuda_many(empty) == tx128_cuda_many_per_tensor(empty)  # nothing to launch: lanes stay zero
+    # one allocation seen as other dtypes and shapes (same address, same length): cached tables and header plans
+    # must follow the dtype and shape, never return the header of the view digested before
+    raw = make(64, torch.uint8)
+    views = [raw, raw.view(torch.float32), raw.view(torch.int64).reshape(2, 4),
+             raw.view(torch.bfloat16).reshape(4, 8), raw.view(torch.float32).reshape(16, 1)]
+    assert len(set(v.data_ptr() for v in views)) == 1
+    vref = [tx128_reference(v.cpu().view(torch.uint8).numpy(), str(v.dtype), v.shape) for v in views]
+    assert len(set(vref)) == len(views)
+    for _ in range(2):
+        assert [tx128_cuda_many([v])[0] for v in views] == vref
+        assert tx128_cuda_many(views) == vref and tx128_cuda_many(views[::-1]) == vref[::-1]
 assert tx128_cuda_many([]) == []
 print("ok", len(ts))
 """
@@ -221,6 +232,36 @@ def test_digest_many_on_cuda_equals_per_tensor_and_sha256_of_cpu_tensors() -> No
     assert list(got) == list(mixed)
     assert [got[k] for k in cuda] == tx128_cuda_many_per_tensor(list(cuda.values()))
     assert all(got[k] == digest_cpu(v) for k, v in cpu.items())
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: the lead runs the kernel test on the GPU")
+def test_header_plan_follows_dtype_and_shape_at_the_same_address() -> None:
+    """The header plan cache (keyed on every row's dtype and shape) against tx128_finalize: views of one allocation
+    (same address, same byte length) in any order and mix, each with its own header, on repeated calls."""
+    from workers.digest_triton import finalize_rows, header_states
+
+    raw = torch.arange(64, dtype=torch.uint8)
+    views = [raw, raw.view(torch.float32), raw.view(torch.int64).reshape(2, 4), raw.view(torch.bfloat16).reshape(4, 8),
+             raw.view(torch.float32).reshape(16, 1), raw.view(torch.int32).reshape(2, 2, 2, 2),
+             raw.view(torch.float64).reshape(2, 1, 4, 1, 1), raw.view(torch.int16).reshape(32)]  # fmt: skip
+    assert len({(v.data_ptr(), v.nbytes) for v in views}) == 1
+    lanes = [(2**64 - 1 - 7 * i, 3**i) for i in range(len(views))]
+    body = b"".join(a.to_bytes(8, "little") + b.to_bytes(8, "little") for a, b in lanes)
+
+    def digests(ts: list[torch.Tensor], rows: list[int]) -> list[str]:
+        return finalize_rows([h.copy() for h in header_states(ts)], b"".join(body[16 * i : 16 * i + 16] for i in rows))
+
+    expect = [tx128_finalize(lanes[i], str(v.dtype), v.shape, v.nbytes) for i, v in enumerate(views)]
+    assert len(set(expect)) == len(views)  # the headers differ (the lanes alone would not tell them apart)
+    for _ in range(2):  # the second round: every plan is cached
+        for i, v in enumerate(views):
+            assert digests([v], [i]) == [expect[i]]
+        order = list(range(len(views)))[::-1]
+        assert digests([views[i] for i in order], order) == [expect[i] for i in order]
+        assert digests(views, list(range(len(views)))) == expect
+    empty, step = raw[:0], raw.view(torch.float32)[:1].reshape(())  # 0 bytes and a 0-dim tensor: headers too
+    assert digests([empty, step], [0, 1]) == [tx128_finalize(lanes[0], "torch.uint8", (0,), 0),
+                                              tx128_finalize(lanes[1], "torch.float32", (), 4)]  # fmt: skip
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: the lead runs the kernel test on the GPU")
