@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
-import operator
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -458,12 +456,6 @@ def _group_table(key: tuple[int, ...], anchor: int, block: int, programs: int, d
 _ANCHORS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # int32 and uint8 views, one allocation
 _SMS: dict[torch.device, int] = {}
 _HEADERS: dict[tuple[Any, Any], Any] = {}  # (dtype, shape) -> SHA256 state over the tx128 header
-# a batch's rows as (dtype, shape) pairs -> their header states: the whole key is compared, so a tensor whose
-# dtype or shape changed at the same address (a view, a reallocation) never gets another one's header
-_PLANS: dict[tuple[tuple[Any, Any], ...], tuple[Any, ...]] = {}
-_PLANS_MAX = 16
-_DTYPE_SHAPE = operator.attrgetter("dtype", "shape")
-_COPY = operator.methodcaller("copy")
 # registers per thread of the table kernel at 8 warps: at block 1024 ptxas (Triton 3.6, sm_90a) needs 80 (3
 # programs per SM), at 64 it spills nothing and 4 fit, as many as the single-tensor kernel's 59 allow
 TABLE_MAXNREG = {1024: 64}
@@ -557,7 +549,7 @@ class Tx128Batch:
         """The digests in add() order: the last launch, the header states while the device works, one host copy,
         then only SHA256 over each row's 16 lane bytes."""
         self.launch()
-        states = list(map(_COPY, header_states(self.tensors)))
+        states = header_states(self.tensors)  # while the device reads the last group
         return finalize_rows(states, self.lanes())
 
     def lanes(self) -> bytes:
@@ -575,25 +567,20 @@ def finalize_rows(states: list[Any], body: bytes) -> list[str]:
     return ["tx128:" + h.hexdigest()[:32] for h in states]
 
 
-def header_states(tensors: list[Any]) -> tuple[Any, ...]:
-    """SHA256 states over each tensor's tx128 header (not to be updated: copy them), cached per batch plan: the key
-    holds every row's (dtype, shape), and the header is a function of those alone (nbytes = numel * itemsize)."""
-    key = tuple(map(_DTYPE_SHAPE, tensors))
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        if len(_HEADERS) > 1 << 16:
-            _HEADERS.clear()
-        states = []
-        for dtype, shape in key:
-            h = _HEADERS.get((dtype, shape))
-            if h is None:
-                nbytes = math.prod(shape) * dtype.itemsize
-                h = _HEADERS[(dtype, shape)] = hashlib.sha256(tensor_header("tx128", str(dtype), shape, nbytes))
-            states.append(h)
-        plan = _PLANS[key] = tuple(states)
-    return plan
+def header_states(tensors: list[Any]) -> list[Any]:
+    """Fresh SHA256 states over each tensor's tx128 header, for finalize_rows. Cached by (dtype, shape), all the header
+    depends on (nbytes = numel * itemsize): a view at the same address with another dtype or shape gets its own. A
+    plain loop: faster here than a plan cache keyed on the whole batch (bench_digest.py --host-only)."""
+    if len(_HEADERS) > 1 << 16:
+        _HEADERS.clear()
+    states = []
+    for t in tensors:
+        key = (t.dtype, t.shape)
+        h = _HEADERS.get(key)
+        if h is None:
+            h = _HEADERS[key] = hashlib.sha256(tensor_header("tx128", str(t.dtype), tuple(t.shape), t.nbytes))
+        states.append(h.copy())
+    return states
 
 
 def tx128_cuda_many(
