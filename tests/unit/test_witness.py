@@ -151,7 +151,8 @@ def test_a_run_witnessed_in_a_replaced_ledger_is_refused_through_a_named_witness
     elsewhere = tmp_path / "offsite" / "heads.jsonl"
     monkeypatch.setenv(ENV_WITNESS, str(elsewhere))
     home = tmp_path / "home"
-    _honest_history(home)
+    make_run(home, "run0")
+    audit_run(home, "run0")
     h = resolve_home(home)
     records = [r.model_dump() for r in Ledger(h.ledger_path).records()]
     shutil.rmtree(h.ledger_dir)
@@ -160,7 +161,7 @@ def test_a_run_witnessed_in_a_replaced_ledger_is_refused_through_a_named_witness
     for r in records:
         forged.append(**{k: v for k, v in r.items() if k not in ("seq", "prev_hash", "prev_message_sha256",
                                                                   "record_hash", "canonical")})
-    with pytest.raises(FailedError, match=rf"{elsewhere}:2 saw run run1 in another ledger"):
-        audit_run(home, "run1")
+    with pytest.raises(FailedError, match=rf"{elsewhere}:1 saw run run0 in another ledger"):
+        audit_run(home, "run0")
     monkeypatch.delenv(ENV_WITNESS)
-    assert audit_run(home, "run1").verdict  # nothing else knew this home's ledger: the limit the README states
+    assert audit_run(home, "run0").verdict  # nothing else knew this home's ledger: the limit the README states
