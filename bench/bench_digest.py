@@ -1,6 +1,7 @@
 """Digest throughput: the probe's digest path (workers.digest.digest_many) against torch.sum over the same bytes on
 a 7B shard set and on r3-mini's, the former batched path and the kernel alone beside it, the single-tensor kernel,
-and the CPU digest against hashlib SHA256. Prints tables, writes JSON (--out). CUDA figures need a GPU."""
+and the CPU digest against hashlib SHA256. Prints tables, writes JSON (--out). CUDA figures need a GPU.
+--host-only (no GPU): the probe path's host work alone, the former code beside the current (BENCH_DIGEST_ARGS=...)."""
 
 from __future__ import annotations
 

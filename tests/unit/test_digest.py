@@ -232,6 +232,8 @@ def test_digest_many_on_cuda_equals_per_tensor_and_sha256_of_cpu_tensors() -> No
     assert list(got) == list(mixed)
     assert [got[k] for k in cuda] == tx128_cuda_many_per_tensor(list(cuda.values()))
     assert all(got[k] == digest_cpu(v) for k, v in cpu.items())
+    only = digest_many(cuda)  # one device and no CPU tensor: the path that zips names with the batch's rows
+    assert list(only) == list(cuda) and only == {k: got[k] for k in cuda}
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: the lead runs the kernel test on the GPU")
