@@ -181,7 +181,7 @@ for rnd in range(2):  # the second round: same shapes (cached launch tables), ne
     assert tx128_cuda_many(empty) == tx128_cuda_many_per_tensor(empty)  # nothing to launch: lanes stay zero
     # one allocation seen as other dtypes and shapes (same address, same length): cached tables and header plans
     # must follow the dtype and shape, never return the header of the view digested before
-    raw = make(64, torch.uint8)
+    raw = make(64, torch.uint8).to(dev)
     views = [raw, raw.view(torch.float32), raw.view(torch.int64).reshape(2, 4),
              raw.view(torch.bfloat16).reshape(4, 8), raw.view(torch.float32).reshape(16, 1)]
     assert len(set(v.data_ptr() for v in views)) == 1
