@@ -52,18 +52,19 @@ class Check:
 
     def __init__(self) -> None:
         self.failed: list[str] = []
+        self.held: list[str] = []
         self.seen: list[str] = []
 
     def that(self, cond: bool, what: str) -> bool:
-        if not cond:
-            self.failed.append(what)
+        (self.held if cond else self.failed).append(what)
         return cond
 
     def saw(self, text: str) -> None:
         self.seen.append(text)
 
     def observed(self) -> str:
-        parts = [*self.seen, *(f"NOT: {f}" for f in self.failed)]
+        parts = [*self.seen, *(["held: " + ", ".join(self.held)] if self.held else []),
+                 *(f"NOT: {f}" for f in self.failed)]
         return "; ".join(parts)
 
 
