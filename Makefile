@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test test-fast test-e2e demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null attack mutation clean
+.PHONY: all install lint test test-fast test-e2e test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null attack mutation clean
 
 all: test
 
@@ -36,6 +36,10 @@ test-fast: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(BIN)/pytest -q tests/e2e --timeout=600
+
+# a real local Slurm cluster (Debian's slurm-wlm, slurmdbd, mariadb, munge installed; README "On a Slurm cluster")
+test-slurm: $(STAMP)
+	ORCH_SLURM_TESTS=1 $(BIN)/pytest -q tests/e2e/test_slurm_e2e.py --timeout=900
 
 demo: $(STAMP)
 	bash scripts/demo.sh

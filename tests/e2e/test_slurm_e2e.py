@@ -27,7 +27,11 @@ from orchestrator.slurm import node_hash
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "protocol" / "r3_mini_slurm2.yaml"
 
+# a whole cluster (slurmctld, three slurmd, slurmdbd on MariaDB, munge) for ~5-8 minutes: opt-in, `make test-slurm`
+OPTED_IN = os.environ.get("ORCH_SLURM_TESTS") == "1"
+
 pytestmark = [
+    pytest.mark.skipif(not OPTED_IN, reason="the local Slurm cluster runs with ORCH_SLURM_TESTS=1 (make test-slurm)"),
     pytest.mark.skipif(bool(missing()), reason=f"no local Slurm cluster: {', '.join(missing())} missing"),
     pytest.mark.slow,
 ]
