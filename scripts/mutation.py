@@ -47,7 +47,34 @@ MODULES: dict[str, Target] = {
                                                        "the noise, and a ratio of exactly 1 is always within it "
                                                        "(|1 - 1| = 0 <= noise)",
     }),
-    "ledger/verdict/stats.py": Target(("tests/unit/test_stats.py",)),
+    "ledger/verdict/stats.py": Target(("tests/unit/test_stats.py",), equivalent={
+        **dict.fromkeys(
+            [f"ledger.verdict.stats.x__betacf__mutmut_{n}" for n in (19, 21, 48, 50, 57, 59, 81, 83, 90, 92)],
+            "the modified Lentz guard against a zero denominator (`abs(d) > tiny`, 1e-300): `>=` differs only at "
+            "exactly 1e-300, and dropping the guard only when a denominator is exactly 0.0, which t_cdf's "
+            "arguments (one shape 1/2, 0 < x < 1) were never seen to produce"),
+        **dict.fromkeys(
+            [f"ledger.verdict.stats.x__betacf__mutmut_{n}" for n in (28, 98, 99, 100)],
+            "the continued fraction's stop: one more iteration allowed, or the |delta - 1| < 1e-15 stop never "
+            "taken or taken at equality; after convergence each further factor is 1 to 1e-15, so h is unchanged"),
+        "ledger.verdict.stats.x__betainc__mutmut_22": "x <= (a+1)/(a+b+2) instead of <: at the switch point both "
+                                                      "branches compute the same function",
+        "ledger.verdict.stats.x_t_cdf__mutmut_20": "t >= 0 instead of t > 0: at t = 0 the tail is 1/2 and "
+                                                   "1 - 1/2 = 1/2",
+        **dict.fromkeys(
+            [f"ledger.verdict.stats.x_speedup_interval__mutmut_{n}" for n in (121, 122)],
+            "`low > 0 and isfinite(high)` as `or` / `low >= 0`: low > 0 exactly when high is finite (df > 0), and "
+            "low = 0 with high = inf otherwise, so every variant picks the same branch"),
+        **dict.fromkeys(
+            [f"ledger.verdict.stats.x_speedup_interval__mutmut_{n}" for n in (71, 72)],
+            "the window df skips an arm of one launch (len(rows) > 1): such an arm adds 1 * (nw - 1) - (nw - 1) = 0"),
+        "ledger.verdict.stats.x_triplets_needed__mutmut_23": "the loop runs to K = 101: the answer past the loop is "
+                                                             "at least 101 anyway (max(101, ...)), so the same K",
+        "ledger.verdict.stats.x_triplets_needed__mutmut_36": "half < goal instead of <=: differs only when a "
+                                                             "half-width equals log(1.05) to the last bit",
+        "ledger.verdict.stats.x_triplets_needed__mutmut_42": "z = t(p, 1e9 + 1) instead of t(p, 1e9): the same "
+                                                             "quantile to 1e-12",
+    }),
     "ledger/verdict/decision.py": Target(("tests/unit/test_stats.py", "tests/unit/test_audit.py")),
     "ledger/cost/merkle.py": Target(("tests/unit/test_merkle.py",), equivalent={
         "ledger.cost.merkle.x__subproof__mutmut_27": "complete=None instead of False: only its truth is read",

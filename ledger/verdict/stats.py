@@ -128,9 +128,10 @@ def triplets_needed(launch_sd: float, level: float = LEVEL, target: float = TARG
     for k in range(1, 101):
         if half(k, t_quantile(p, 3 * k - 2)) <= goal:
             return k
-    # beyond 100 triplets t is the normal quantile to 3 digits: solve for K directly
+    # beyond 100 triplets t is the normal quantile to 3 digits: solve for K directly. z < t, so the normal
+    # formula can name a K <= 100 that the exact loop above has already refused: the answer is then 101
     z = t_quantile(p, 1e9)
-    k = math.ceil(1.5 * (z * launch_sd / goal) ** 2)
+    k = max(101, math.ceil(1.5 * (z * launch_sd / goal) ** 2))
     return k if k <= MAX_TRIPLETS else None
 
 
