@@ -75,7 +75,8 @@ MODULES: dict[str, Target] = {
         "ledger.verdict.stats.x_triplets_needed__mutmut_42": "z = t(p, 1e9 + 1) instead of t(p, 1e9): the same "
                                                              "quantile to 1e-12",
     }),
-    "ledger/verdict/decision.py": Target(("tests/unit/test_stats.py", "tests/unit/test_audit.py")),
+    "ledger/verdict/decision.py": Target(("tests/unit/test_decision.py", "tests/unit/test_stats.py",
+                                          "tests/unit/test_audit.py")),
     "ledger/cost/merkle.py": Target(("tests/unit/test_merkle.py",), equivalent={
         "ledger.cost.merkle.x__subproof__mutmut_27": "complete=None instead of False: only its truth is read",
         **dict.fromkeys(
