@@ -9,20 +9,23 @@ import json
 import secrets
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from test_launch import (
+from launchutil import (
+    GIT,
+    edit_protocol,
     env,
     launch_cmd,
     make_project,
     only_run,
     orch,
+    quick_protocol,
     records,
     run_processes,
+    small_protocol,
     start,
     steps_done,
     wait_for,
@@ -30,29 +33,20 @@ from test_launch import (
 
 from orchestrator.isolation import namespaces_work
 
-pytestmark = pytest.mark.slow
 TRAINER = Path("examples") / "r3_mini" / "train" / "online_rl.py"
 ANCHOR = "        scheduler.step()\n"
-# shorter rollouts (decode tokens, denoise steps) only: the model, its initial state and the recipe are unchanged
-SMALL = ["--max_output_token_n_gen", "8", "--max_output_token_n_edit", "8",
-         "--num_timesteps_gen", "4", "--num_timesteps_edit", "4"]
-GIT = ["git", "-c", "user.name=orch-test", "-c", "user.email=orch-test@example.invalid", "-c", "commit.gpgsign=false"]
-
-
-def small_protocol(data: dict[str, Any]) -> None:
-    data["launcher"]["args"] = [*data["launcher"]["args"], *SMALL]
-    data["scorer"]["command"] = [*data["scorer"]["command"], *SMALL]
-
-
 Edit = tuple[Path, str, str]  # (file under the project, anchor line that occurs once, lines inserted after it)
 
 
-def candidate_project(tmp_path: Path, extra_line: str | Sequence[Edit]) -> tuple[Path, Path]:
+def candidate_project(
+    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = small_protocol
+) -> tuple[Path, Path]:
     """A committed project copy whose working tree adds `extra_line` after the trainer's scheduler.step() (or
     makes each edit).
 
     Returns the project and a protocol in which only the code differs: baseline from git HEAD under the
-    published commitment, candidate = the edited tree under a commitment frozen by `orch freeze`, same switches.
+    published commitment, candidate = the edited tree under a commitment frozen by `orch freeze`, same switches;
+    `shape` sets the rest (small_protocol: every check and 16 steps; quick_protocol: 12 steps, prepare only).
     """
     proj = make_project(tmp_path)
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
@@ -71,7 +65,7 @@ def candidate_project(tmp_path: Path, extra_line: str | Sequence[Edit]) -> tuple
         "candidate": {"commitment": "manifests/r3_mini_cand.json", "source": "tree", "switches": dict(switches),
                       "under_evaluation": True},
     }
-    small_protocol(data)
+    shape(data)
     protocol = proj / "protocol" / "candidate.yaml"
     protocol.write_text(yaml.safe_dump(data, sort_keys=False))
     frozen = subprocess.run(
@@ -84,10 +78,10 @@ def candidate_project(tmp_path: Path, extra_line: str | Sequence[Edit]) -> tuple
 
 
 def launch_and_audit(
-    tmp_path: Path, extra_line: str | Sequence[Edit]
+    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = small_protocol
 ) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     """Launch the candidate protocol to completion, then `orch audit RUN --json` it; checks what both share."""
-    proj, protocol = candidate_project(tmp_path, extra_line)
+    proj, protocol = candidate_project(tmp_path, extra_line, shape)
     home = tmp_path / "home"
     launched = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,
                               timeout=500)
@@ -120,7 +114,8 @@ def launch_and_audit(
 
 
 def test_extra_rng_draw_per_step_is_refused_naming_the_first_step(tmp_path: Path) -> None:
-    run_dir, _, shown = launch_and_audit(tmp_path, "        torch.rand(1)")
+    # 12 steps and no diagnostics: the draw is found at step 1, and the other checks stay silent
+    run_dir, _, shown = launch_and_audit(tmp_path, "        torch.rand(1)", quick_protocol)
     ex = json.loads(shown.stdout.strip().splitlines()[-1])["audit"]["exactness"]
     # the draw after step 0's optimizer step falls in step 1 (steps are delimited by the optimizer hook)
     first = ex["rng_first_mismatch"]
@@ -223,10 +218,7 @@ def test_cheating_candidate_is_refused_naming_each_cheat(tmp_path: Path) -> None
 
 def test_audit_of_a_run_killed_during_train_b_writes_nothing_and_shows_no_score(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
-    data = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
-    small_protocol(data)
-    protocol = proj / "protocol" / "small.yaml"
-    protocol.write_text(yaml.safe_dump(data, sort_keys=False))
+    protocol = edit_protocol(proj, quick_protocol, name="quick.yaml")
     home = tmp_path / "home"
     proc = start(proj, protocol, home)
     wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 60, "the run directory")

@@ -7,24 +7,16 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
-import yaml
+from launchutil import edit_protocol, env, make_project, orch, quick_protocol, records
 
 from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
 from protocol.schema import load_protocol
 
 
-@pytest.mark.slow
 def test_calibrate_on_cpu_records_an_aa_run_of_two_triplets(tmp_path: Path) -> None:
     """A real A/A run with repeats 2: per-triplet headlines, an interval, a verdict word, a ledger record."""
-    from test_audit_e2e import small_protocol
-    from test_launch import env, make_project, orch, records
-
     proj = make_project(tmp_path)
-    data = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
-    small_protocol(data)
-    protocol = proj / "protocol" / "small.yaml"
-    protocol.write_text(yaml.safe_dump(data, sort_keys=False))
+    protocol = edit_protocol(proj, quick_protocol, name="quick.yaml")
     home = tmp_path / "home"
     proc = subprocess.run(
         orch("calibrate", str(protocol), "--repeats", "2", "--home", str(home), "--json", "--lock-dir",

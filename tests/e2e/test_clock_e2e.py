@@ -7,8 +7,9 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+from launchutil import GIT, SMALL, env, launch_cmd, make_project, only_run, orch, prepare_only, records
+from workerutil import run_worker, write_spec
 
 REPO = Path(__file__).resolve().parents[2]
 ANCHOR = "        scheduler.step()\n"
@@ -59,14 +60,11 @@ def _attacked_r3_mini(tmp_path: Path, mode: str) -> Path:
     return tree
 
 
-@pytest.mark.slow
 def test_train_package_refuses_a_probe_clock_patched_to_run_at_0_8x(tmp_path: Path) -> None:
     """The candidate rewrites the probe's bound clock itself: only the train worker's FIFO clock can see it."""
-    from workerutil import run_worker, write_spec
-
     tree = _attacked_r3_mini(tmp_path, "probe")
     spec = write_spec(tmp_path, "train-C", "train", sealed_dir=str(tree), script="train/online_rl.py",
-                      args=["--debug", "True"], arm_label="C", arm="candidate")
+                      args=["--debug", "True", *SMALL], arm_label="C", arm="candidate")
     proc = run_worker("train", spec, tree)
     assert proc.returncode == 1, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
@@ -76,13 +74,9 @@ def test_train_package_refuses_a_probe_clock_patched_to_run_at_0_8x(tmp_path: Pa
     assert not (tmp_path / "train-C" / "result.json").exists()
 
 
-@pytest.mark.slow
 def test_launch_refuses_a_candidate_whose_clocks_run_at_0_8x(tmp_path: Path) -> None:
     """A real r3-mini run (2 CPU ranks): the candidate patches time.perf_counter, time.monotonic, ... and the
     probe's clock; train-C is refused naming the clock disagreement, nothing later runs, no audit is written."""
-    from test_audit_e2e import GIT, small_protocol
-    from test_launch import env, launch_cmd, make_project, only_run, orch, records
-
     proj = make_project(tmp_path)
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
     subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
@@ -97,7 +91,7 @@ def test_launch_refuses_a_candidate_whose_clocks_run_at_0_8x(tmp_path: Path) -> 
         "candidate": {"commitment": "manifests/cand.json", "source": "tree", "switches": dict(switches),
                       "under_evaluation": True},
     }
-    small_protocol(data)
+    prepare_only(data)  # 16 steps: the baseline's three windows are cross-checked
     protocol = proj / "protocol" / "attack.yaml"
     protocol.write_text(yaml.safe_dump(data, sort_keys=False))
     frozen = subprocess.run(orch("freeze", "--protocol", str(protocol), "--arm", "candidate", "-o",

@@ -1,145 +1,50 @@
 """`orch launch` end to end on r3-mini (2 CPU ranks): real torchrun, real locks, real ledger, real faults.
 
-Each test runs the real CLI in a subprocess on a copy of the project, so that it may edit the working tree.
+The complete run is the suite's shared one (conftest.py); every other test launches its own, on a copy of the
+project that it may edit, with the quick protocol (launchutil.quick_protocol) where it only needs a package to fail
+or the launch to stop.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import psutil
-import pyarrow.ipc as ipc
-import pytest
-import yaml
+from launchutil import (
+    EDITED,
+    PACKAGES,
+    REPO,
+    CompleteRun,
+    edit_protocol,
+    env,
+    launch_cmd,
+    lock_is_free,
+    make_project,
+    only_run,
+    orch,
+    quick_protocol,
+    records,
+    run_processes,
+    start_until,
+    wait_for,
+)
 
 from ledger.cost.store import Ledger
 from ledger.verdict.decision import exit_code as verdict_exit_code
-from orchestrator import gpu_lock
-
-REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ["checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C", "score"]
-pytestmark = pytest.mark.slow
+from protocol.results import ReloadResult, StepRecord, TrainResult
 
 
-def make_project(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    shutil.copytree(REPO / "examples" / "r3_mini", proj / "examples" / "r3_mini",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    (proj / "protocol").mkdir()
-    (proj / "manifests").mkdir()
-    shutil.copy(REPO / "protocol" / "r3_mini.yaml", proj / "protocol" / "r3_mini.yaml")
-    shutil.copy(REPO / "manifests" / "r3_mini.json", proj / "manifests" / "r3_mini.json")
-    return proj
-
-
-def edit_protocol(proj: Path, change: Callable[[dict], None], name: str = "p.yaml") -> Path:  # type: ignore[type-arg]
-    data = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
-    change(data)
-    path = proj / "protocol" / name
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def orch(*args: str, cwd: Path) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", *args]
-
-
-def env() -> dict[str, str]:
-    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-
-
-def launch_cmd(proj: Path, protocol: Path, home: Path) -> list[str]:
-    return orch("launch", str(protocol), "--home", str(home), "--json", "--lock-dir", str(home.parent / "locks"),
-                cwd=proj)
-
-
-def start(proj: Path, protocol: Path, home: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(launch_cmd(proj, protocol, home), cwd=proj, env=env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
-def start_until(proj: Path, home: Path, package: str) -> tuple[subprocess.Popen[str], Path]:
-    """Launch the shipped protocol and return once `package` has completed one step."""
-    proc = start(proj, proj / "protocol" / "r3_mini.yaml", home)
-    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 60, "the run directory")
-    run_dir = only_run(home)
-    wait_for(lambda: steps_done(run_dir, package) >= 1, 240, f"{package} to run")
-    return proc, run_dir
-
-
-def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def only_run(home: Path) -> Path:
-    runs = sorted((home / "runs").iterdir())
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
-def steps_done(run_dir: Path, package: str) -> int:
-    path = run_dir / "packages" / package / "steps.rank0.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def records(home: Path) -> list[dict]:  # type: ignore[type-arg]
-    with ipc.open_stream(str(home / "ledger" / "ledger.arrows")) as reader:
-        return reader.read_all().to_pylist()  # type: ignore[no-any-return]
-
-
-def run_processes(run_id: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("ORCH_RUN_ID") == run_id:
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def lock_is_free(lock_dir: Path) -> bool:
-    try:
-        grant = gpu_lock.acquire(gpus=2, timeout=0, lock_dir=lock_dir, probe=_NoGpu())
-    except gpu_lock.GpuLockTimeout:
-        return False
-    grant.release()
-    return True
-
-
-class _NoGpu:
-    def count(self) -> int:
-        return 0
-
-    def foreign_users(self, index: int) -> list[tuple[int, int]]:
-        return []
-
-
-def test_complete_run_is_sealed_against_working_tree_edits_and_audited(tmp_path: Path) -> None:
-    proj = make_project(tmp_path)
-    home = tmp_path / "home"
-    proc, run_dir = start_until(proj, home, "train-C")
-    # an edit of the working tree while train-C runs must not reach the run
-    edited = proj / "examples" / "r3_mini" / "train" / "train_utils.py"
-    edited.write_text(edited.read_text() + "\nEDITED_DURING_RUN = True\n")
-    out, err = proc.communicate(timeout=400)
+def test_complete_run_is_sealed_against_working_tree_edits_and_audited(complete_run: CompleteRun) -> None:
+    proj, home, run_dir = complete_run.proj, complete_run.home, complete_run.run_dir
+    out, err = complete_run.out, complete_run.err
+    # the edit of the working tree made while train-C ran (conftest.py) is there, and did not reach the run
+    assert "EDITED_DURING_RUN" in (proj / EDITED).read_text()
     summary = json.loads(out)  # with --json stdout is exactly one JSON document
     # the exit code is the verdict's, the same as `orch audit` gives (0 only when accepted)
-    assert proc.returncode == verdict_exit_code(summary["verdict"]), err[-3000:]
+    assert complete_run.returncode == verdict_exit_code(summary["verdict"]), err[-3000:]
     assert summary["status"] == "complete" and set(summary["packages"].values()) == {"ok"}
     assert "EDITED_DURING_RUN" not in (run_dir / "sealed" / "candidate" / "train" / "train_utils.py").read_text()
     # one open and one close record for each of the 9 packages, and an audit record
@@ -167,14 +72,36 @@ def test_complete_run_is_sealed_against_working_tree_edits_and_audited(tmp_path:
                            capture_output=True, text=True, timeout=120)
     doc = json.loads(shown.stdout)
     assert doc["written"] is False and doc["audit"]["verdict"] == audit["verdict"]
-    assert shown.returncode == proc.returncode
+    assert shown.returncode == complete_run.returncode
     assert doc["dev_score"]["informational"] is True and doc["dev_score"]["verified"] is True
+
+
+def test_the_probe_on_r3_mini_digests_what_the_reload_reads_and_observes_the_recipe(complete_run: CompleteRun) -> None:
+    """train-A and reload-A of the shared run: 16 steps on 2 ranks, digests of steps 0-13, the reload's digests equal
+    to the train's final ones, the recipe and the frozen ViT observed, no forbidden op, no process left behind."""
+    packages = complete_run.run_dir / "packages"
+    t = TrainResult.model_validate_json((packages / "train-A" / "result.json").read_text())
+    r = ReloadResult.model_validate_json((packages / "reload-A" / "result.json").read_text())
+    assert t.stopped_cleanly and t.world_size == 2 and t.steps == 16 and t.digest_steps == list(range(14))
+    assert [x.final_combined for x in t.ranks] == [x.combined for x in r.ranks]
+    assert [x.final_digests for x in t.ranks] == [x.digests for x in r.ranks]
+    rec = t.observed_recipe
+    assert (rec.optimizer, rec.lr, rec.betas, rec.eps, rec.max_grad_norm) == ("AdamW", 5e-6, (0.9, 0.95), 1e-8, 1.0)
+    assert rec.warmup_steps == 10 and "vit_model" in rec.frozen
+    lines = (packages / "train-A" / "steps.rank0.jsonl").read_text().splitlines()
+    assert len(lines) == 16 and all(StepRecord.model_validate_json(x).forbidden == [] for x in lines)
+    assert run_processes(complete_run.run_dir.name) == []
 
 
 def test_failing_package_stops_the_run_and_leaves_no_audit(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    protocol = edit_protocol(proj, lambda d: d["arms"]["candidate"].update(config={"no_such_flag": "1"}))
+
+    def failing_candidate(data: dict[str, Any]) -> None:
+        quick_protocol(data)
+        data["arms"]["candidate"].update(config={"no_such_flag": "1"})
+
+    protocol = edit_protocol(proj, failing_candidate)
     proc = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,
                           timeout=400)
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -196,7 +123,7 @@ def test_failing_package_stops_the_run_and_leaves_no_audit(tmp_path: Path) -> No
 def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    proc, run_dir = start_until(proj, home, "train-A")
+    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, quick_protocol))
     target = run_dir / "sealed" / "baseline" / "train" / "reward_func.py"
     target.chmod(0o644)
     with open(target, "a") as f:
@@ -213,7 +140,7 @@ def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path
 def test_kill_9_of_orch_leaves_no_process_and_frees_the_lock(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    proc, run_dir = start_until(proj, home, "train-A")
+    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, quick_protocol))
     assert len(run_processes(run_dir.name)) >= 3  # worker, torchrun, ranks
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -229,7 +156,7 @@ def test_kill_9_of_orch_leaves_no_process_and_frees_the_lock(tmp_path: Path) -> 
 def test_ctrl_c_records_interrupted_and_exits_130(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    proc, run_dir = start_until(proj, home, "train-A")
+    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, quick_protocol))
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 130

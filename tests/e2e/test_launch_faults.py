@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launchutil import edit_protocol, env, launch_cmd, lock_is_free, make_project, records, wait_for
 from ledgerutil import offsets
-from test_launch import edit_protocol, env, launch_cmd, lock_is_free, make_project, records, wait_for
 
 from ledger.cost.store import Ledger
 

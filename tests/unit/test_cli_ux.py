@@ -116,7 +116,6 @@ def test_tables_keep_every_cell_in_an_80_column_terminal() -> None:
 
 
 def test_audit_json_is_one_document_and_launch_exit_follows_the_verdict(tmp_path: Path) -> None:
-    sys.path.insert(0, str(REPO / "tests"))
     from test_audit import TENSORS, RunSpec, make_run
 
     make_run(tmp_path, "run1")

@@ -1,0 +1,163 @@
+"""Helpers of the end-to-end tests: a project copy that a test may edit, the real `orch` CLI in a subprocess, the
+protocol variants the tests launch, and what they read back (ledger records, the run's processes, the lock)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow.ipc as ipc
+import yaml
+
+from orchestrator import gpu_lock
+
+REPO = Path(__file__).resolve().parents[2]
+EDITED = Path("examples") / "r3_mini" / "train" / "train_utils.py"  # edited while the complete run runs
+PACKAGES = ["checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C", "score"]
+# shorter rollouts (decode tokens, denoise steps) only: the model, its initial state and the recipe are unchanged
+SMALL = ["--max_output_token_n_gen", "8", "--max_output_token_n_edit", "8",
+         "--num_timesteps_gen", "4", "--num_timesteps_edit", "4"]
+GIT = ["git", "-c", "user.name=orch-test", "-c", "user.email=orch-test@example.invalid", "-c", "commit.gpgsign=false"]
+
+
+@dataclass(frozen=True)
+class CompleteRun:
+    """A finished `orch launch --json`: its project copy, home, run directory, exit code, stdout and stderr."""
+
+    proj: Path
+    home: Path
+    run_dir: Path
+    returncode: int
+    out: str
+    err: str
+
+
+def small_protocol(data: dict[str, Any]) -> None:
+    """The protocol with shorter rollouts: for every end-to-end launch."""
+    data["launcher"]["args"] = [*data["launcher"]["args"], *SMALL]
+    data["scorer"]["command"] = [*data["scorer"]["command"], *SMALL]
+
+
+def prepare_only(data: dict[str, Any]) -> None:
+    """Shorter rollouts and checks that only prepare the initial state (no diagnostic, no static graph): for the
+    launches whose tests read no diagnostic. The complete run (conftest.py) and the cheat test keep every check."""
+    small_protocol(data)
+    data["checks"]["diagnostics"] = []
+    data["checks"]["static_graph"] = None
+
+
+def quick_protocol(data: dict[str, Any]) -> None:
+    """prepare_only and 12 steps (one timed window, digests of steps 0-11): for the launches whose tests read no
+    timing window (a package fails, the launch is stopped, an RNG draw, the A/A calibration's bookkeeping)."""
+    prepare_only(data)
+    data["measurement"].update(steps=12, digest_last=11)
+
+
+def make_project(tmp_path: Path) -> Path:
+    proj = tmp_path / "proj"
+    shutil.copytree(REPO / "examples" / "r3_mini", proj / "examples" / "r3_mini",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (proj / "protocol").mkdir()
+    (proj / "manifests").mkdir()
+    shutil.copy(REPO / "protocol" / "r3_mini.yaml", proj / "protocol" / "r3_mini.yaml")
+    shutil.copy(REPO / "manifests" / "r3_mini.json", proj / "manifests" / "r3_mini.json")
+    return proj
+
+
+def edit_protocol(proj: Path, change: Callable[[dict], None], name: str = "p.yaml") -> Path:  # type: ignore[type-arg]
+    data = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
+    change(data)
+    path = proj / "protocol" / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def orch(*args: str, cwd: Path) -> list[str]:
+    return [sys.executable, "-m", "orchestrator.cli", *args]
+
+
+def env() -> dict[str, str]:
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def launch_cmd(proj: Path, protocol: Path, home: Path) -> list[str]:
+    return orch("launch", str(protocol), "--home", str(home), "--json", "--lock-dir", str(home.parent / "locks"),
+                cwd=proj)
+
+
+def start(proj: Path, protocol: Path, home: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(launch_cmd(proj, protocol, home), cwd=proj, env=env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def start_until(
+    proj: Path, home: Path, package: str, protocol: Path | None = None
+) -> tuple[subprocess.Popen[str], Path]:
+    """Launch `protocol` (default: the shipped one) and return once `package` has completed one step."""
+    proc = start(proj, protocol or proj / "protocol" / "r3_mini.yaml", home)
+    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 60, "the run directory")
+    run_dir = only_run(home)
+    wait_for(lambda: steps_done(run_dir, package) >= 1, 240, f"{package} to run")
+    return proc, run_dir
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def only_run(home: Path) -> Path:
+    runs = sorted((home / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def steps_done(run_dir: Path, package: str) -> int:
+    path = run_dir / "packages" / package / "steps.rank0.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def records(home: Path) -> list[dict]:  # type: ignore[type-arg]
+    with ipc.open_stream(str(home / "ledger" / "ledger.arrows")) as reader:
+        return reader.read_all().to_pylist()  # type: ignore[no-any-return]
+
+
+def run_processes(run_id: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("ORCH_RUN_ID") == run_id:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def lock_is_free(lock_dir: Path) -> bool:
+    try:
+        grant = gpu_lock.acquire(gpus=2, timeout=0, lock_dir=lock_dir, probe=_NoGpu())
+    except gpu_lock.GpuLockTimeout:
+        return False
+    grant.release()
+    return True
+
+
+class _NoGpu:
+    def count(self) -> int:
+        return 0
+
+    def foreign_users(self, index: int) -> list[tuple[int, int]]:
+        return []
