@@ -17,8 +17,8 @@ all: test
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(CONSTRAINTS) "$(TORCH_PIN)"
-	$(BIN)/pip install -q $(CONSTRAINTS) -e '.[workers,dev]'
+	# one resolve: torch pinned and orch with its extras together (the extras' torch>=2.6 is then already met)
+	$(BIN)/pip install -q $(CONSTRAINTS) "$(TORCH_PIN)" -e '.[workers,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

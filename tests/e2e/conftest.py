@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
-from launchutil import EDITED, CompleteRun, edit_protocol, make_project, small_protocol, start_until
+from launchutil import EDITED, CompleteRun, edit_protocol, end_started, make_project, small_protocol, start_until
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_outlives_its_test() -> Iterator[None]:
+    yield
+    end_started()
 
 
 @pytest.fixture(scope="session")

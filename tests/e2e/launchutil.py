@@ -94,9 +94,23 @@ def launch_cmd(proj: Path, protocol: Path, home: Path) -> list[str]:
                 cwd=proj)
 
 
+STARTED: list[subprocess.Popen[str]] = []  # ended after each test (conftest.py): no launch outlives its test
+
+
 def start(proj: Path, protocol: Path, home: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(launch_cmd(proj, protocol, home), cwd=proj, env=env(), text=True,
+    proc = subprocess.Popen(launch_cmd(proj, protocol, home), cwd=proj, env=env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    STARTED.append(proc)
+    return proc
+
+
+def end_started() -> None:
+    """Kill every launch a test started that still runs (the test failed or timed out before it ended)."""
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def start_until(
@@ -104,9 +118,11 @@ def start_until(
 ) -> tuple[subprocess.Popen[str], Path]:
     """Launch `protocol` (default: the shipped one) and return once `package` has completed one step."""
     proc = start(proj, protocol or proj / "protocol" / "r3_mini.yaml", home)
-    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 60, "the run directory")
+    # upper bounds only (a loaded 2-core host takes minutes to start a run); a test that fails here ends the launch
+    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 300, "the run directory")
     run_dir = only_run(home)
-    wait_for(lambda: steps_done(run_dir, package) >= 1, 240, f"{package} to run")
+    wait_for(lambda: steps_done(run_dir, package) >= 1 or proc.poll() is not None, 600, f"{package} to run")
+    assert proc.poll() is None, f"the launch ended before {package} ran: {proc.communicate()[1][-3000:]}"
     return proc, run_dir
 
 

@@ -130,7 +130,7 @@ def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path
         f.write("\n# forced write\n")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1
-    assert "train/reward_func.py" in err and "sealed copy of baseline was modified" in err
+    assert "sealed copy of baseline was modified during the run: 1 changed (train/reward_func.py)" in err
     recs = [r for r in records(home) if r["run_id"] == run_dir.name and r["status"] != "open"]
     assert {r["package"]: r["status"] for r in recs}["train-A"] == "failed"
     assert all(r["status"] == "not-run" for r in recs if r["package"] not in ("checks", "train-A"))

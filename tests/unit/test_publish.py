@@ -104,7 +104,12 @@ def test_publish_writes_only_inside_the_repositorys_docs_validation(tmp_path: Pa
         cwd.mkdir()
     proc = _orch("publish", "run1", "--to", to, "--home", str(home), cwd=cwd)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "docs/validation/" in proc.stderr
+    # orch's own words, not the echoed --to path (which holds "docs/validation/" itself in three of the cases)
+    refusal = ("orch: publish writes only into a repository's docs/validation/ and no repository (.git) encloses the "
+               "current directory; run it inside the repository") if where == "norepo" else (
+        f"orch: --to {to}: evidence is published only inside docs/validation/ of the repository; give a path like "
+        "docs/validation/NAME.json")
+    assert proc.stderr.strip().splitlines() == [refusal]
     assert not list(tmp_path.rglob("e.json"))
     ok = _orch("publish", "run1", "--to", "docs/validation/ok.json", "--home", str(home), cwd=repo)
     assert ok.returncode == 0 and (repo / "docs" / "validation" / "ok.json").is_file(), ok.stderr

@@ -114,7 +114,11 @@ def test_folders_are_refused_before_anything_is_written(tmp_path: Path) -> None:
     used = run_cli(["--upstream", str(tmp_path), "--out", str(tmp_path / "used")], tmp_path)
     assert used.returncode == 2 and "not an empty folder" in used.stderr
     lacking = run_cli(["--upstream", str(tmp_path), "--out", str(tmp_path / "new")], tmp_path)
-    assert lacking.returncode == 2 and "not an R3 source tree" in lacking.stderr and "online_rl.py" in lacking.stderr
+    assert lacking.returncode == 2
+    # orch's list of what the folder lacks, every required file of an empty folder, in order
+    assert (f"--upstream {tmp_path} is not an R3 source tree (lacks train/online_rl.py, train/fsdp_utils.py, "
+            "modeling/bagel/__init__.py, modeling/autoencoder.py, data/data_utils.py, "
+            "data/rl_test/test_geneval++.jsonl); point it at the upstream snapshot") in lacking.stderr
     assert lacking.stderr.count("\n") == 1 and not (tmp_path / "new").exists()
 
 

@@ -62,7 +62,7 @@ def test_the_unmodified_snapshot_passes_and_a_changed_byte_is_refused(tmp_path: 
     (up / "train" / "online_rl.py").write_text("# patched\n")
     with pytest.raises(RefusedError) as err:
         check_upstream(protocol, up)
-    assert "differ from upstream.json" in str(err.value) and "train/online_rl.py" in str(err.value)
+    assert "--upstream sources differ from upstream.json: 1 changed (train/online_rl.py); " in str(err.value)
 
 
 def test_the_derived_protocol_is_a_valid_declared_null_rehearsal(tmp_path: Path) -> None:
