@@ -18,6 +18,7 @@ import pyarrow.ipc as ipc
 import yaml
 
 from orchestrator import gpu_lock
+from orchestrator.housekeeping import STAGING_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 EDITED = Path("examples") / "r3_mini" / "train" / "train_utils.py"  # edited while the complete run runs
@@ -119,7 +120,7 @@ def start_until(
     """Launch `protocol` (default: the shipped one) and return once `package` has completed one step."""
     proc = start(proj, protocol or proj / "protocol" / "r3_mini.yaml", home)
     # upper bounds only (a loaded 2-core host takes minutes to start a run); a test that fails here ends the launch
-    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 300, "the run directory")
+    wait_for(lambda: run_published(home), 300, "the run directory")
     run_dir = only_run(home)
     wait_for(lambda: steps_done(run_dir, package) >= 1 or proc.poll() is not None, 600, f"{package} to run")
     assert proc.poll() is None, f"the launch ended before {package} ran: {proc.communicate()[1][-3000:]}"
@@ -133,6 +134,13 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_published(home: Path) -> bool:
+    """The run folder is in place: renamed from its staging name (runs/.new-<id>), which a test must never take
+    for the run (it vanishes at the rename, and a wait on a file under it never ends)."""
+    runs = home / "runs"
+    return runs.is_dir() and any(not p.name.startswith(STAGING_PREFIX) for p in runs.iterdir())
 
 
 def only_run(home: Path) -> Path:

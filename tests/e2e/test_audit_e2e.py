@@ -25,6 +25,7 @@ from launchutil import (
     quick_protocol,
     records,
     run_processes,
+    run_published,
     small_protocol,
     start,
     steps_done,
@@ -221,7 +222,7 @@ def test_audit_of_a_run_killed_during_train_b_writes_nothing_and_shows_no_score(
     protocol = edit_protocol(proj, quick_protocol, name="quick.yaml")
     home = tmp_path / "home"
     proc = start(proj, protocol, home)
-    wait_for(lambda: (home / "runs").is_dir() and any((home / "runs").iterdir()), 300, "the run directory")
+    wait_for(lambda: run_published(home), 300, "the run directory")
     run_dir = only_run(home)
     wait_for(lambda: steps_done(run_dir, "train-B") >= 1 or proc.poll() is not None, 400, "train-B to run")
     assert proc.poll() is None, proc.communicate()[1][-3000:]
