@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from ledger.verdict.decision import (
     decide,
     drift_notes,
@@ -98,11 +100,17 @@ def test_drift_notes_name_a_drift_above_the_bound_only() -> None:
     sps = triplet_speedups(times, [_trip()], steps=4, warmup=2, window=2, drift_bound=0.5)
     assert [w.ratio for w in sps[0].windows] == [2.5]
     assert drift_notes([_trip()], sps, 0.5) == []
+    assert drift_notes([_trip()], sps, 0.4) == []  # a drift at the bound is within it (1 / 2.5 is 0.4 in floats)
     assert drift_notes([_trip()], sps, 0.3) == [
         "drift above the protocol's bound: window w1 A/B drift 0.4000 > 0.3 (the two baseline launches disagree; it "
         "enters the interval as launch-level variance)"]
     second = Triplet(index=2, a="A2", c="C2", b="B2", order=("A2", "C2", "B2"))
     notes = drift_notes([_trip(), second], [sps[0], sps[0]], 0.3)
+    # one speedup per triplet: a list that lost one is refused, not silently shortened
+    with pytest.raises(ValueError):
+        drift_notes([_trip(), second], sps, 0.3)
+    with pytest.raises(ValueError):
+        replication_doc([_trip(), second], sps)
     assert [n.split(" A/B")[0] for n in notes] == ["drift above the protocol's bound: triplet 1 window w1",
                                                    "drift above the protocol's bound: triplet 2 window w1"]
 
@@ -114,7 +122,8 @@ def test_verdict_lines_list_the_interval_the_triplets_and_the_context() -> None:
                                       "headline_window": "w2", "ratios": [1.5, 1.25], "max_drift": 0.125}]},
         "diagnostics": ["d1"],
         "quiet_host": {"words": "quiet"},
-        "clock": {"words": ""},
+        "clock": {"words": "clock steady"},
+        "calibration": {"words": "calibrated"},
     }
     lines = verdict_lines(doc)
     assert lines == [
@@ -124,8 +133,11 @@ def test_verdict_lines_list_the_interval_the_triplets_and_the_context() -> None:
         "0.0300",
         "triplet 1 (A1 C1 B1): headline 1.2500x (w2; window ratios 1.5000 / 1.2500), max A/B drift 0.1250",
         "d1",
+        "calibration: calibrated",
+        "clock: clock steady",
         "quiet host: quiet",
     ]
+    assert verdict_lines({"clock": {"words": ""}, "calibration": {"note": "x"}}) == []
     assert verdict_lines({}) == []
 
 
