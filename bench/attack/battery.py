@@ -97,7 +97,8 @@ def document(rows: list[Row], only: list[str], started: float, timings: dict[str
         attacks = sorted(kept + attacks, key=lambda a: FAMILIES.index(a["family"]))
         old_runs = old["provenance"].get("runs") or [
             {**old["provenance"], "families": sorted({a["family"] for a in old["attacks"]})}]  # a first-version file
-        runs = [*[r for r in old_runs if set(r["families"]) - set(only)], run]
+        kept_runs = [{**r, "families": [f for f in r["families"] if f not in only]} for r in old_runs]
+        runs = [*[r for r in kept_runs if r["families"]], run]  # each run names the families whose rows it gave
     counts = {f: {"passed": sum(a["pass"] for a in attacks if a["family"] == f),
                   "total": sum(a["family"] == f for a in attacks)}
               for f in FAMILIES if any(a["family"] == f for a in attacks)}
