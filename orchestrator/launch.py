@@ -28,7 +28,7 @@ from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last
 from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
 from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
-from orchestrator.run_plan import PLAN, RunContext, VerifiedArm, run_plan
+from orchestrator.run_plan import RunContext, VerifiedArm, run_plan
 from orchestrator.sealing import seal_arm, unseal_for_removal
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, os_error_line
 from protocol.fileio import write_atomic
@@ -285,7 +285,7 @@ def run_under_lock(
         return RunEnd("interrupted", statuses)
     except OSError as err:  # e.g. a full disk: close what can be closed, then one line
         with contextlib.suppress(OSError, OrchError):
-            for pkg in PLAN:
+            for pkg in ctx.plan:
                 if pkg.name not in ctx.closed and ctx.grant is not None:
                     ctx.record(pkg, "failed" if pkg.name in ctx.opened else "not-run", note=os_error_line(err))
         return RunEnd("failed", statuses, err)

@@ -162,3 +162,45 @@ def test_a_package_that_writes_into_the_other_arms_sealed_copy_fails_before_that
     assert status == "failed" and ran == NAMES[: NAMES.index(writer) + 1]
     assert _closes(ctx)[writer] == ("failed", f"sealed copy of {other} was modified during the run: "
                                               "1 changed (train/online_rl.py)")
+
+
+def test_an_os_error_in_a_replicated_run_closes_that_runs_own_packages(
+    ctx: RunContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # repeats 2: packages train-A1 ... score; a full disk during train-B1 must close train-B1 failed and every later
+    # package of this plan not-run, and record nothing under the names of the one-triplet plan (train-A, ...)
+    import errno
+
+    from orchestrator import launch as launch_mod
+    from protocol.plan import plan as plan_of
+
+    two = plan_of(2)
+    monkeypatch.setattr(RunContext, "plan", property(lambda self: two))
+    real = ctx.grant
+
+    class Held:  # the fixture's CPU-slot grant, already held: the step under test must not take a second one
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def __enter__(self) -> Held:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(launch_mod, "lock", lambda *a, **k: Held())
+    monkeypatch.setattr(launch_mod, "seal", lambda c: None)  # the fixture sealed both arms already
+
+    def behave(spec: Any, c: RunContext) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ran: list[str] = []
+    monkeypatch.setattr(run_plan_mod, "run_package", _runner(ctx, ran, {"train-B1": behave}))
+    end = launch_mod.run_under_lock(ctx, None, None, False, lambda _: None)
+    names = [p.name for p in two]
+    assert end.status == "failed" and ran == names[: names.index("train-B1") + 1]
+    closes = _closes(ctx)
+    assert set(closes) == set(names)  # every package of this run closed, no record under another plan's names
+    assert closes["train-B1"][0] == "failed" and "No space left on device" in (closes["train-B1"][1] or "")
+    assert all(closes[n][0] == "not-run" for n in names[names.index("train-B1") + 1:])
+    assert set(_opens(ctx)) == set(ran)
