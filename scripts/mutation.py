@@ -101,7 +101,7 @@ MODULES: dict[str, Target] = {
                                   "tests/unit/test_model_declared.py")),
     "protocol/schema.py": Target(("tests/unit/test_protocol.py", "tests/unit/test_model_declared.py",
                                   "tests/unit/test_recipe.py")),
-    "ledger/verdict/exactness.py": Target(("tests/unit/test_audit.py",)),
+    "ledger/verdict/exactness.py": Target(("tests/unit/test_exactness_rules.py", "tests/unit/test_audit.py")),
     "ledger/verdict/audit.py": Target(("tests/unit/test_audit.py", "tests/unit/test_audit_evidence.py")),
     "ledger/cost/record.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py")),
     "ledger/cost/store.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py",
