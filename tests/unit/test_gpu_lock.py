@@ -165,7 +165,7 @@ def test_usage_errors_and_settings(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         gl.resolve_slots(env={"GPU_RUN_SLOTS": "many"})
     assert isinstance(gd.probe_from_env({"GPU_RUN_FAKE_NVML": str(tmp_path / "x.json")}), gd.FakeProbe)
-    assert isinstance(gd.probe_from_env({}), gd.NvmlProbe)
+    assert isinstance(gd.probe_from_env({}), gd.DriverProbe)
 
 
 def test_lock_dir_and_files_are_usable_by_every_user(tmp_path: Path) -> None:
