@@ -46,13 +46,20 @@ def _proc_stat() -> tuple[int, int] | None:
     return (values[7] if len(values) > 7 else 0), sum(values)
 
 
+def _public_name(name: str | None) -> str:
+    """A process name fit for evidence: a kernel thread's "kworker/u4:2" becomes "kworker" (its name
+    never carries a path), and a name equal to this host's is withheld."""
+    head = (name or "?").split("/", 1)[0] or "?"
+    return "<host>" if head == os.uname().nodename else head
+
+
 def _cpu_times() -> dict[int, tuple[str, float]]:
     out = {}
     for p in psutil.process_iter(["name", "cpu_times"]):
         try:
             times = p.info["cpu_times"]
             if times is not None:
-                out[p.pid] = (str(p.info["name"] or "?"), float(times.user + times.system))
+                out[p.pid] = (_public_name(p.info["name"]), float(times.user + times.system))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return out
@@ -101,7 +108,7 @@ def _gpu_state(pynvml: Any, h: Any, index: int, own: set[int]) -> GpuState:
         for proc in _try(getter, h) or []:
             if proc.pid in own:
                 continue
-            name = _try(lambda pid: psutil.Process(pid).name(), proc.pid) or "?"
+            name = _public_name(_try(lambda pid: psutil.Process(pid).name(), proc.pid))
             used = getattr(proc, "usedGpuMemory", None)
             foreign.append(ForeignGpuProcess(name=name, used_mib=None if used is None else used / 2**20))
     return GpuState(

@@ -50,3 +50,14 @@ def test_own_children_are_not_foreign() -> None:
     report = watch.finish()
     assert all(p.cpu_s < 1.0 or not p.name.startswith("python") for p in report.busy_foreign), report.busy_foreign
     assert quiet_host_doc({}, [])["launches"] == {}
+
+
+def test_kernel_thread_and_host_names_are_made_public() -> None:
+    # the CI host had a busy kernel thread ("kworker/u4:2"): its name is kept, the part after "/" is not
+    from workers.quiet_host import _public_name
+
+    assert _public_name("kworker/u4:2-events") == "kworker"
+    assert _public_name("ksoftirqd/0") == "ksoftirqd"
+    assert _public_name(None) == "?" and _public_name("/x") == "?"
+    assert _public_name(os.uname().nodename) == "<host>"
+    assert _public_name("python3.11") == "python3.11"
