@@ -10,12 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from ledger.cost.store import Ledger
 from ledger.verdict.calibration import CALIBRATION_FILE, Calibration, fingerprint
 from orchestrator.launch import LaunchResult, launch
 from protocol.errors import FailedError
 from protocol.fileio import write_atomic
 from protocol.home import resolve_home
+from protocol.run_record import CalibrationOf, RunRecord
 from protocol.schema import LoadedProtocol, Protocol, load_protocol, protocol_id
 
 
@@ -42,7 +45,7 @@ def calibrate(
     say(f"calibration of {loaded.protocol.name} ({loaded.id[:12]}): A/A run of the baseline, "
         f"{aa.protocol.measurement.repeats} triplet(s)")
     result = launch(protocol_path, home_dir, say=say, lock_timeout=lock_timeout, lock_dir=lock_dir, loaded=aa,
-                    run_doc={"calibration_of": {"protocol_id": loaded.id, "protocol_name": loaded.protocol.name}})
+                    calibration_of=CalibrationOf(protocol_id=loaded.id, protocol_name=loaded.protocol.name))
     audit: dict[str, Any] = result.audit or {}
     if audit.get("verdict") == "not exact":
         reason = (audit.get("reasons") or ["not exact"])[0]
@@ -78,10 +81,8 @@ def calibrate(
 
 
 def audit_host(result: LaunchResult) -> dict[str, Any]:
-    import json
-
-    run = json.loads((result.run_dir / "run.json").read_text())
-    host = run.get("host")
-    if not isinstance(host, dict) or "host_hash" not in host:
-        raise FailedError(f"run {result.run_id}: run.json has no host fingerprint; nothing was recorded")
-    return host
+    try:
+        record = RunRecord.model_validate_json((result.run_dir / "run.json").read_bytes())
+    except (OSError, ValidationError) as err:
+        raise FailedError(f"run {result.run_id}: run.json has no host fingerprint; nothing was recorded") from err
+    return record.host.model_dump()

@@ -32,10 +32,9 @@ from orchestrator.run_plan import RunContext, VerifiedArm, run_plan
 from orchestrator.sealing import seal_arm, unseal_for_removal
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, os_error_line
 from protocol.fileio import write_atomic
-from protocol.hashing import canonical_json
 from protocol.home import Home, resolve_home
 from protocol.plan import ARMS
-from protocol.results import RUN_SCHEMA
+from protocol.run_record import ArmRecord, CalibrationOf, HostFingerprint, LockRecord, RunRecord, SlurmRecord
 from protocol.schema import Arm, LoadedProtocol, load_protocol
 from protocol.schema import canonical_json as protocol_canonical_json
 
@@ -71,6 +70,10 @@ class RunInterruptedError(InterruptedRunError):
     def __init__(self, message: str, result: LaunchResult) -> None:
         super().__init__(message)
         self.result = result
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def new_run_id(protocol_id: str) -> str:
@@ -118,13 +121,13 @@ def _signals_as_interrupt() -> Iterator[None]:
                 signal.signal(sig, previous)
 
 
-def _create_run_dir(run_dir: Path, protocol_json: bytes, run_doc: dict[str, Any]) -> None:
+def _create_run_dir(run_dir: Path, protocol_json: bytes, record: RunRecord) -> None:
     """The run folder appears complete (protocol.json and run.json) or not at all: staged, then renamed."""
     staging = run_dir.with_name(STAGING_PREFIX + run_dir.name)
     try:
         staging.mkdir()
         write_atomic(staging / "protocol.json", protocol_json)
-        write_atomic(staging / "run.json", canonical_json(run_doc, ensure_ascii=True, pretty=True).encode())
+        write_atomic(staging / "run.json", record.to_bytes())
         os.rename(staging, run_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -167,12 +170,12 @@ def load(protocol_path: Path, home_dir: Path | None, loaded: LoadedProtocol | No
     return Prepared(loaded, home, ledger)
 
 
-def fingerprint(home: Home, say: Callable[[str], None]) -> dict[str, Any]:
+def fingerprint(home: Home, say: Callable[[str], None]) -> HostFingerprint:
     """This host's fingerprint (the name only as a salted hash); says what changed since the last run."""
-    host = host_fingerprint(host_hash(home.ledger_dir))
+    host = HostFingerprint.model_validate(host_fingerprint(host_hash(home.ledger_dir)))
     previous = last_run_fingerprint(home.runs)
     if previous is not None:
-        changes = fingerprint_changes(previous[1], host)
+        changes = fingerprint_changes(previous[1], host.model_dump())
         if changes:
             say(f"host fingerprint changed since run {previous[0]} ({'; '.join(changes)}); "
                 "this run records both baselines (A and B) fresh before anything is compared")
@@ -180,8 +183,8 @@ def fingerprint(home: Home, say: Callable[[str], None]) -> dict[str, Any]:
 
 
 def open_run(
-    prep: Prepared, arms: dict[str, VerifiedArm], host: dict[str, Any], owner: contextlib.ExitStack,
-    run_doc: dict[str, Any] | None, say: Callable[[str], None],
+    prep: Prepared, arms: dict[str, VerifiedArm], host: HostFingerprint, owner: contextlib.ExitStack,
+    calibration_of: CalibrationOf | None, say: Callable[[str], None],
 ) -> RunContext:
     """A new run id, held by this process until the run ends; its folder with protocol.json and run.json."""
     loaded = prep.loaded
@@ -190,20 +193,16 @@ def open_run(
     run_dir = prep.home.run_dir(run_id)
     scratch = prep.home.scratch / run_id
     ctx = RunContext(loaded, prep.home, run_id, run_dir, scratch, prep.ledger, host, arms)
-    ctx.doc = {
-        "schema": RUN_SCHEMA, "run_id": run_id, "protocol_id": loaded.id, "protocol_name": loaded.protocol.name,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ended": None, "status": "running",
-        "host": host, "lock": None, "packages": [],
-        "arms": {
-            name: {"commitment": a.spec.commitment, "commitment_root": a.commitment_root,
-                   "sources_root": a.sources_root, "switches": dict(a.spec.switches), "config": dict(a.spec.config),
-                   "source": a.spec.source if a.spec.source == "tree" else {"git": a.spec.source.git},
-                   "under_evaluation": a.spec.under_evaluation, "note": a.note}
-            for name, a in arms.items()
-        },
-        **(run_doc or {}),
-    }
-    _create_run_dir(run_dir, protocol_canonical_json(loaded.protocol), ctx.doc)
+    ctx.run_record = RunRecord.begin(
+        run_id, loaded.id, loaded.protocol.name, _utc_now(), host,
+        {name: ArmRecord(commitment=a.spec.commitment, commitment_root=a.commitment_root,
+                         sources_root=a.sources_root, switches=dict(a.spec.switches), config=dict(a.spec.config),
+                         source=a.spec.source if a.spec.source == "tree" else {"git": a.spec.source.git},
+                         under_evaluation=a.spec.under_evaluation, note=a.note)
+         for name, a in arms.items()},
+        calibration_of,
+    )
+    _create_run_dir(run_dir, protocol_canonical_json(loaded.protocol), ctx.run)
     scratch.mkdir(parents=True)
     say(f"run {run_id}")
     return ctx
@@ -228,7 +227,7 @@ def lock(
     except BaseException:
         for pkg in ctx.plan:
             ctx.record(pkg, "not-run", note="GPU lock not obtained")
-        ctx.doc.update(status="failed", ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        ctx.update_run(status="failed", ended=_utc_now())
         ctx.write_run_json()
         record_head(ctx.home, ctx.ledger, f"launch {ctx.run_id}")
         raise
@@ -239,7 +238,7 @@ def held(ctx: RunContext, grant: gpu_lock.Grant | slurm.Allocation, say: Callabl
     ctx.grant = grant
     report_orphans(ctx.home, ctx.ledger, say)
     remove_stale_scratch(ctx.home, say)
-    ctx.doc["lock"] = {"kind": grant.kind, "devices": grant.devices, "wait_s": round(grant.wait_s, 6)}
+    ctx.update_run(lock=LockRecord(kind=grant.kind, devices=grant.devices, wait_s=round(grant.wait_s, 6)))
     say(f"lock: {grant.kind} {','.join(map(str, grant.devices))} after {grant.wait_s:.1f} s")
 
 
@@ -250,11 +249,11 @@ def seal(ctx: RunContext) -> None:
         ctx.sealed[name] = seal_arm(name, arm.source_dir, include, arm.sources_root, ctx.run_dir / "sealed" / name)
         sealed = ctx.sealed[name]  # the seal covers every file; sources_root the included ones
         write_atomic(ctx.run_dir / "sealed" / f"{name}.manifest.json", sealed.manifest.to_json().encode())
-        ctx.doc["arms"][name]["sealed_root"] = sealed.manifest.root
+        ctx.run_record = ctx.run.with_arm(name, sealed_root=sealed.manifest.root)
     ctx.write_run_json()
     if ctx.slurm is not None:
-        ctx.doc["slurm"] = {"job_id": ctx.slurm.alloc.job_id, "nodes": [
-            slurm.node_hash(ctx.home.ledger_dir, n) for n in ctx.slurm.alloc.nodes]}
+        ctx.update_run(slurm=SlurmRecord(job_id=ctx.slurm.alloc.job_id, nodes=[
+            slurm.node_hash(ctx.home.ledger_dir, n) for n in ctx.slurm.alloc.nodes]))
         ctx.write_run_json()
 
 
@@ -294,7 +293,7 @@ def run_under_lock(
 
 def close_run(ctx: RunContext, end: RunEnd) -> None:
     """run.json's final status and a witnessed head of the ledger (outside the ledger file: see `orch audit`)."""
-    ctx.doc.update(status=end.status, ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    ctx.update_run(status=end.status, ended=_utc_now())
     try:
         ctx.write_run_json()
         record_head(ctx.home, ctx.ledger, f"launch {ctx.run_id}")
@@ -313,7 +312,8 @@ def outcome(ctx: RunContext, end: RunEnd) -> LaunchResult:
     if end.status != "complete":
         statuses = end.statuses
         failed = next((n for n, s in statuses.items() if s not in ("ok", "not-run")), "?")
-        note = next((p.get("note") for p in ctx.doc["packages"] if p["name"] == failed), None)
+        entry = ctx.run.package(failed)
+        note = None if entry is None else entry.note
         raise RunFailedError(f"run {ctx.run_id}: package {failed} {statuses.get(failed)}"
                              + (f" ({note})" if note else "") + "; later packages not run, no audit written", result)
     return result
@@ -332,17 +332,17 @@ def audit(ctx: RunContext, result: LaunchResult, say: Callable[[str], None]) -> 
 def launch(
     protocol_path: Path, home_dir: Path | None = None, say: Callable[[str], None] = print,
     lock_timeout: float | None = None, lock_dir: Path | None = None, live: bool | None = None,
-    loaded: LoadedProtocol | None = None, run_doc: dict[str, Any] | None = None,
+    loaded: LoadedProtocol | None = None, calibration_of: CalibrationOf | None = None,
 ) -> LaunchResult:
     """The whole pipeline of DESIGN.md section 3; refusals (exit 3) happen before the GPU lock is asked for.
 
-    `loaded` runs a protocol derived in memory (the A/A run of `orch calibrate`); `run_doc` adds to run.json.
+    `loaded` runs a protocol derived in memory (the A/A run of `orch calibrate`, named in `calibration_of`).
     """
     prep = load(protocol_path, home_dir, loaded)
     with tempfile.TemporaryDirectory(prefix="orch-verify-") as tmp, contextlib.ExitStack() as owner:
         arms = verify_arms(prep.loaded, Path(tmp), say)
         host = fingerprint(prep.home, say)
-        ctx = open_run(prep, arms, host, owner, run_doc, say)
+        ctx = open_run(prep, arms, host, owner, calibration_of, say)
         end = run_under_lock(ctx, lock_timeout, lock_dir, live, say)
         close_run(ctx, end)
     return audit(ctx, outcome(ctx, end), say)

@@ -23,11 +23,12 @@ from orchestrator.progress import Progress
 from orchestrator.sealing import SealedArm, check_seal, unseal_for_removal
 from protocol.errors import FailedError
 from protocol.fileio import write_atomic
-from protocol.hashing import canonical_json, sha256_file
+from protocol.hashing import sha256_file
 from protocol.home import Home
 from protocol.package import ChecksSpec, CommandSpec, PackageSpec, ReloadSpec, ScoreSpec, ScoreTarget, TrainSpec
 from protocol.plan import PlannedPackage, kept_checkpoints, plan, score_labels
 from protocol.results import ChecksResult, TrainResult
+from protocol.run_record import HostFingerprint, PackageEntry, RunRecord, VersionsChanged
 from protocol.schema import Arm, LoadedProtocol
 
 PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K)
@@ -66,12 +67,12 @@ class RunContext:
     run_dir: Path
     scratch: Path
     ledger: Ledger
-    host: dict[str, Any]
+    host: HostFingerprint
     arms: dict[str, VerifiedArm]
     sealed: dict[str, SealedArm] = field(default_factory=dict)
     grant: gpu_lock.Grant | slurm.Allocation | None = None
     slurm: slurm.SlurmRun | None = None  # launcher.scheduler slurm: the allocation's steps and per-node seal checks
-    doc: dict[str, Any] = field(default_factory=dict)
+    run_record: RunRecord | None = None  # run.json; set by the launch's open_run step
     opened: set[str] = field(default_factory=set)
     closed: set[str] = field(default_factory=set)
 
@@ -85,8 +86,17 @@ class RunContext:
             return self.grant.gpus
         return len(self.grant.devices) if self.grant is not None and self.grant.kind == "gpu" else 0
 
+    @property
+    def run(self) -> RunRecord:
+        assert self.run_record is not None, "the run record is made by open_run"
+        return self.run_record
+
+    def update_run(self, **fields: Any) -> None:
+        """run.json's top-level fields (status, ended, lock, slurm, versions_changed), in memory until written."""
+        self.run_record = self.run.updated(**fields)
+
     def write_run_json(self) -> None:
-        write_atomic(self.run_dir / "run.json", canonical_json(self.doc, ensure_ascii=True, pretty=True).encode())
+        write_atomic(self.run_dir / "run.json", self.run.to_bytes())
 
     def record(self, pkg: PlannedPackage, status: str, **fields: Any) -> None:
         (self.opened if status == "open" else self.closed).add(pkg.name)
@@ -94,7 +104,7 @@ class RunContext:
         sources_root = self.arms[arm].sources_root if arm else None
         self.ledger.append(
             run_id=self.run_id, package=pkg.name, kind=pkg.kind, arm=arm, status=status,
-            gpus=self.gpus, host=self.host["host_hash"], protocol_id=self.loaded.id, sources_root=sources_root,
+            gpus=self.gpus, host=self.host.host_hash, protocol_id=self.loaded.id, sources_root=sources_root,
             lock_wait_s=None if self.grant is None else round(self.grant.wait_s, 6), **fields,
         )
 
@@ -198,7 +208,7 @@ def _announce_version_changes(ctx: RunContext, result: Any, say: Callable[[str],
         listed = "; ".join(f"{k}: {old} -> {new}" for k, (old, new) in sorted(changed.items()))
         say(f"environment changed since the last passing checks of this protocol (run {previous[0]}): {listed}; "
             "the GPU diagnostics were rerun by this run's checks package")
-        ctx.doc["versions_changed"] = {"since_run": previous[0], "changes": {k: list(v) for k, v in changed.items()}}
+        ctx.update_run(versions_changed=VersionsChanged(since_run=previous[0], changes=changed))
 
 
 def _peaks(result: Any) -> dict[str, int | None]:
@@ -226,9 +236,9 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if pkg.kind in ("train", "replay"):
             trainer_dir(ctx, pkg).mkdir(parents=True, exist_ok=True)
         ctx.record(pkg, "open", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        entry: dict[str, Any] = {"name": pkg.name, "kind": pkg.kind, "arm_label": pkg.arm_label, "arm": pkg.arm,
-                 "env": env_summary(env), "status": "running"}
-        ctx.doc["packages"].append(entry)
+        entry = PackageEntry(name=pkg.name, kind=pkg.kind, arm_label=pkg.arm_label, arm=pkg.arm,
+                             env=env_summary(env), status="running")
+        ctx.run_record = ctx.run.with_package(entry)
         ctx.write_run_json()
         steps = ctx.loaded.protocol.measurement.steps if pkg.kind in ("train", "replay") else None
         progress.start(pkg.name, pkg.kind, steps)
@@ -255,11 +265,12 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                         raise FailedError("the shared initial state changed during the run")
             except FailedError as err:
                 outcome.status, outcome.note = "failed", err.message
+        said: dict[str, Any] = {}  # what only some packages have to say
         if outcome.extra.get("stragglers"):
-            entry["stragglers"] = outcome.extra["stragglers"]
+            said["stragglers"] = outcome.extra["stragglers"]
         if pkg.kind in ("train", "replay"):  # blinding: the trainer's own outputs never stay in the run folder
             moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
-            entry["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}
+            said["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}
         if outcome.status == "ok" and pkg.kind == "reload":
             _drop_checkpoint(ctx, pkg)
         if outcome.status == "ok" and pkg.kind == "checks":
@@ -279,10 +290,10 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         ctx.record(pkg, outcome.status, started=outcome.started, ended=outcome.ended,
                    wall_s=round(outcome.wall_s, 6), gpu_seconds=gpu_seconds, result_digest=result_digest,
                    exit_code=outcome.exit_code, note=outcome.note, **_peaks(outcome.result))
-        entry.update(status=outcome.status, exit_code=outcome.exit_code, started=outcome.started,
-                     ended=outcome.ended, wall_s=round(outcome.wall_s, 6), gpus=ctx.gpus, gpu_seconds=gpu_seconds,
-                     result_sha256=outcome.result_sha256, note=outcome.note,
-                     isolation=outcome.extra.get("isolation"))
+        ctx.run_record = ctx.run.with_package(entry.finish(
+            **said, status=outcome.status, exit_code=outcome.exit_code, started=outcome.started, ended=outcome.ended,
+            wall_s=round(outcome.wall_s, 6), gpus=ctx.gpus, gpu_seconds=gpu_seconds,
+            result_sha256=outcome.result_sha256, note=outcome.note, isolation=outcome.extra.get("isolation")))
         ctx.write_run_json()
         statuses[pkg.name] = outcome.status
         progress.finish(pkg.name, outcome.status, outcome.wall_s, gpu_seconds, outcome.note)

@@ -5,6 +5,8 @@ Workers write them (with torch); the orchestrator and the audit read them (witho
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.clock import ClockCheck
@@ -30,9 +32,9 @@ class RngFingerprint(_Strict):
     cuda: str | None = None
 
 
-RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines
 STEP_SCHEMA = "orch.step/2"  # /2 adds `scalars`, the trainer's own numbers
 TRAIN_SCHEMA = "orch.train/2"  # /2 adds `watched_steps`, the optimizer's groups and trainable names
+PROBE_SCHEMA: Literal["orch.probe/2"] = "orch.probe/2"  # probe.rank{R}.json: one rank, for the train worker
 
 
 class StepRecord(_Strict):
@@ -110,6 +112,30 @@ class RankSummary(_Strict):
     checkpoint_sha256: str | None = None
     host_controls: dict[str, str] = {}  # what the probe applied to this rank (same for every arm)
     clock: ClockCheck | None = None  # the step times cross-checked against the train worker's clock
+
+
+class ProbeSummary(_Strict):
+    """`probe.rank{R}.json`: what the probe of one rank hands the train worker when the rank ends (complete or not)."""
+
+    schema_: Literal["orch.probe/2"] = Field(PROBE_SCHEMA, alias="schema")
+    rank: int
+    world_size: int
+    complete: bool  # the rank reached the protocol's step count and was stopped by the probe
+    steps: int  # steps recorded
+    steps_file: str  # relative to the package directory
+    steps_sha256: str
+    final_digests: dict[str, str]  # empty when the rank never reached its last digest step
+    final_combined: str | None
+    observed_recipe: ObservedRecipe | None  # None: the probe saw no optimizer step
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    checkpoint_file: str | None = None  # written only by a complete rank with a checkpoint folder
+    checkpoint_sha256: str | None = None
+    other_optimizer_steps: int = 0  # step() calls of optimizers other than the first (not training steps)
+    host_controls: dict[str, str] = {}
+    watched_steps: list[int] = []
+    logged_calls: int = 0  # logger / wandb calls with at least one number
+    clock_replaced: dict[str, int] = {}  # time.<name> the trainer replaced -> first step it was seen
 
 
 class TrainResult(_Strict):

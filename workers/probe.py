@@ -25,6 +25,7 @@ from typing import Any
 from protocol.clock import CLOCK_FUNCTIONS
 from protocol.hashing import sha256_file
 from protocol.process import die_with_parent
+from protocol.results import ObservedRecipe, ProbeSummary
 from workers.common import RANK_FAILED
 from workers.digest import combined_digest, digest_many
 from workers.model_shape import layer_counts
@@ -443,29 +444,30 @@ class Probe:
         self.steps_file.close()
         allocs = [a for a, _ in self.peaks if a is not None]
         reserved = [r for _, r in self.peaks if r is not None]
-        summary = {
-            "schema": "orch.probe/2",
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "complete": complete,
-            "steps": self.step + (1 if complete else 0),
-            "steps_file": self.steps_path.name,
-            "steps_sha256": sha256_file(self.steps_path),
-            "final_digests": self.final_digests or {},
-            "final_combined": combined_digest(self.final_digests) if self.final_digests else None,
-            "observed_recipe": self.observed_recipe(),
-            "peak_allocated": max(allocs) if allocs else None,
-            "peak_reserved": max(reserved) if reserved else None,
-            "checkpoint_file": ckpt_file,
-            "checkpoint_sha256": ckpt_sha,
-            "other_optimizer_steps": self.other_optimizer_steps,
-            "host_controls": self.applied_controls,
-            "watched_steps": sorted(s for s in self.watch_steps if s < self.steps),
-            "logged_calls": self.numbers.logged_calls,
-            "clock_replaced": dict(sorted(self.clock_replaced.items())),
-        }
+        recipe = self.observed_recipe()
+        summary = ProbeSummary(
+            rank=self.rank,
+            world_size=self.world_size,
+            complete=complete,
+            steps=self.step + (1 if complete else 0),
+            steps_file=self.steps_path.name,
+            steps_sha256=sha256_file(self.steps_path),
+            final_digests=self.final_digests or {},
+            final_combined=combined_digest(self.final_digests) if self.final_digests else None,
+            observed_recipe=None if recipe is None else ObservedRecipe.model_validate(recipe),
+            peak_allocated=max(allocs) if allocs else None,
+            peak_reserved=max(reserved) if reserved else None,
+            checkpoint_file=ckpt_file,
+            checkpoint_sha256=ckpt_sha,
+            other_optimizer_steps=self.other_optimizer_steps,
+            host_controls=self.applied_controls,
+            watched_steps=sorted(s for s in self.watch_steps if s < self.steps),
+            logged_calls=self.numbers.logged_calls,
+            clock_replaced=dict(sorted(self.clock_replaced.items())),
+        )
         path = self.out / f"probe.rank{self.rank}.json"
-        path.with_suffix(".tmp").write_text(json.dumps(summary, indent=1, sort_keys=True))
+        doc = summary.model_dump(mode="json", by_alias=True)
+        path.with_suffix(".tmp").write_text(json.dumps(doc, indent=1, sort_keys=True))
         os.replace(path.with_suffix(".tmp"), path)
 
     def _stop(self) -> None:

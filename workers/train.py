@@ -5,7 +5,6 @@ Usage: python -m workers.train --spec package.json  (cwd = the arm's sealed copy
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import psutil
+from pydantic import ValidationError
 
 from protocol.clock import (
     STEP_ABS_TOL_S,
@@ -27,7 +27,7 @@ from protocol.clock import (
 from protocol.hashing import sha256_file
 from protocol.package import PackageSpec
 from protocol.process import die_with_parent
-from protocol.results import ObservedRecipe, RankSummary, StepRecord, TrainResult
+from protocol.results import ObservedRecipe, ProbeSummary, RankSummary, StepRecord, TrainResult
 from workers.clock import StepClock
 from workers.common import RANK_FAILED_RE, WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
@@ -92,14 +92,18 @@ def failure_cause(log: str) -> str | None:
     return None if rank is None else f"rank {rank} exited with {exitcode}"
 
 
-def _read_rank(spec: PackageSpec, rank: int) -> tuple[dict[str, object], list[StepRecord]]:
+def _read_rank(spec: PackageSpec, rank: int) -> tuple[ProbeSummary, list[StepRecord]]:
     pkg = Path(spec.package_dir)
     summary_path = pkg / f"probe.rank{rank}.json"
     if not summary_path.exists():
         raise WorkerFailed(f"rank {rank} wrote no probe summary ({summary_path.name})")
-    summary = json.loads(summary_path.read_text())
-    if not summary.get("complete"):
-        raise WorkerFailed(f"rank {rank} stopped after {summary.get('steps')} of {spec.steps} steps")
+    try:
+        summary = ProbeSummary.model_validate_json(summary_path.read_bytes())
+    except ValidationError as err:
+        why = err.errors()[0]["msg"]
+        raise WorkerFailed(f"rank {rank}: malformed probe summary {summary_path.name} ({why})") from err
+    if not summary.complete:
+        raise WorkerFailed(f"rank {rank} stopped after {summary.steps} of {spec.steps} steps")
     lines = (pkg / f"steps.rank{rank}.jsonl").read_text().splitlines()
     records = [StepRecord.model_validate_json(line) for line in lines]
     if [r.step for r in records] != list(range(spec.steps)) or any(r.rank != rank for r in records):
@@ -110,39 +114,40 @@ def _read_rank(spec: PackageSpec, rank: int) -> tuple[dict[str, object], list[St
 def collect(spec: PackageSpec, stopped_cleanly: bool, clock: StepClock | None = None) -> TrainResult:
     """Reads every rank's probe output and checks it before it becomes the package's result."""
     ranks: list[RankSummary] = []
-    recipes = []
-    watched: list[object] = []
+    recipes: list[ObservedRecipe | None] = []
+    watched: list[list[int]] = []
     for rank in range(spec.nproc):
         summary, records = _read_rank(spec, rank)
         checked = None if clock is None else check_clock(spec, rank, summary, records, clock)
-        recipes.append(summary["observed_recipe"])
-        watched.append(summary.get("watched_steps"))
+        recipes.append(summary.observed_recipe)
+        watched.append(summary.watched_steps)
         ckpt_file: str | None = None
         if spec.ckpt_dir is not None:
-            ckpt = Path(str(spec.ckpt_dir)) / str(summary["checkpoint_file"])
-            if not ckpt.exists() or sha256_file(ckpt) != summary["checkpoint_sha256"]:
+            ckpt = Path(str(spec.ckpt_dir)) / str(summary.checkpoint_file)
+            if not ckpt.exists() or sha256_file(ckpt) != summary.checkpoint_sha256:
                 raise WorkerFailed(f"rank {rank}: checkpoint {ckpt.name} is missing or differs from its digest")
             ckpt_file = os.path.relpath(ckpt, spec.scratch_dir)
-        steps_path = Path(spec.package_dir) / str(summary["steps_file"])
+        steps_path = Path(spec.package_dir) / summary.steps_file
         ranks.append(
             RankSummary(
                 rank=rank,
                 steps_file=steps_path.name,
                 steps_sha256=sha256_file(steps_path),
                 steps=len(records),
-                final_combined=str(summary["final_combined"]),
-                final_digests=dict(summary["final_digests"]),  # type: ignore[call-overload]
-                peak_allocated=summary.get("peak_allocated"),  # type: ignore[arg-type]
-                peak_reserved=summary.get("peak_reserved"),  # type: ignore[arg-type]
+                final_combined=str(summary.final_combined),
+                final_digests=summary.final_digests,
+                peak_allocated=summary.peak_allocated,
+                peak_reserved=summary.peak_reserved,
                 checkpoint_file=ckpt_file,
-                checkpoint_sha256=None if ckpt_file is None else str(summary["checkpoint_sha256"]),
-                host_controls={str(k): str(v) for k, v in dict(summary.get("host_controls") or {}).items()},  # type: ignore[call-overload]
+                checkpoint_sha256=None if ckpt_file is None else summary.checkpoint_sha256,
+                host_controls=summary.host_controls,
                 clock=checked,
             )
         )
     if any(r != recipes[0] for r in recipes):
         raise WorkerFailed("ranks observed different recipes (optimizer settings or frozen parameters)")
-    if recipes[0] is None:
+    recipe = recipes[0]
+    if recipe is None:
         raise WorkerFailed("the probe observed no optimizer step")
     if any(w != watched[0] for w in watched):
         raise WorkerFailed("ranks watched different steps for forbidden dtypes")
@@ -152,19 +157,19 @@ def collect(spec: PackageSpec, stopped_cleanly: bool, clock: StepClock | None = 
         steps=spec.steps,
         digest_steps=list(range(spec.digest_first, spec.digest_last + 1)),
         device=spec.device,
-        observed_recipe=ObservedRecipe.model_validate(recipes[0]),
+        observed_recipe=recipe,
         ranks=ranks,
         stopped_cleanly=stopped_cleanly,
-        watched_steps=[int(x) for x in watched[0] or []],  # type: ignore[attr-defined]
+        watched_steps=watched[0],
     )
 
 
 def check_clock(
-    spec: PackageSpec, rank: int, summary: dict[str, object], records: list[StepRecord], clock: StepClock
+    spec: PackageSpec, rank: int, summary: ProbeSummary, records: list[StepRecord], clock: StepClock
 ) -> ClockCheck:
     """Refuse step times the trainer could have faked: a replaced clock function, or durations that disagree
     with the kernel's stamps of the probe's clock lines beyond the tolerance (protocol.clock)."""
-    replaced = dict(summary.get("clock_replaced") or {})  # type: ignore[call-overload]
+    replaced = summary.clock_replaced
     if replaced:
         names = ", ".join(f"time.{n} (from step {s})" for n, s in sorted(replaced.items()))
         raise WorkerFailed(

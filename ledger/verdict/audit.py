@@ -78,7 +78,7 @@ def _append_audit_record(
         gpus=0,
         gpu_seconds=0.0,
         lock_wait_s=0.0,
-        protocol_id=ev.run.get("protocol_id"),
+        protocol_id=ev.run.protocol_id,
         sources_root=doc["attribution"]["commitment_roots"].get("candidate"),
         result_digest=digest,
         exit_code=exit_code(doc["verdict"]),
@@ -102,9 +102,8 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
             problems,
         )
     tree_head = ledger.head()
-    host = ev.run.get("host") if isinstance(ev.run.get("host"), dict) else {}
     first_seq = min((r.seq for r in ev.records), default=None)
-    calibration = find_calibration(h.runs, ledger.records(), str(ev.run.get("protocol_id")), host or {}, first_seq)
+    calibration = find_calibration(h.runs, ledger.records(), ev.run.protocol_id, ev.run.host.model_dump(), first_seq)
     doc = compute_audit(ev, (tree_head.size, tree_head.root), datetime.now(UTC).isoformat(timespec="seconds"),
                         calibration)
     audit_path = ev.run_dir / "audit.json"

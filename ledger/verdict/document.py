@@ -171,22 +171,21 @@ def _memory_doc(ev: RunEvidence, roles: Mapping[str, str]) -> dict[str, Any]:
 def _cost_doc(ev: RunEvidence) -> dict[str, Any]:
     by_package = {name: float(ev.closes[name].gpu_seconds or 0.0) for name in ev.names}
     wall = {name: float(ev.closes[name].wall_s or 0.0) for name in ev.names}
-    lock = ev.run.get("lock") if isinstance(ev.run.get("lock"), dict) else {}
     return {
         "gpu_seconds": by_package,
         "total_gpu_seconds": sum(by_package.values()),
         "wall_s": wall,
         "total_wall_s": sum(wall.values()),
-        "lock_wait_s": (lock or {}).get("wait_s"),
+        "lock_wait_s": None if ev.run.lock is None else ev.run.lock.wait_s,
     }
 
 
 def _attribution_doc(ev: RunEvidence) -> dict[str, Any]:
     """What differs between the arms; 'training-code-only' only when nothing but code and switches differ."""
-    arms = ev.run["arms"]
+    arms = ev.run.arms
     b, c = arms["baseline"], arms["candidate"]
-    b_sw, c_sw = dict(b.get("switches") or {}), dict(c.get("switches") or {})
-    b_cf, c_cf = dict(b.get("config") or {}), dict(c.get("config") or {})
+    b_sw, c_sw = b.switches, c.switches
+    b_cf, c_cf = b.config, c.config
     switches = {
         k: {"baseline": b_sw.get(k), "candidate": c_sw.get(k)}
         for k in sorted(set(b_sw) | set(c_sw))
@@ -198,7 +197,7 @@ def _attribution_doc(ev: RunEvidence) -> dict[str, Any]:
         if b_cf.get(k) != c_cf.get(k)
     }
     # what ran are the sealed sources (equal to the commitments unless under evaluation)
-    sources_differ = b.get("sources_root") != c.get("sources_root")
+    sources_differ = b.sources_root != c.sources_root
     if config:
         label = "includes external configuration change: " + ", ".join(config)
     else:
@@ -210,9 +209,9 @@ def _attribution_doc(ev: RunEvidence) -> dict[str, Any]:
         "label": label,
         "training_code_only": not config,
         "differs": differs,
-        "commitment_roots": {arm: arms[arm].get("commitment_root") for arm in ARMS},
-        "sources_roots": {arm: arms[arm].get("sources_root") for arm in ARMS},
-        "sealed_roots": {arm: arms[arm].get("sealed_root") for arm in ARMS},
+        "commitment_roots": {arm: arms[arm].commitment_root for arm in ARMS},
+        "sources_roots": {arm: arms[arm].sources_root for arm in ARMS},
+        "sealed_roots": {arm: arms[arm].sealed_root for arm in ARMS},
         "sources_differ": sources_differ,
         "switches": switches,
         "config": config,
@@ -255,11 +254,10 @@ def compute_audit(
     iv = run_interval(times, steps=m.steps, warmup=m.warmup, window=m.window)
     verdict, direction, sentence = decide(ex.exact, iv)
     reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
-    host = ev.run.get("host") if isinstance(ev.run.get("host"), dict) else {}
     return {
         "schema": AUDIT_SCHEMA,
         "run_id": ev.run_id,
-        "protocol_id": ev.run["protocol_id"],
+        "protocol_id": ev.run.protocol_id,
         "protocol_name": ev.protocol.name,
         "audited_at": audited_at,
         "verdict": verdict,
@@ -285,12 +283,12 @@ def compute_audit(
             "ledger_records": sum(1 for r in ev.records if r.kind in KINDS),
         },
         "versions": dict(ev.checks.versions),
-        "host_hash": (host or {}).get("host_hash"),
+        "host_hash": ev.run.host.host_hash,
         "calibration": calibration,
         "quiet_host": quiet_host_doc(ev.trains, labels),
         "clock": clock_doc(ev.trains, labels),
         "probe_cost": probe_cost_doc({label: ev.steps[label] for label in labels}, m.steps, m.warmup),
-        "calibration_of": ev.run.get("calibration_of"),
+        "calibration_of": None if ev.run.calibration_of is None else ev.run.calibration_of.model_dump(),
         "ledger_head": {"size": head[0], "root": head[1]},
     }
 

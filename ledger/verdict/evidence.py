@@ -6,10 +6,10 @@ Nothing is computed or written here; an incomplete run raises IncompleteRunError
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -19,7 +19,8 @@ from protocol.errors import FailedError, UsageError
 from protocol.hashing import sha256_file
 from protocol.home import Home
 from protocol.plan import launch_labels, package_names, replay_label
-from protocol.results import RUN_SCHEMA, ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
+from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
+from protocol.run_record import OLD_RUN_SCHEMAS, RUN_SCHEMA, RunRecord
 from protocol.schema import Protocol
 
 PACKAGES = package_names(1)  # the owner's run; with measurement.repeats K the plan lists package_names(K)
@@ -40,7 +41,7 @@ class RunEvidence:
 
     run_id: str
     run_dir: Path
-    run: dict[str, Any]
+    run: RunRecord
     protocol: Protocol
     protocol_sha256: str
     checks: ChecksResult
@@ -79,8 +80,41 @@ def _load_model(model: type[M], path: Path, problems: list[str], rel: str) -> M 
     return None
 
 
+def _load_run(path: Path, run_id: str, problems: list[str]) -> RunRecord | None:
+    """run.json through its model; an orch.run/1 record is refused in one line before anything else."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        problems.append("run.json: missing (the launch never got past its start)")
+        return None
+    except OSError as err:
+        problems.append(f"run.json: unreadable ({err.strerror})")
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError as err:
+        problems.append(f"run.json: malformed ({err})")
+        return None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema in OLD_RUN_SCHEMAS:
+        # such a run has no watched replay and no trainer numbers to compare
+        raise IncompleteRunError(
+            f"run {run_id} is an {schema} run, recorded before the watched replay (watch-C) and the trainer's "
+            "own numbers were part of the evidence; it cannot be audited by this orch: relaunch the protocol",
+            [f"run.json: {schema} (before watch-C and trainer scalars); relaunch the protocol"],
+        )
+    if schema != RUN_SCHEMA:
+        problems.append(f"run.json: not an {RUN_SCHEMA} document")
+        return None
+    try:
+        return RunRecord.model_validate(doc)
+    except ValidationError as err:
+        problems.append(f"run.json: malformed ({_first_error(err)})")
+        return None
+
+
 def _package_problems(
-    run: Mapping[str, Any], records: Sequence[LedgerRecord], names: Sequence[str] = PACKAGES
+    run: RunRecord | None, records: Sequence[LedgerRecord], names: Sequence[str] = PACKAGES
 ) -> tuple[list[str], dict[str, LedgerRecord], set[str]]:
     """One line per package that is not ok, from the ledger (authoritative) and run.json; and the close records.
 
@@ -94,10 +128,9 @@ def _package_problems(
             opens[rec.package] = opens.get(rec.package, 0) + 1
         else:
             closes[rec.package] = rec
-    declared = {p.get("name"): p for p in run.get("packages", []) if isinstance(p, dict)}
     bad: set[str] = set()
     for name in names:
-        close, entry = closes.get(name), declared.get(name)
+        close, entry = closes.get(name), None if run is None else run.package(name)
         line = None
         if opens.get(name, 0) and close is None:
             line = "open ledger record without a close (the run crashed or is still running)"
@@ -106,10 +139,10 @@ def _package_problems(
         elif close.status != "ok":
             code = f" (exit {close.exit_code})" if close.exit_code is not None else ""
             line = f"{close.status}{code}" + (f": {close.note}" if close.note else "")
-        elif run and entry is None:
+        elif run is not None and entry is None:
             line = "ok in the ledger but absent from run.json"
-        elif run and entry is not None and entry.get("status") != "ok":
-            line = f"ok in the ledger but {entry.get('status')!r} in run.json"
+        elif entry is not None and entry.status != "ok":
+            line = f"ok in the ledger but {entry.status!r} in run.json"
         if line is not None:
             bad.add(name)
             problems.append(f"package {name}: {line}")
@@ -149,30 +182,12 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     if not run_dir.is_dir():
         raise UsageError(f"no run {run_id!r} under {home.runs}; give a run id printed by `orch launch`")
     problems: list[str] = []
-    run: dict[str, Any] = {}
-    run_path = run_dir / "run.json"
-    try:
-        loaded = json.loads(run_path.read_text())
-        if isinstance(loaded, dict) and loaded.get("schema") == "orch.run/1":
-            # one line, before anything else: such a run has no watched replay and no trainer numbers to compare
-            raise IncompleteRunError(
-                f"run {run_id} is an orch.run/1 run, recorded before the watched replay (watch-C) and the trainer's "
-                "own numbers were part of the evidence; it cannot be audited by this orch: relaunch the protocol",
-                ["run.json: orch.run/1 (before watch-C and trainer scalars); relaunch the protocol"],
-            )
-        if not isinstance(loaded, dict) or loaded.get("schema") != RUN_SCHEMA:
-            problems.append(f"run.json: not an {RUN_SCHEMA} document")
-        else:
-            run = loaded
-    except FileNotFoundError:
-        problems.append("run.json: missing (the launch never got past its start)")
-    except (OSError, ValueError) as err:
-        problems.append(f"run.json: malformed ({err})")
-    if run:
-        if run.get("run_id") != run_id:
-            problems.append(f"run.json: run_id {run.get('run_id')!r} is not {run_id!r}")
-        if run.get("status") != "complete":
-            problems.append(f"run status is {run.get('status')!r}, not 'complete'")
+    run = _load_run(run_dir / "run.json", run_id, problems)
+    if run is not None:
+        if run.run_id != run_id:
+            problems.append(f"run.json: run_id {run.run_id!r} is not {run_id!r}")
+        if run.status != "complete":
+            problems.append(f"run status is {run.status!r}, not 'complete'")
     protocol: Protocol | None = None
     proto_path = run_dir / "protocol.json"
     protocol_sha = ""
@@ -233,7 +248,7 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         for name in names
         if (pkg_dir / name / "result.json").is_file()
     }
-    if problems or bad or protocol is None or checks is None or score is None or watch is None:
+    if problems or bad or run is None or protocol is None or checks is None or score is None or watch is None:
         raise IncompleteRunError(
             f"run {run_id} is not complete ({len(problems)} problem(s)); no audit was written and no score "
             "is shown; relaunch the protocol for a complete run",

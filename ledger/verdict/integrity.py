@@ -18,12 +18,11 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
     report = ledger.verify()
     if not report.ok:
         problems.append(f"{report.message}; run `orch ledger verify` for details")
-    if ev.protocol_sha256 != ev.run.get("protocol_id"):
+    if ev.protocol_sha256 != ev.run.protocol_id:
         problems.append("protocol.json: its sha256 is not run.json's protocol_id (the protocol copy was altered)")
-    arms = ev.run.get("arms", {})
     for arm in ARMS:
-        info = arms.get(arm) if isinstance(arms, dict) else None
-        if not isinstance(info, dict):
+        info = ev.run.arms.get(arm)
+        if info is None:
             problems.append(f"run.json: no arms.{arm}")
             continue
         sealed = ev.run_dir / "sealed" / arm
@@ -38,17 +37,16 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
         if actual.root != manifest.root:
             diff = diff_manifests(manifest, actual)
             problems.append(f"seal of {arm}: sealed/{arm}/ no longer matches its manifest: {diff.summary()}")
-        if info.get("sealed_root") != manifest.root:
+        if info.sealed_root != manifest.root:
             problems.append(f"seal of {arm}: sealed/{arm}.manifest.json is not the seal recorded in run.json")
-        if info.get("sources_root") != sources.root:
+        if info.sources_root != sources.root:
             problems.append(f"seal of {arm}: the sealed sources do not hash to run.json's sources_root")
         under_evaluation = getattr(ev.protocol.arms, arm).under_evaluation
-        if info.get("commitment_root") != sources.root and not under_evaluation:
+        if info.commitment_root != sources.root and not under_evaluation:
             problems.append(
                 f"seal of {arm}: sealed sources {sources.root[:16]} are not the commitment "
-                f"{str(info.get('commitment_root'))[:16]} and the arm is not declared under evaluation"
+                f"{info.commitment_root[:16]} and the arm is not declared under evaluation"
             )
-    declared = {p.get("name"): p for p in ev.run.get("packages", []) if isinstance(p, dict)}
     for name in ev.names:
         close = ev.closes[name]
         actual_sha = ev.result_sha256.get(name)
@@ -65,7 +63,8 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
             if actual_sha != close.result_digest:
                 problems.append(f"packages/{name}/result.json: sha256 is not the ledger's result digest")
             allowed = {actual_sha}
-        declared_sha = declared.get(name, {}).get("result_sha256")
+        entry = ev.run.package(name)
+        declared_sha = None if entry is None else entry.result_sha256
         if declared_sha is not None and declared_sha not in allowed:
             problems.append(f"run.json: result_sha256 of {name} is not the digest of its result")
     step_files = [(f"train-{label}", train) for label, train in ev.trains.items()] + [("watch-C", ev.watch)]

@@ -47,6 +47,9 @@ TENSORS = ("w.param", "w.exp_avg", "w.exp_avg_sq", "w.step")
 SCORE = {"dev_geneval": 0.7312}
 TS = "2025-01-01T00:00:00Z"
 HOST = hashlib.sha256(b"a salted host name").hexdigest()
+# make_run's host fingerprint, as run.json records it
+HOST_FINGERPRINT = {"gpu_model": "none", "gpu_count": 0, "driver": "none", "cuda": "none", "torch": "2.13.0",
+                    "triton": "3.5.1", "python": "3.11.7", "host_hash": HOST}
 
 
 def _h(*parts: object) -> str:
@@ -200,6 +203,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             "config": spec.candidate_config if arm == "candidate" else {},
             "source": "tree",
             "under_evaluation": False,
+            "note": None,
         }
     packages: list[dict[str, Any]] = []
     reached = True
@@ -212,8 +216,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             ledger.append(
                 **common, run_id=run_id, package=name, kind=kind, arm=arm, status="not-run", note="not reached"
             )
-            packages.append({"name": name, "status": "not-run"})
-            continue
+            continue  # orch records a package in run.json when it starts
         ledger.append(**common, run_id=run_id, package=name, kind=kind, arm=arm, status="open", started=TS)
         if name == spec.stop_at:
             reached = False
@@ -223,7 +226,8 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
                 ledger.append(
                     **common, run_id=run_id, package=name, kind=kind, arm=arm, status="interrupted", exit_code=-15
                 )
-            packages.append({"name": name, "status": "interrupted", "exit_code": -15})
+            packages.append({"name": name, "kind": kind, "arm_label": label, "arm": arm, "env": {},
+                             "status": "interrupted", "exit_code": -15})
             continue
         digest = _write_package(run_dir, pkg_dir, name, spec)
         sha = _sha((pkg_dir / "result.json").read_bytes())
@@ -247,6 +251,9 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             {
                 "name": name,
                 "kind": kind,
+                "arm_label": label,
+                "arm": arm,
+                "env": {},
                 "status": "ok",
                 "exit_code": 0,
                 "result_sha256": sha,
@@ -264,9 +271,9 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             "started": TS,
             "ended": TS,
             "status": "complete" if reached else "interrupted",
-            "host": {"host_hash": HOST, "torch": "2.13.0"},
+            "host": HOST_FINGERPRINT,
             "arms": arms,
-            "lock": {"kind": "cpu", "devices": [0, 1], "wait_s": 0.0},
+            "lock": {"kind": "cpu-slot", "devices": [0, 1], "wait_s": 0.0},
             "packages": packages,
         },
     )

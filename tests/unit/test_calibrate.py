@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_audit import HOST, make_run
+from test_audit import HOST_FINGERPRINT, make_run
 
 from ledger.cost.store import Ledger
 from ledger.verdict.audit import audit_run
@@ -18,6 +18,8 @@ from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
 from orchestrator.calibrate import aa_protocol
 from protocol.home import resolve_home
 from protocol.schema import load_protocol
+
+RECORDED_HOST = {k: str(v) for k, v in HOST_FINGERPRINT.items()}  # a calibration records the fingerprint as text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,7 +71,7 @@ def test_a_later_audit_shows_only_a_calibration_of_this_host_and_protocol(
     tmp_path: Path, other: dict[str, str], shown: bool
 ) -> None:
     pid = _synthetic_protocol_id(tmp_path)
-    host = {"host_hash": HOST, "torch": "2.13.0"}  # make_run's host fingerprint
+    host = RECORDED_HOST
     recorded_host = {**host, **{k: v for k, v in other.items() if k != "protocol_id"}}
     _record_calibration(tmp_path, "cal1", other.get("protocol_id", pid), recorded_host)
     make_run(tmp_path, "run1")
@@ -88,9 +90,9 @@ def test_a_later_audit_shows_only_a_calibration_of_this_host_and_protocol(
 def test_a_calibration_recorded_after_the_run_or_altered_is_not_used(tmp_path: Path) -> None:
     pid = _synthetic_protocol_id(tmp_path)
     make_run(tmp_path, "run1")
-    _record_calibration(tmp_path, "cal-late", pid, {"host_hash": HOST, "torch": "2.13.0"})
+    _record_calibration(tmp_path, "cal-late", pid, RECORDED_HOST)
     assert audit_run(tmp_path, "run1").document["calibration"]["found"] is False
-    cal_dir = _record_calibration(tmp_path, "cal2", pid, {"host_hash": HOST, "torch": "2.13.0"})
+    cal_dir = _record_calibration(tmp_path, "cal2", pid, RECORDED_HOST)
     make_run(tmp_path, "run2")
     (cal_dir / CALIBRATION_FILE).write_text((cal_dir / CALIBRATION_FILE).read_text().replace("0.97", "0.99"))
     block = audit_run(tmp_path, "run2").document["calibration"]

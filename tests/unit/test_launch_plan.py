@@ -22,6 +22,7 @@ from orchestrator.progress import Progress
 from orchestrator.run_plan import PLAN, RunContext, VerifiedArm, run_plan
 from orchestrator.sealing import seal_arm
 from protocol.home import resolve_home
+from protocol.run_record import HostFingerprint, RunRecord
 from protocol.schema import load_protocol
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +52,10 @@ def ctx(tmp_path: Path) -> Iterator[RunContext]:
         (src / "train" / "online_rl.py").write_text(f"# the trainer of the {name}\n")
         root = hash_tree(src, include).root
         arms[name] = VerifiedArm(name, getattr(loaded.protocol.arms, name), src, root, root)
-    c = RunContext(loaded, home, run_id, run_dir, scratch, Ledger(home.ledger_path), {"host_hash": "0" * 64}, arms)
-    c.doc = {"schema": "orch.run/1", "run_id": run_id, "status": "running", "packages": []}
+    host = HostFingerprint(gpu_model="none", gpu_count=0, driver="none", cuda="none", torch="2.13.0",
+                           triton="3.5.1", python="3.11.7", host_hash="0" * 64)
+    c = RunContext(loaded, home, run_id, run_dir, scratch, Ledger(home.ledger_path), host, arms)
+    c.run_record = RunRecord.begin(run_id, loaded.id, loaded.protocol.name, "2026-12-01T00:00:00Z", host, {})
     for name, arm in arms.items():
         c.sealed[name] = seal_arm(name, arm.source_dir, include, arm.sources_root, run_dir / "sealed" / name)
     grant = _cpu_grant(loaded.protocol.launcher.nproc, 10.0, tmp_path / "locks", lambda _: None, run_id)

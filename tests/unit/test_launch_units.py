@@ -85,9 +85,14 @@ def test_outcome_step_turns_how_the_run_ended_into_the_result_or_its_one_line(tm
 
     from orchestrator.launch import RunEnd, RunFailedError, RunInterruptedError, outcome
     from orchestrator.run_plan import RunContext
+    from protocol.run_record import HostFingerprint, PackageEntry, RunRecord
 
     ctx = RunContext(None, None, "r1", tmp_path / "run", tmp_path / "scratch", None, {}, {})  # type: ignore[arg-type]
-    ctx.doc = {"packages": [{"name": "checks", "note": "exit 2: boom"}]}
+    host = HostFingerprint(gpu_model="none", gpu_count=0, driver="none", cuda="none", torch="2.13.0",
+                           triton="3.5.1", python="3.11.7", host_hash="0" * 64)
+    entry = PackageEntry(name="checks", kind="checks", arm_label=None, arm=None, env={}, status="failed",
+                         note="exit 2: boom")
+    ctx.run_record = RunRecord.begin("r1", "p" * 64, "p", "2026-12-01T00:00:00Z", host, {}).with_package(entry)
     done = outcome(ctx, RunEnd("complete", {"checks": "ok"}))
     assert (done.run_id, done.status, done.packages, done.audit) == ("r1", "complete", {"checks": "ok"}, None)
     with pytest.raises(RunFailedError, match=r"^run r1: package checks failed \(exit 2: boom\); later packages not "

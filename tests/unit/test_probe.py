@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
+from protocol.results import ProbeSummary
 from workers.probe import parse_steps
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +113,13 @@ def test_step_lines_and_recipe(baseline: Path) -> None:
     assert rec["frozen"] == ["vit", "Tiny#0"]  # the ViT inside the model, the reference copy outside it
     assert summary(baseline, 1)["observed_recipe"] == rec
     assert summary(baseline, 0)["final_digests"] == r0[-1]["digests"]
+
+
+def test_each_rank_summary_is_an_orch_probe_document(baseline: Path) -> None:
+    for rank in (0, 1):
+        s = ProbeSummary.model_validate(summary(baseline, rank))
+        assert (s.rank, s.world_size, s.complete, s.steps) == (rank, 2, True, 10)
+        assert s.observed_recipe is not None and s.observed_recipe.optimizer == "AdamW" and s.checkpoint_file
 
 
 def test_adam_state_fault_is_located_exactly(baseline: Path, faulty: Path) -> None:

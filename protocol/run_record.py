@@ -1,0 +1,168 @@
+"""The run record `run.json` (orch.run/2): one model that `orch launch` writes and the audit, calibration and
+housekeeping read. A field the writer has not set yet is absent from the file (never null), so bytes are kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.hashing import canonical_json
+
+RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines
+OLD_RUN_SCHEMAS = ("orch.run/1",)  # recorded before watch-C and trainer scalars: refused by the audit by name
+RunStatus = Literal["running", "complete", "failed", "interrupted"]
+PackageStatus = Literal["running", "ok", "failed", "timeout", "interrupted"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+M = TypeVar("M", bound=_Strict)
+
+
+def _updated(model: M, fields: dict[str, Any]) -> M:
+    """`model` with `fields` set, validated again; the fields set before stay set (and so in the file)."""
+    return type(model).model_validate({**model.model_dump(by_alias=True, exclude_unset=True), **fields})
+
+
+class HostFingerprint(_Strict):
+    """The host a run ran on: GPU model and count, driver, CUDA, torch, triton, python; the name only hashed."""
+
+    gpu_model: str
+    gpu_count: int
+    driver: str
+    cuda: str
+    torch: str
+    triton: str
+    python: str
+    host_hash: str  # HMAC of the host name keyed by the ledger's salt
+
+
+class ArmRecord(_Strict):
+    """One arm as the run verified it: its commitment, the roots of its verified and sealed sources, its settings."""
+
+    commitment: str  # the commitment file as the protocol names it
+    commitment_root: str
+    sources_root: str  # the included sources as hashed before the run
+    sealed_root: str | None = None  # the whole sealed copy; set once the arm is sealed (absent before)
+    switches: dict[str, str]
+    config: dict[str, str]
+    source: Literal["tree"] | dict[str, str]  # "tree", or {"git": REV}
+    under_evaluation: bool
+    note: str | None  # how a candidate under evaluation differs from its commitment
+
+
+class LockRecord(_Strict):
+    kind: str  # gpu | cpu-slot | slurm
+    devices: list[int]
+    wait_s: float
+
+
+class TrainerOutputs(_Strict):
+    """The trainer's own outputs of a train or replay package, sealed in scratch (blinding): counts and a digest."""
+
+    files: int
+    bytes: int
+    sha256: str
+    kinds: dict[str, int]
+    moved_from_run_dir: int
+
+
+class PackageEntry(_Strict):
+    """One package of the plan as run.json records it: who it is when it starts; how it ended once it has."""
+
+    name: str
+    kind: Literal["checks", "train", "reload", "replay", "score"]
+    arm_label: str | None
+    arm: str | None
+    env: dict[str, str]  # the package's environment, values of host-specific variables shown as "<set>"
+    status: PackageStatus
+    # set when the package has ended (absent while it runs)
+    exit_code: int | None = None
+    started: str | None = None
+    ended: str | None = None
+    wall_s: float | None = None
+    gpus: int | None = None
+    gpu_seconds: float | None = None
+    result_sha256: str | None = None
+    note: str | None = None
+    isolation: str | None = None
+    # present only when there is something to say
+    stragglers: list[str] | None = None
+    trainer_outputs: TrainerOutputs | None = None
+
+    def finish(self, **fields: Any) -> PackageEntry:
+        """This entry with how the package ended, validated."""
+        return _updated(self, fields)
+
+
+class SlurmRecord(_Strict):
+    job_id: str
+    nodes: list[str]  # HMAC of each node's name keyed by the ledger's salt
+
+
+class VersionsChanged(_Strict):
+    since_run: str  # the last earlier run of this protocol whose checks passed
+    changes: dict[str, tuple[str | None, str]]  # name -> (before, now)
+
+
+class CalibrationOf(_Strict):
+    """An A/A run of `orch calibrate`: the protocol whose noise floor it measures."""
+
+    protocol_id: str
+    protocol_name: str
+
+
+class RunRecord(_Strict):
+    """run.json: one `orch launch` from its start (status running) to its end (complete, failed, interrupted)."""
+
+    schema_: Literal["orch.run/2"] = Field(alias="schema")
+    run_id: str
+    protocol_id: str
+    protocol_name: str
+    started: str
+    ended: str | None
+    status: RunStatus
+    host: HostFingerprint
+    lock: LockRecord | None
+    packages: list[PackageEntry]
+    arms: dict[str, ArmRecord]
+    slurm: SlurmRecord | None = None
+    versions_changed: VersionsChanged | None = None
+    calibration_of: CalibrationOf | None = None
+
+    @classmethod
+    def begin(
+        cls, run_id: str, protocol_id: str, protocol_name: str, started: str, host: HostFingerprint,
+        arms: dict[str, ArmRecord], calibration_of: CalibrationOf | None = None,
+    ) -> RunRecord:
+        """The record of a run that has just started: no lock, no package, not ended."""
+        return cls.model_validate({
+            "schema": RUN_SCHEMA, "run_id": run_id, "protocol_id": protocol_id, "protocol_name": protocol_name,
+            "started": started, "ended": None, "status": "running", "host": host, "lock": None, "packages": [],
+            "arms": arms, **({} if calibration_of is None else {"calibration_of": calibration_of}),
+        })
+
+    def package(self, name: str) -> PackageEntry | None:
+        return next((p for p in self.packages if p.name == name), None)
+
+    def updated(self, **fields: Any) -> RunRecord:
+        """This record with `fields` set, validated (a record is never changed in place)."""
+        return _updated(self, fields)
+
+    def with_package(self, entry: PackageEntry) -> RunRecord:
+        """This record with `entry` in place of the package of its name, or appended when it is new."""
+        packages = [p for p in self.packages if p.name != entry.name]
+        at = next((i for i, p in enumerate(self.packages) if p.name == entry.name), len(packages))
+        return self.updated(packages=[*packages[:at], entry, *packages[at:]])
+
+    def with_arm(self, name: str, **fields: Any) -> RunRecord:
+        return self.updated(arms={**self.arms, name: _updated(self.arms[name], fields)})
+
+    def to_bytes(self) -> bytes:
+        """The bytes of run.json: canonical JSON, ASCII, one-space indents; unset fields absent."""
+        doc = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        return canonical_json(doc, ensure_ascii=True, pretty=True).encode()
