@@ -126,8 +126,8 @@ MODULES: dict[str, Target] = {
                                "tests/unit/test_ledger_accounting.py")),
     "ledger/cost/verify.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py")),
     "ledger/files/hygiene.py": Target(("tests/unit/test_hygiene.py",)),
-    "workers/probe.py": Target(("tests/unit/test_probe_timing.py", "tests/unit/test_probe_discovery.py"),
-                               forkserver=True),
+    "workers/probe_steps.py": Target(("tests/unit/test_probe_timing.py",), forkserver=True),
+    "workers/probe_model.py": Target(("tests/unit/test_probe_discovery.py",), forkserver=True),
 }
 
 # mutmut's exit-code words (mutmut 3): what counts for the score
