@@ -72,7 +72,7 @@ def time_cuda(fn: Callable[[], object], reps: int) -> float:
 
 def single_tensor_figures(gib: float, reps: int) -> dict[str, object]:
     """The single-tensor kernel (tx128_partials, not the probe's path) over one large tensor: a configuration sweep."""
-    from workers.digest_triton import tx128_partials
+    from workers.digest_triton_compare import tx128_partials
 
     n = int(gib * 2**30) // 4
     x = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
@@ -151,8 +151,9 @@ def progress(what: str) -> None:
 
 def shard_figures(label: str, named: dict[str, torch.Tensor], reps: int, sweep: bool) -> dict[str, Any]:
     """The probe's call (digest_many) against torch.sum over the same device bytes concatenated, in one process."""
-    from workers.digest_triton import Tx128Batch, tx128_cuda_many, tx128_cuda_many_per_tensor
-    from workers.digest_triton import tx128_cuda_many_two_launch as two_launch
+    from workers.digest_triton import Tx128Batch, tx128_cuda_many
+    from workers.digest_triton_compare import tx128_cuda_many_per_tensor
+    from workers.digest_triton_compare import tx128_cuda_many_two_launch as two_launch
 
     dev = [t for t in named.values() if t.is_cuda]
     nbytes = sum(t.nbytes for t in dev)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import workers.digest_triton as dt
+import workers.digest_triton_compare as dc
 from workers.tx128 import tx128_reference
 
 
@@ -75,9 +76,9 @@ def main() -> int:
                 for t in tensors:
                     b.add(t)
                 compared += check(f"table b{block} p{programs} g{first}x{growth}", b.finish(), tensors, want, bad)
-        got = dt.tx128_cuda_many_per_tensor(tensors, block=configs[0][0], programs=configs[0][1])
+        got = dc.tx128_cuda_many_per_tensor(tensors, block=configs[0][0], programs=configs[0][1])
         compared += check("per-tensor", got, tensors, want, bad)
-        got = dt.tx128_cuda_many_two_launch(tensors, block=configs[0][0], programs=configs[0][1])
+        got = dc.tx128_cuda_many_two_launch(tensors, block=configs[0][0], programs=configs[0][1])
         compared += check("two-launch", got, tensors, want, bad)
         # the wide (int64) chunk arithmetic that only a tensor of 2^29 chunks turns on: forced, same values
         real = dt._group_table

@@ -140,7 +140,8 @@ def test_triton_kernel_equals_reference_cuda() -> None:
 _BATCH_CHECK = r"""
 import torch
 from workers.tx128 import tx128_reference
-from workers.digest_triton import tx128_cuda_many, tx128_cuda_many_per_tensor, tx128_cuda_many_two_launch
+from workers.digest_triton import tx128_cuda_many
+from workers.digest_triton_compare import tx128_cuda_many_per_tensor, tx128_cuda_many_two_launch
 dev = "{device}"
 g = torch.Generator().manual_seed(1)
 dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.uint8]
@@ -220,7 +221,7 @@ def test_tx128_batch_equals_reference_and_per_tensor_cuda() -> None:
 @pytest.mark.cuda
 def test_digest_many_on_cuda_equals_per_tensor_and_sha256_of_cpu_tensors() -> None:
     """The probe's call: CUDA tensors (launch groups overlapped with the walk), CPU ones (SHA256) in one mapping."""
-    from workers.digest_triton import tx128_cuda_many_per_tensor
+    from workers.digest_triton_compare import tx128_cuda_many_per_tensor
 
     g = torch.Generator().manual_seed(3)
     cuda = {f"c{i}": torch.randn(int(n), generator=g).cuda() for i, n in enumerate(torch.randint(1, 1 << 20, (80,)))}
