@@ -1,0 +1,80 @@
+"""orchestrator/process_group.py on real processes and signals: a group is waited for, ended, and dies with us."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator.process_group import exit_status, signal_group, spawn_in_group, terminate_group, wait_group
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_exit_status_is_the_code_or_128_plus_the_signal() -> None:
+    assert [exit_status(rc) for rc in (0, 3, -9, -15)] == [0, 3, 137, 143]
+
+
+def test_waiting_for_the_leader_kills_what_it_left_in_its_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    proc = spawn_in_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; exit 3"])
+    assert wait_group(proc, timeout=30) == 3
+    assert _gone(int(pidfile.read_text()))
+    assert signal_group(proc, signal.SIGTERM) is False  # reaped: its pid may belong to someone else now
+
+
+def test_a_wait_that_times_out_signals_nothing_and_terminate_escalates_to_sigkill() -> None:
+    code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
+           "time.sleep(60)"
+    proc = spawn_in_group([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    with pytest.raises(subprocess.TimeoutExpired):
+        wait_group(proc, timeout=0.2)
+    assert proc.poll() is None
+    t0 = time.monotonic()
+    assert terminate_group(proc, grace_s=0.5) == -signal.SIGKILL  # SIGTERM ignored: killed after the grace
+    assert time.monotonic() - t0 < 10
+    proc.stdout.close()
+
+
+def test_the_group_dies_with_the_process_that_spawned_it() -> None:
+    parent = (
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from orchestrator.process_group import spawn_in_group\n"
+        "spawn_in_group(['sh', '-c', 'sleep 60 & echo grandchild $!; wait'])\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        words = proc.stdout.readline().split()
+        assert words[0] == "grandchild"
+        grandchild = int(words[1])
+        assert psutil.pid_exists(grandchild)
+        os.kill(proc.pid, signal.SIGKILL)  # no cleanup runs in the parent: only PDEATHSIG and the watchdog
+        proc.wait(timeout=10)
+        assert _gone(grandchild)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
