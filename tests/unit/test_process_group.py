@@ -61,14 +61,15 @@ def test_the_group_dies_with_the_process_that_spawned_it() -> None:
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from orchestrator.process_group import spawn_in_group\n"
         "spawn_in_group(['sh', '-c', 'sleep 60 & echo grandchild $!; wait'])\n"
+        "print('spawned', flush=True)\n"  # spawn_in_group has returned: the watchdog is running
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        words = proc.stdout.readline().split()
-        assert words[0] == "grandchild"
-        grandchild = int(words[1])
+        lines = sorted([proc.stdout.readline(), proc.stdout.readline()])  # the two writers race
+        assert lines[0].split()[0] == "grandchild" and lines[1] == "spawned\n"
+        grandchild = int(lines[0].split()[1])
         assert psutil.pid_exists(grandchild)
         os.kill(proc.pid, signal.SIGKILL)  # no cleanup runs in the parent: only PDEATHSIG and the watchdog
         proc.wait(timeout=10)
