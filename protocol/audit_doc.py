@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.run_record import CalibrationOf
+
 
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -192,7 +194,8 @@ class AuditDocument(_Doc):
     probe_cost: dict[str, Any] | None = Field(
         None, description="the probe's seconds at each timed step's boundary / the step's seconds, per launch and "
         "rank, with and without digests, the digest part split out (ledger.probe_cost); unitless fractions")
-    calibration_of: str | None = Field(None, description="for an A/A run: the protocol id it calibrates")
+    calibration_of: CalibrationOf | None = Field(
+        None, description="for an A/A run of `orch calibrate`: the protocol (id and name) whose noise it measures")
     ledger_head: LedgerHead
 
 
