@@ -254,6 +254,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix) if refused is None
                                    else PackageOutcome(pkg.name, "failed", None, 0.0, utc_now(), utc_now(),
                                                        note=refused))
+        if ctx.slurm is not None and outcome.status == "failed" and refused is None:  # a lost node, by hash
+            outcome.note = ctx.slurm.explain_failure(outcome.note, pkg.kind)
         if outcome.status == "ok":
             try:
                 for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy

@@ -31,6 +31,8 @@ SLURM_COMMANDS = ("salloc", "srun", "scontrol", "sacct")
 ONE_NODE_KINDS = ("checks", "reload", "score")  # on the allocation's first node; train and replay span every node
 SCONTROL_TIMEOUT_S = 60.0
 SEAL_TIMEOUT_S = 600.0
+LOST_STATES = ("DOWN", "NOT_RESPONDING", "FAIL", "POWERED_DOWN", "POWERING_DOWN")  # scontrol's State flags
+NODE_INDEX = re.compile(r"(?<![\w-])node (\d+): ")  # the train worker names a node by its index in the step
 
 
 def require_slurm() -> None:
@@ -215,6 +217,38 @@ class SlurmRun:
             clean = self.scrub(text)
             if clean != text:
                 log.write_text(clean)
+
+    def node_states(self, names: Sequence[str]) -> dict[str, str]:
+        """Slurm's State of each node (`DOWN+NOT_RESPONDING`, `ALLOCATED`, ...); {} when scontrol cannot say."""
+        try:
+            out = _run(["scontrol", "show", "node", "-o", ",".join(names)])
+        except FailedError:
+            return {}
+        states = {}
+        for line in out.splitlines():
+            fields = dict(t.partition("=")[::2] for t in line.split() if "=" in t)
+            if fields.get("NodeName") in names:
+                states[fields["NodeName"]] = fields.get("State", "")
+        return states
+
+    def explain_failure(self, note: str | None, kind: str) -> str | None:
+        """A failed package's note with the nodes named by salted hash: the nodes of its step that Slurm reports
+        lost first, then the worker's `node I:` (I: the node's index in the step) as `node <hash>`."""
+        count = 1 if kind in ONE_NODE_KINDS else len(self.alloc.nodes)
+        names = self.alloc.nodes[:count]
+        states = self.node_states(names)
+        lost = [f"node {node_hash(self.salt_dir, n)[:16]} ({states[n]})" for n in names
+                if any(flag in states.get(n, "").split("+") for flag in LOST_STATES)]
+
+        def named(m: re.Match[str]) -> str:
+            i = int(m.group(1))
+            return f"node {node_hash(self.salt_dir, names[i])[:16]}: " if i < len(names) else m.group(0)
+
+        text = None if note is None else NODE_INDEX.sub(named, note)
+        if not lost:
+            return text
+        head = f"Slurm reports {', '.join(lost)} lost"
+        return f"{head}; {text}" if text else head
 
     def step_name(self, package: str) -> str:
         return f"{self.run_id}.{package}"

@@ -14,6 +14,8 @@ import struct
 import threading
 from pathlib import Path
 
+from protocol.clock import EVENTS
+
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS has the same value
 _TIMESPEC = struct.Struct("@ll")
 
@@ -66,7 +68,7 @@ class StepClock:
         except (IndexError, ValueError, UnicodeDecodeError):
             self.malformed += 1
             return
-        if rank not in self.arrivals or event not in ("start", "end"):
+        if rank not in self.arrivals or event not in EVENTS:
             self.malformed += 1
             return
         if stamp is None:

@@ -103,6 +103,7 @@ def train(spec_path: str) -> int:
                 rc = proc.wait()
             except _Stopped:
                 stopped = True
+                _write_exit(folder, node_id, None, stopped)  # said at once: Slurm may SIGKILL this agent after KillWait
                 proc.terminate()
                 try:
                     rc = proc.wait(timeout=30)
@@ -112,11 +113,27 @@ def train(spec_path: str) -> int:
     finally:
         clock.stop()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    (folder / EXIT_FILE.format(node=node_id)).write_text(json.dumps({"rc": rc, "stopped": stopped}) + "\n")
+    _write_exit(folder, node_id, rc, stopped)
     out = folder / CLOCK_FILE.format(node=node_id)
     rows = [{"rank": r, "step": s, "event": e, "t_ns": t} for r, rows in clock.arrivals.items() for s, e, t in rows]
     out.write_text(json.dumps({"malformed": clock.malformed, "unstamped": clock.unstamped, "arrivals": rows}) + "\n")
     return rc
+
+
+def _write_exit(folder: Path, node_id: int, rc: int | None, stopped: bool) -> None:
+    """How this node's torchrun ended (rc None: stopped by Slurm, not yet ended), replaced whole (rename)."""
+    tmp = folder / (EXIT_FILE.format(node=node_id) + ".tmp")
+    tmp.write_text(json.dumps({"rc": rc, "stopped": stopped}) + "\n")
+    tmp.replace(folder / EXIT_FILE.format(node=node_id))
+
+
+def silent_nodes(spec: PackageSpec) -> list[int]:
+    """Nodes of the step that never said how their torchrun ended while another node did: the node agent was
+    killed without Slurm's SIGTERM first, or the node itself died (a node's slurmd, power, network)."""
+    assert spec.slurm is not None
+    folder = Path(spec.slurm.clock_dir)
+    said = [(folder / EXIT_FILE.format(node=n)).is_file() for n in range(spec.slurm.nodes)]
+    return [n for n, ok in enumerate(said) if not ok] if any(said) else []
 
 
 def load_clock(spec: PackageSpec) -> StepClock:

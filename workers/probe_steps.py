@@ -124,15 +124,25 @@ class Probe:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the step's queued device work belongs to the step
 
-    def _clock(self) -> float:
-        self._sync()
+    def _now(self) -> float:
         return _perf_counter()
 
-    def _start_clock(self) -> float:
-        """A step starts: the probe's clock, then the kernel-stamped line (stamped before it wakes any reader)."""
-        t = self._clock()
-        self._tick(self.step, "start")
+    def _clock(self) -> float:
+        self._sync()
+        return self._now()
+
+    def _stamped_clock(self, step: int, event: str) -> float:
+        """The probe's clock read between two kernel-stamped lines (protocol.clock: the kernel's bracket of it); the
+        device's queue drained before them, so the bracket holds the read alone."""
+        self._sync()
+        self._tick(step, f"pre_{event}")
+        t = self._now()
+        self._tick(step, event)
         return t
+
+    def _start_clock(self) -> float:
+        """A step starts: the probe's clock, bracketed by the kernel-stamped lines of the step's start."""
+        return self._stamped_clock(self.step, "start")
 
     def open_clock(self, name: str) -> None:
         """The train worker's step-clock socket (abstract name); a line goes to it at every step boundary."""
@@ -186,10 +196,9 @@ class Probe:
         elif optimizer is not self.optimizer:
             self.other_optimizer_steps += 1  # one training step = one step() of the first optimizer
             return
-        t_boundary = self._clock()
-        duration = t_boundary - self.t_end
         k = self.step
-        self._tick(k, "end")
+        t_boundary = self._stamped_clock(k, "end")
+        duration = t_boundary - self.t_end
         self._check_clocks(k)
         from torch.utils._python_dispatch import _disable_current_modes
 

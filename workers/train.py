@@ -22,6 +22,7 @@ from protocol.clock import (
     WINDOW_REL_TOL,
     ClockCheck,
     compare,
+    independent_bounds,
     independent_durations,
 )
 from protocol.hashing import sha256_file
@@ -181,11 +182,12 @@ def check_clock(
                            "line(s) reached the train worker: refused")
     try:
         independent = independent_durations(clock.arrivals[rank])
+        bounds = independent_bounds(clock.arrivals[rank])
     except ValueError as exc:
         raise WorkerFailed(f"clock disagreement: rank {rank}: {exc}: refused") from exc
     probe = {r.step: r.duration_s for r in records}
     windows = [list(range(w, w + spec.window)) for w in range(spec.warmup, spec.steps, spec.window)]
-    cmp = compare(rank, probe, independent, windows)
+    cmp = compare(rank, probe, independent, windows, bounds=bounds)
     if cmp.bad:
         more = f" and {len(cmp.bad) - 1} more" if len(cmp.bad) > 1 else ""
         raise WorkerFailed(f"{cmp.bad[0].line()}{more}: refused")
@@ -201,10 +203,14 @@ def check_clock(
 
 
 def node_cause(spec: PackageSpec) -> str | None:
-    """The cause of a multi-node failure: a rank killed by a signal on some node (the others then lose their peer),
-    else the rank that raised first on any node, else the first node whose torchrun failed; named by node index."""
-    from workers.node import failed_nodes
+    """The cause of a multi-node failure: a node that never reported (it died, or its agent was killed), else a rank
+    killed by a signal on some node (the others then lose their peer), else the rank that raised first on any node,
+    else the first node whose torchrun failed; named by node index."""
+    from workers.node import failed_nodes, silent_nodes
 
+    silent = silent_nodes(spec)
+    if silent:  # the others then lose their peers: their errors follow from it
+        return f"node {silent[0]}: no report from it (its node agent was killed, or the node died)"
     found = []
     for node, rc, text in failed_nodes(spec):
         cause = failure_cause(text)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurm_cluster import Cluster, missing
+from slurm_cluster import Cluster, _alive, missing
 
 from ledger.cost.store import Ledger
 from orchestrator.slurm import node_hash
@@ -46,7 +46,9 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+        left = c.processes()
         shutil.rmtree(root, ignore_errors=True)  # MariaDB's data alone is ~180 MB
+    assert left == [], f"processes of the test cluster outlived it: {left}"
 
 
 def protocol(where: Path, **replace: str) -> Path:
@@ -77,10 +79,17 @@ def sacct(cluster: Cluster, job: str) -> dict[str, list[str]]:
 
 
 def test_two_nodes_run_exact_and_reconcile_with_sacct(cluster: Cluster, tmp_path: Path) -> None:
+    """Started by sbatch, as on a GPU cluster (README's batch script): orch runs in the batch job's allocation."""
     home = tmp_path / "home"
-    done = orch(cluster, "launch", str(protocol(tmp_path)), "--home", str(home), "--json")
-    assert done.returncode == 0, done.stderr[-3000:]
-    doc = json.loads(done.stdout)
+    out, err = tmp_path / "job.json", tmp_path / "job.err"
+    done = subprocess.run(
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--exclusive", "--gres=gpu:1", f"--output={out}",
+         f"--error={err}", "--wrap",
+         f"{sys.executable} -m orchestrator.cli launch {protocol(tmp_path)} --home {home} --json"],
+        capture_output=True, text=True, cwd=REPO, env=env(cluster), timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, err.read_text()[-3000:] if err.exists() else done.stderr
+    doc = json.loads(out.read_text())
     run_dir = home / "runs" / doc["run_id"]
     audit = json.loads((run_dir / "audit.json").read_text())
     assert audit["exact"] is True and doc["verdict"] in ("accepted", "no difference shown")
@@ -96,6 +105,7 @@ def test_two_nodes_run_exact_and_reconcile_with_sacct(cluster: Cluster, tmp_path
         nnodes, tres, state = steps[f"{doc['run_id']}.{name}"]
         assert (nnodes, state) == ("2", "COMPLETED") and "gres/gpu=2" in tres, (name, tres)
     assert steps[f"{doc['run_id']}.reload-A"][0] == "1" and steps[f"{doc['run_id']}.seal"][0] == "2"
+    assert "slurm: job " in err.read_text() and "salloc" not in err.read_text()  # the batch job's allocation
     records = {r.package: r for r in Ledger(home / "ledger" / "ledger.arrows").records(doc["run_id"])}
     assert records["train-A"].note is not None and records["train-A"].note.startswith(f"slurm job {job} steps ")
     assert records["train-A"].gpus == 2 and (records["train-A"].gpu_seconds or 0) > 0
@@ -172,22 +182,51 @@ def _inner_orch(where: str) -> list[int]:
     return found
 
 
-def test_killed_ranks_on_one_node_fail_the_run_with_nothing_left(cluster: Cluster, tmp_path: Path) -> None:
+def _launch_until_step(cluster: Cluster, tmp_path: Path, rank: int, step: int) -> tuple[subprocess.Popen[str], str]:
+    """`orch launch` outside an allocation (so through salloc), running until train-A's rank `rank` logged `step`
+    steps: (the process, the run id)."""
     home = tmp_path / "home"
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(protocol(tmp_path)), "--home",
                              str(home)], cwd=REPO, env=env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+    deadline = time.monotonic() + 600
+    steps = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        runs = list((home / "runs").glob("2*")) if (home / "runs").exists() else []
+        steps = runs[0] / "packages" / "train-A" / f"steps.rank{rank}.jsonl" if runs else None
+        if steps is not None and steps.exists() and len(steps.read_text().splitlines()) >= step:
+            break
+        time.sleep(0.5)
+    if steps is None or proc.poll() is not None:
+        proc.kill()
+        raise AssertionError(f"train-A never reached step {step}: {proc.communicate()[1][-2000:]}")
+    return proc, steps.parents[2].name
+
+
+def _failed_cleanly(cluster: Cluster, home: Path, run_id: str) -> None:
+    """Nothing of the run on any node, the allocation given back, train-A failed in the ledger with what Slurm
+    charged, the rest not run, and no node name in the ledger or the run directory."""
+    deadline = time.monotonic() + 60
+    while _run_processes(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _run_processes(run_id) == {}  # nothing of the run on any node
+    while cluster.run("squeue", "-h").stdout.strip() and time.monotonic() < deadline + 60:
+        time.sleep(0.5)  # the job ends (COMPLETING for a moment)
+    assert cluster.run("squeue", "-h").stdout.strip() == ""  # the allocation was given back
+    records = {r.package: r for r in Ledger(home / "ledger" / "ledger.arrows").records(run_id)}
+    assert records["train-A"].status == "failed" and records["reload-A"].status == "not-run"
+    assert (records["train-A"].note or "").startswith("slurm job ") and (records["train-A"].gpu_seconds or 0) > 0
+    named = re.compile(r"(?<![\w.-])n[123](?![\w-])")  # node names never in the ledger or the run directory
+    assert not any(named.search(r.note or "") for r in records.values())
+    for path in (home / "runs" / run_id).rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".log", ".jsonl", ".md"):
+            assert not named.search(path.read_text(errors="replace")), path
+
+
+def test_killed_ranks_on_one_node_fail_the_run_with_nothing_left(cluster: Cluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc, run_id = _launch_until_step(cluster, tmp_path, rank=1, step=3)
     try:
-        deadline = time.monotonic() + 600
-        steps = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            runs = list((home / "runs").glob("2*")) if (home / "runs").exists() else []
-            steps = runs[0] / "packages" / "train-A" / "steps.rank1.jsonl" if runs else None
-            if steps is not None and steps.exists() and len(steps.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.5)
-        assert steps is not None and proc.poll() is None, "train-A never reached step 3"
-        run_id = steps.parents[2].name
         ranks = [pid for pid, p in _run_processes(run_id).items() if p["node"] == "n2" and p["rank"]]
         assert ranks, _run_processes(run_id)
         for pid in ranks:
@@ -198,18 +237,38 @@ def test_killed_ranks_on_one_node_fail_the_run_with_nothing_left(cluster: Cluste
             proc.kill()
     assert proc.returncode == 1, err[-3000:]
     assert "package train-A failed" in err, err[-2000:]
-    assert re.search(r"node 1: rank [01] was killed by signal 9 \(SIGKILL\)", err), err[-2000:]  # n2 is node 1
+    n2 = node_hash(home / "ledger", "n2")[:16]  # the worker's "node 1" (its index in the step) named by its hash
+    assert re.search(rf"node {n2}: rank [01] was killed by signal 9 \(SIGKILL\)", err), err[-2000:]
     time.sleep(2)
-    assert _run_processes(run_id) == {}  # nothing of the run on any node
-    assert cluster.run("squeue", "-h").stdout.strip() == ""  # the allocation was given back
+    _failed_cleanly(cluster, home, run_id)
+
+
+def test_node_dying_mid_train_fails_the_run_named_by_hash(cluster: Cluster, tmp_path: Path) -> None:
+    """n2 dies as in a power loss (SIGKILL to its slurmd, its slurmstepds and all they run): Slurm marks it down
+    and fails the step (NODE_FAIL); orch names it by its salted hash, accounts the package, and leaves nothing."""
+    home = tmp_path / "home"
+    proc, run_id = _launch_until_step(cluster, tmp_path, rank=0, step=3)
+    try:
+        victims = cluster.kill_node("n2")
+        assert len(victims) >= 3, victims  # slurmd, a slurmstepd, what it runs
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cluster.start_node("n2")  # ReturnToService=2: the node is back once its slurmd registers
+    assert proc.returncode == 1, err[-3000:]
+    n1, n2 = (node_hash(home / "ledger", n)[:16] for n in ("n1", "n2"))
+    line = next(x for x in err.splitlines() if "package train-A failed" in x)
+    assert f"node {n2}" in line and (f"Slurm reports node {n2} (DOWN" in line or f"node {n2}: no report" in line), line
+    assert f"node {n1}: no report" not in line and f"Slurm reports node {n1}" not in line
+    print(line)  # what the run said (pytest -s)
+    _failed_cleanly(cluster, home, run_id)
     records = {r.package: r for r in Ledger(home / "ledger" / "ledger.arrows").records(run_id)}
-    assert records["train-A"].status == "failed" and records["reload-A"].status == "not-run"
-    assert (records["train-A"].note or "").startswith("slurm job ")
-    named = re.compile(r"(?<![\w.-])n[123](?![\w-])")  # node names never in the ledger or the run directory
-    assert not any(named.search(r.note or "") for r in records.values())
-    for path in (home / "runs" / run_id).rglob("*"):
-        if path.is_file() and path.suffix in (".json", ".log", ".jsonl", ".md"):
-            assert not named.search(path.read_text(errors="replace")), path
+    assert f"node {n2}" in (records["train-A"].note or ""), records["train-A"].note
+    steps = sacct(cluster, json.loads((home / "runs" / run_id / "run.json").read_text())["slurm"]["job_id"])
+    # the step ends FAILED (srun saw node 0 fail first) or NODE_FAIL (Slurm ended it first); the job NODE_FAIL
+    assert steps[f"{run_id}.train-A"][2] in ("FAILED", "NODE_FAIL") and steps["orch-slurm"][2] == "NODE_FAIL", steps
+    cluster.wait_idle(["n1", "n2"])
 
 
 def test_allocation_not_granted_is_exit_75(cluster: Cluster, tmp_path: Path) -> None:
@@ -234,27 +293,14 @@ def test_allocation_not_granted_is_exit_75(cluster: Cluster, tmp_path: Path) -> 
 
 
 def test_orch_killed_mid_train_leaves_nothing_on_any_node(cluster: Cluster, tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(protocol(tmp_path)), "--home",
-                             str(home)], cwd=REPO, env=env(cluster), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc, run_id = _launch_until_step(cluster, tmp_path, rank=0, step=2)
     try:
-        deadline = time.monotonic() + 600
-        steps = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            runs = list((home / "runs").glob("2*")) if (home / "runs").exists() else []
-            steps = runs[0] / "packages" / "train-A" / "steps.rank0.jsonl" if runs else None
-            if steps is not None and steps.exists() and len(steps.read_text().splitlines()) >= 2:
-                break
-            time.sleep(0.5)
-        assert steps is not None and proc.poll() is None, "train-A never reached step 2"
-        run_id = steps.parents[2].name
         nodes = {p["node"] for p in _run_processes(run_id).values() if p["rank"]}
         assert nodes == {"n1", "n2"}, nodes  # ranks on both nodes
         inner = _inner_orch(str(tmp_path))  # the orch that salloc started
         assert len(inner) == 1, inner
         os.kill(inner[0], signal.SIGKILL)
-        proc.wait(timeout=120)
+        proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -265,3 +311,30 @@ def test_orch_killed_mid_train_leaves_nothing_on_any_node(cluster: Cluster, tmp_
     while cluster.run("squeue", "-h").stdout.strip() and time.monotonic() < deadline + 60:
         time.sleep(0.5)  # salloc's command died: Slurm ends the job (COMPLETING for a moment)
     assert cluster.run("squeue", "-h").stdout.strip() == ""
+
+
+def test_a_stopped_cluster_leaves_no_process(tmp_path: Path) -> None:
+    """The fixture's own teardown, on a cluster of its own (no accounting: ~1 s to start): a job step running on
+    both nodes when the cluster stops leaves no slurmstepd and nothing it ran (a SIGTERMed slurmd leaves its
+    slurmstepds running)."""
+    root = Path(tempfile.mkdtemp(prefix="orch-slurm-", dir="/tmp"))
+    c = Cluster(root, accounting=False)
+    try:
+        c.start()
+        job = c.run("sbatch", "--parsable", "--nodes=2", "--output=/dev/null", "--wrap", "srun sleep 300").stdout
+        deadline = time.monotonic() + 60
+        while len([p for p in c.step_processes() if _cmdline(p).startswith("/usr/bin/sleep")]) < 2:
+            assert time.monotonic() < deadline, f"job {job.strip()} never ran its step on both nodes"
+            time.sleep(0.2)
+        running = c.processes()
+    finally:
+        c.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    assert [p for p in running if _alive(p)] == [] and c.processes() == []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -5,6 +5,9 @@ Pure checks, the watcher with a real writer process, and real r3-mini runs whose
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.clock import compare, independent_durations, read_arrivals
+from protocol.clock import compare, independent_bounds, independent_durations, read_arrivals
 from workers.clock import StepClock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,3 +72,60 @@ def test_step_clock_stamps_lines_of_another_process_when_they_are_sent_not_read(
     assert clock.malformed == 1 and clock.unstamped == 0
     clock.write_arrivals(tmp_path / "a.jsonl", 0)
     assert independent_durations(read_arrivals(tmp_path / "a.jsonl")) == pytest.approx(durations)
+
+
+def test_a_read_bracketed_by_the_kernel_allows_the_wait_for_a_core_and_nothing_more() -> None:
+    """The refusal seen once under load (a 1.18 s window 30 ms off): the probe's reads waited for a core before their
+    line was stamped. Inside the kernel's bracket of each read, the same figures pass; a 2% slow clock is refused."""
+    windows = [[10, 11]]
+    after = {10: 0.59, 11: 0.59}  # stamps of the lines sent after each read (the former, single stamp)
+    probe = {10: 0.59 + 0.030, 11: 0.59}  # step 10's start line was stamped 30 ms after the read: a wait for a core
+    assert [d.what for d in compare(0, probe, after, windows).bad] == ["window w1 (steps 10-11)"]
+    bracket = {10: (0.59 - 0.00001, 0.59 + 0.0301), 11: (0.59 - 0.00001, 0.59)}  # pre_start 30.1 ms before start
+    cmp = compare(0, probe, after, windows, bounds=bracket)
+    assert cmp.bad == [] and cmp.max_window_abs == 0.0
+    slow = {s: d * 0.98 for s, d in after.items()}
+    tight = {s: (d - 0.00001, d) for s, d in after.items()}
+    assert [d.what for d in compare(0, slow, after, windows, bounds=tight).bad] == ["window w1 (steps 10-11)"]
+    arrivals = [(10, "pre_start", 0), (10, "start", 30_100_000), (10, "pre_end", 620_000_000), (10, "end", 620_000_010),
+                (11, "start", 630_000_000), (11, "end", 1_220_000_000)]  # step 11 from evidence without pre_ lines
+    assert independent_bounds(arrivals) == {10: pytest.approx((0.5899, 0.62000001)), 11: pytest.approx((0.59, 0.59))}
+    assert independent_durations(arrivals) == {10: pytest.approx(0.58990001), 11: pytest.approx(0.59)}
+
+
+def test_a_rank_stopped_between_its_read_and_its_line_stays_inside_the_bracket() -> None:
+    """For real: a writer process reads its clock and is then stopped (SIGSTOP, 80 ms) before it sends the line, as a
+    loaded host's scheduler may do. The single stamp is 80 ms off the writer's own clock; the bracket holds it."""
+    clock = StepClock(1)
+    clock.start()
+    writer = textwrap.dedent(f"""
+        import json, os, signal, socket, time
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.connect("\\0" + {clock.name!r})
+        def read(step, event, stop=False):
+            s.send(f"0 {{step}} pre_{{event}}".encode())
+            t = time.perf_counter()
+            if stop:
+                os.kill(os.getpid(), signal.SIGSTOP)  # the parent continues it after 80 ms
+            s.send(f"0 {{step}} {{event}}".encode())
+            return t
+        durations = {{}}
+        for step in range(3):
+            t0 = read(step, "start", stop=step == 1)
+            time.sleep(0.1)
+            durations[step] = read(step, "end") - t0
+        print(json.dumps(durations))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status)
+    time.sleep(0.08)
+    os.kill(proc.pid, signal.SIGCONT)
+    out, _ = proc.communicate(timeout=30)
+    time.sleep(0.2)
+    clock.stop()
+    probe = {int(k): v for k, v in json.loads(out).items()}
+    after = independent_durations(clock.arrivals[0])
+    assert after[1] < probe[1] - 0.07  # the late stamp of step 1's start: the single stamp disagrees
+    assert [d.what for d in compare(0, probe, after, []).bad] == ["step 1"]
+    assert compare(0, probe, after, [], bounds=independent_bounds(clock.arrivals[0])).bad == []

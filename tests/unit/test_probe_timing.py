@@ -22,7 +22,7 @@ def test_a_step_excludes_the_probe_time_of_the_boundary_before_it(tmp_path: Path
     ])
     probe = Probe(tmp_path, steps=10, digest_steps={1}, watch_steps=set(), ckpt_dir=None)
     probe.t_end = 100.0
-    probe._clock = lambda: next(reads)  # type: ignore[method-assign]
+    probe._now = lambda: next(reads)  # type: ignore[method-assign]
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):

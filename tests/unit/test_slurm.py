@@ -177,3 +177,49 @@ def test_node_names_are_scrubbed_from_notes_and_logs(tmp_path: Path) -> None:
     (tmp_path / "stderr.log").write_text("srun: error: gpu-a1: task 0: Exited with exit code 1\n")
     run.scrub_logs(tmp_path)
     assert (tmp_path / "stderr.log").read_text() == f"srun: error: node {a1}: task 0: Exited with exit code 1\n"
+
+
+def test_a_node_that_never_reported_is_the_cause(tmp_path: Path) -> None:
+    """A node that died (or whose agent was SIGKILLed unannounced) leaves no exit report; the others' errors (peer
+    connection reset) follow from it, so it is named first. A node that Slurm stopped says so at once."""
+    from protocol.package import SlurmStep, TrainSpec
+    from workers.common import RANK_FAILED
+    from workers.node import EXIT_FILE, LOG_FILE
+    from workers.train import node_cause
+
+    step = SlurmStep(srun=["srun"], nodes=2, nproc_per_node=1, port=20001, rdzv_id="r", clock_dir=str(tmp_path))
+    spec = TrainSpec(run_id="r", name="train-A", kind="train", package_dir=str(tmp_path), sealed_dir=str(tmp_path),
+                     scratch_dir=str(tmp_path), result_path=str(tmp_path / "r.json"), device="cpu",
+                     precision="fp32", nproc=2, slurm=step)
+    assert node_cause(spec) is None  # no node said anything: the step never started
+    peer = RANK_FAILED.format(rank=0, time=100.5, cause="RuntimeError: Connection reset by peer")
+    (tmp_path / EXIT_FILE.format(node=0)).write_text(json.dumps({"rc": 1, "stopped": False}))
+    (tmp_path / LOG_FILE.format(node=0)).write_text(f"{peer}\n{_summary(0, 1)}")
+    assert node_cause(spec) == "node 1: no report from it (its node agent was killed, or the node died)"
+    (tmp_path / EXIT_FILE.format(node=1)).write_text(json.dumps({"rc": None, "stopped": True}))  # Slurm's SIGTERM
+    assert node_cause(spec) == "node 0: rank 0: RuntimeError: Connection reset by peer"
+
+
+def test_failure_notes_name_nodes_by_hash_and_slurm_lost_nodes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                      ) -> None:
+    """`node I:` of the train worker (I: index in the step) becomes the I-th node's salted hash; a node Slurm
+    reports DOWN or NOT_RESPONDING is named first. scontrol here is a script printing what a controller would."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\necho 'NodeName=gpu-a1 Arch=x86_64 State=ALLOCATED Partitions=main'\n"
+        "echo 'NodeName=gpu-a2 Arch=x86_64 State=DOWN+NOT_RESPONDING Partitions=main'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "ledger").mkdir()
+    run = slurm.SlurmRun(slurm.Allocation("9", ["gpu-a1", "gpu-a2"], 0, 1), "R", tmp_path / "ledger")
+    a1, a2 = (slurm.node_hash(tmp_path / "ledger", n)[:16] for n in ("gpu-a1", "gpu-a2"))
+    note = ("exit 1: train: torchrun exited with 1: node 1: no report from it (its node agent was killed, or the node "
+            "died)")
+    assert run.explain_failure(note, "train") == (
+        f"Slurm reports node {a2} (DOWN+NOT_RESPONDING) lost; exit 1: train: torchrun exited with 1: node {a2}: no "
+        "report from it (its node agent was killed, or the node died)")
+    assert run.explain_failure("node 0: rank 0: ValueError: x; node 7: ?", "reload") == \
+        f"node {a1}: rank 0: ValueError: x; node 7: ?"  # a one-node package: only its node; no such index 7
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")  # Slurm cannot say: the note, nodes by hash
+    assert run.explain_failure("node 0: rank 0 was killed", "train") == f"node {a1}: rank 0 was killed"
