@@ -4,6 +4,7 @@ mariadb-server): munged, MariaDB, slurmdbd, slurmctld and three slurmd nodes, ev
 n1 and n2 form partition `main` (the default); n3 runs in its own mount namespace in which the folder `skew/` is
 another, empty one (a node that does not see the shared storage): partition `skew` = n1, n3. Each node has one
 count-only gres/gpu (a placeholder character device: nothing uses it; Slurm accounts it as a GPU).
+Cluster(root, accounting=False) starts without MariaDB and slurmdbd (~1 s; sacct does not answer).
 Usage outside pytest: python tests/e2e/slurm_cluster.py DIR (starts it, prints SLURM_CONF, stops on Ctrl-C).
 """
 

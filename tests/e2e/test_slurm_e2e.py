@@ -1,7 +1,9 @@
 """orch on a real Slurm cluster started by this module (tests/e2e/slurm_cluster.py: slurmctld, three slurmd, slurmdbd on
-MariaDB, munge): r3-mini across two nodes (gloo, one rank a node) audited exact and reconciled with sacct, a node
-that cannot read the sealed copy named by its salted hash, and killed ranks on one node failing the run cleanly.
-Skipped where Debian's Slurm packages are not installed (CI does not install them).
+MariaDB, munge): r3-mini across two nodes (gloo, one rank a node) started by sbatch, audited exact and reconciled with
+sacct; a node that cannot read the sealed copy named by its salted hash; killed ranks on one node, a node dying
+mid-train and orch killed mid-train each failing the run cleanly (nothing left on any node); the cluster itself
+stopping without leaving a process. Opt-in (ORCH_SLURM_TESTS=1, `make test-slurm`); skipped where Debian's Slurm
+packages are not installed (CI does not install them).
 """
 
 from __future__ import annotations

@@ -127,5 +127,5 @@ def test_a_rank_stopped_between_its_read_and_its_line_stays_inside_the_bracket()
     probe = {int(k): v for k, v in json.loads(out).items()}
     after = independent_durations(clock.arrivals[0])
     assert after[1] < probe[1] - 0.07  # the late stamp of step 1's start: the single stamp disagrees
-    assert [d.what for d in compare(0, probe, after, []).bad] == ["step 1"]
+    assert "step 1" in [d.what for d in compare(0, probe, after, []).bad]
     assert compare(0, probe, after, [], bounds=independent_bounds(clock.arrivals[0])).bad == []
