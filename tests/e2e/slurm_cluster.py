@@ -271,10 +271,13 @@ StorageLoc=orch_acct
         """Cancel every job (Slurm ends its steps on every node), SIGTERM every daemon this cluster started (newest
         first), SIGKILL what is left after a grace, then whatever of the cluster still runs (a slurmstepd of a node
         whose slurmd died, what it ran)."""
-        if self.pids:
-            jobs = self.run("squeue", "-h", "-o", "%A", timeout=30).stdout.split()
-            if jobs:
-                self.run("scancel", *jobs, timeout=30)
+        if self.pids and self.conf.is_file():
+            try:
+                jobs = self.run("squeue", "-h", "-o", "%A", timeout=15).stdout.split()
+                if jobs:
+                    self.run("scancel", *jobs, timeout=15)
+            except (OSError, subprocess.TimeoutExpired):
+                pass  # no controller to ask (it never started or died): the sweep below ends what runs
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and self.step_processes():
                 time.sleep(0.2)
