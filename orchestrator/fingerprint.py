@@ -6,13 +6,14 @@ Read without importing torch (package metadata and nvidia-smi), so the CPU side 
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import platform
 import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from protocol.run_record import EarlierRun
 
 FINGERPRINT_KEYS = ("gpu_model", "gpu_count", "driver", "cuda", "torch", "triton", "python")
 
@@ -64,13 +65,9 @@ def last_run_fingerprint(runs_dir: Path) -> tuple[str, dict[str, Any]] | None:
     if not runs_dir.is_dir():
         return None
     for run_json in runs_dir.glob("*/run.json"):
-        try:
-            doc = json.loads(run_json.read_text())
-        except (OSError, ValueError):
-            continue
-        started, host = doc.get("started", ""), doc.get("host")
-        if isinstance(host, dict) and (best is None or started > best[0]):
-            best = (started, doc.get("run_id", run_json.parent.name), host)
+        run = EarlierRun.read(run_json)
+        if run is not None and run.host is not None and (best is None or run.started > best[0]):
+            best = (run.started, run.run_id or run_json.parent.name, run.host)
     return None if best is None else (best[1], best[2])
 
 

@@ -5,7 +5,6 @@ A run is dead when its owner lock (held by its orch process for its whole life) 
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -14,19 +13,18 @@ from ledger.cost.store import Ledger
 from orchestrator.sealing import unseal_for_removal
 from protocol.errors import UsageError
 from protocol.home import OWNERS_DIR, Home, validate_run_id
+from protocol.run_record import EarlierRun
 
 STAGING_PREFIX = ".new-"  # runs/.new-<run id>: a run folder being written, renamed into place when complete
 
 
 def _run_ended(home: Home, run_id: str) -> bool:
     """A run without an owner lock (an older orch's) counts as ended only when its run record says so."""
-    try:
-        doc = json.loads((home.runs / run_id / "run.json").read_text())
-    except FileNotFoundError:
+    path = home.runs / run_id / "run.json"
+    if not path.exists():
         return not (home.runs / run_id).exists()
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("status") in ("complete", "failed", "interrupted")
+    run = EarlierRun.read(path)
+    return run is not None and run.status in ("complete", "failed", "interrupted")
 
 
 def is_dead(home: Home, run_id: str) -> bool:

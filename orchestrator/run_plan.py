@@ -6,7 +6,6 @@ Every package gets an open and a close ledger record; packages never reached are
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -28,7 +27,7 @@ from protocol.home import Home
 from protocol.package import ChecksSpec, CommandSpec, PackageSpec, ReloadSpec, ScoreSpec, ScoreTarget, TrainSpec
 from protocol.plan import PlannedPackage, kept_checkpoints, plan, score_labels
 from protocol.results import ChecksResult, TrainResult
-from protocol.run_record import HostFingerprint, PackageEntry, RunRecord, VersionsChanged
+from protocol.run_record import EarlierRun, HostFingerprint, PackageEntry, RunRecord, VersionsChanged
 from protocol.schema import Arm, LoadedProtocol
 
 PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K)
@@ -180,19 +179,19 @@ def last_passing_checks(runs_dir: Path, protocol_id: str, exclude: str) -> tuple
     """(run id, versions) of the latest earlier run of this protocol whose checks package passed."""
     best: tuple[str, str, dict[str, str]] | None = None
     for run_json in runs_dir.glob("*/run.json"):
+        run = EarlierRun.read(run_json)
+        if run is None or run.run_id is None or run.protocol_id != protocol_id or run.run_id == exclude:
+            continue
+        if not any(p.name == "checks" and p.status == "ok" for p in run.packages):
+            continue
         try:
-            doc = json.loads(run_json.read_text())
-            if doc.get("protocol_id") != protocol_id or doc.get("run_id") == exclude:
-                continue
-            if not any(p.get("name") == "checks" and p.get("status") == "ok" for p in doc.get("packages", [])):
-                continue
             versions = ChecksResult.model_validate_json(
                 (run_json.parent / "packages" / "checks" / "result.json").read_bytes()
             ).versions
         except (OSError, ValueError):
             continue
-        if best is None or doc.get("started", "") > best[0]:
-            best = (doc.get("started", ""), doc["run_id"], dict(versions))
+        if best is None or run.started > best[0]:
+            best = (run.started, run.run_id, dict(versions))
     return None if best is None else (best[1], best[2])
 
 

@@ -1,12 +1,14 @@
-"""The run record `run.json` (orch.run/2): one model that `orch launch` writes and the audit, calibration and
-housekeeping read. A field the writer has not set yet is absent from the file (never null), so bytes are kept.
+"""The run record `run.json` (orch.run/2): RunRecord, which `orch launch` writes and the audit and calibration read
+(a field not set yet is absent from the file, never null: bytes are kept); EarlierRun, what a launch reads of the
+run.json of earlier runs, whatever their version.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.hashing import canonical_json
 
@@ -166,3 +168,32 @@ class RunRecord(_Strict):
         """The bytes of run.json: canonical JSON, ASCII, one-space indents; unset fields absent."""
         doc = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
         return canonical_json(doc, ensure_ascii=True, pretty=True).encode()
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class EarlierPackage(_Lenient):
+    name: str | None = None
+    status: str | None = None
+
+
+class EarlierRun(_Lenient):
+    """What a launch reads of earlier runs' run.json of any version (orch.run/1 included): their fingerprint,
+    their checks and whether they ended. Lenient by design: only the audit needs the whole record."""
+
+    run_id: str | None = None
+    protocol_id: str | None = None
+    started: str = ""
+    status: str | None = None
+    host: dict[str, Any] | None = None
+    packages: list[EarlierPackage] = []
+
+    @classmethod
+    def read(cls, path: Path) -> EarlierRun | None:
+        """The earlier run recorded at `path`, or None when the file is missing, unreadable or not a run record."""
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError):
+            return None

@@ -15,7 +15,7 @@ from ledger.verdict.evidence import IncompleteRunError, collect_evidence
 from protocol.home import resolve_home
 from protocol.package import TrainSpec
 from protocol.results import ObservedRecipe, ProbeSummary
-from protocol.run_record import ArmRecord, HostFingerprint, LockRecord, PackageEntry, RunRecord
+from protocol.run_record import ArmRecord, EarlierRun, HostFingerprint, LockRecord, PackageEntry, RunRecord
 from workers.common import WorkerFailed
 from workers.train import collect
 
@@ -154,3 +154,22 @@ def test_a_probe_that_saw_no_optimizer_step_is_refused(tmp_path: Path) -> None:
     with pytest.raises(WorkerFailed, match="the probe observed no optimizer step"):
         collect(_package(tmp_path, [{"observed_recipe": None}, {"observed_recipe": None}]), stopped_cleanly=True)
     assert ProbeSummary.model_validate_json((tmp_path / "pkg" / "probe.rank0.json").read_bytes()).complete
+
+
+# what a launch reads of earlier runs
+
+
+def test_an_earlier_run_of_any_version_is_read_for_its_fingerprint_checks_and_end(tmp_path: Path) -> None:
+    golden = EarlierRun.read(GOLDEN_RUN / "run.json")
+    assert golden is not None and (golden.status, golden.started, golden.packages[0].name) == (
+        "complete", "2026-12-01T15:15:31Z", "checks")
+    assert golden.host is not None and golden.host["gpu_count"] == 0
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema": "orch.run/1", "run_id": "r0", "status": "failed", "extra": [1],
+                               "packages": [{"name": "checks", "status": "ok", "env": {}}]}))
+    run = EarlierRun.read(old)
+    assert run is not None and (run.run_id, run.status, run.host, run.started) == ("r0", "failed", None, "")
+    for junk in ("[]", "{not json", json.dumps({"host": "a host name"}), json.dumps({"packages": [1]})):
+        old.write_text(junk)
+        assert EarlierRun.read(old) is None
+    assert EarlierRun.read(tmp_path / "absent.json") is None
