@@ -49,17 +49,20 @@ def small_protocol(data: dict[str, Any]) -> None:
 
 def prepare_only(data: dict[str, Any]) -> None:
     """Shorter rollouts and checks that only prepare the initial state (no diagnostic, no static graph): for the
-    launches whose tests read no diagnostic. The complete run (conftest.py) and the cheat test keep every check."""
+    launches whose tests read no diagnostic. The complete run (conftest.py) keeps every check."""
     small_protocol(data)
     data["checks"]["diagnostics"] = []
     data["checks"]["static_graph"] = None
 
 
 def quick_protocol(data: dict[str, Any]) -> None:
-    """prepare_only and 12 steps (one timed window, digests of steps 0-11): for the launches whose tests read no
-    timing window (a package fails, the launch is stopped, an RNG draw, the A/A calibration's bookkeeping)."""
+    """prepare_only and 12 steps, 2 of them warm-up, one timed window of 10 (steps 2-11), digests of steps 0-11: for
+    the launches whose tests read no timing window (a package fails, the launch is stopped, an RNG draw, the cheats,
+    the A/A calibration's bookkeeping). 12 steps is the fewest an audited r3-mini run can have (the probe must see
+    the recipe's LR warm-up end at step 10); the short measurement warm-up keeps the watched steps of each timed
+    launch to 0-1 (a watched step costs about twice a plain one), while the watched replay still watches all 12."""
     prepare_only(data)
-    data["measurement"].update(steps=12, digest_last=11)
+    data["measurement"].update(steps=12, warmup=2, window=10, digest_last=11)
 
 
 def make_project(tmp_path: Path) -> Path:

@@ -1,4 +1,5 @@
-"""Issue 8's acceptance on real r3-mini runs (2 CPU ranks): RNG and fp16 candidates refused, a killed run unaudited.
+"""Issue 8's acceptance on real r3-mini runs (2 CPU ranks): RNG and fp16 candidates refused, a killed run unaudited
+(and, from the same launch, kill -9 of orch leaves no process and frees the lock).
 
 The real CLI runs on a git-committed project copy: baseline = `git archive HEAD`, candidate = the edited tree.
 """
@@ -19,6 +20,7 @@ from launchutil import (
     edit_protocol,
     env,
     launch_cmd,
+    lock_is_free,
     make_project,
     only_run,
     orch,
@@ -26,7 +28,6 @@ from launchutil import (
     records,
     run_processes,
     run_published,
-    small_protocol,
     start,
     steps_done,
     wait_for,
@@ -40,14 +41,14 @@ Edit = tuple[Path, str, str]  # (file under the project, anchor line that occurs
 
 
 def candidate_project(
-    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = small_protocol
+    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = quick_protocol
 ) -> tuple[Path, Path]:
     """A committed project copy whose working tree adds `extra_line` after the trainer's scheduler.step() (or
     makes each edit).
 
     Returns the project and a protocol in which only the code differs: baseline from git HEAD under the
     published commitment, candidate = the edited tree under a commitment frozen by `orch freeze`, same switches;
-    `shape` sets the rest (small_protocol: every check and 16 steps; quick_protocol: 12 steps, prepare only).
+    `shape` sets the rest (quick_protocol: 12 steps, prepare-only checks; small_protocol: every check, 16 steps).
     """
     proj = make_project(tmp_path)
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
@@ -79,7 +80,7 @@ def candidate_project(
 
 
 def launch_and_audit(
-    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = small_protocol
+    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = quick_protocol
 ) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     """Launch the candidate protocol to completion, then `orch audit RUN --json` it; checks what both share."""
     proj, protocol = candidate_project(tmp_path, extra_line, shape)
@@ -115,8 +116,8 @@ def launch_and_audit(
 
 
 def test_extra_rng_draw_per_step_is_refused_naming_the_first_step(tmp_path: Path) -> None:
-    # 12 steps and no diagnostics: the draw is found at step 1, and the other checks stay silent
-    run_dir, _, shown = launch_and_audit(tmp_path, "        torch.rand(1)", quick_protocol)
+    # the quick protocol (12 steps, no diagnostics): the draw is found at step 1, and the other checks stay silent
+    run_dir, _, shown = launch_and_audit(tmp_path, "        torch.rand(1)")
     ex = json.loads(shown.stdout.strip().splitlines()[-1])["audit"]["exactness"]
     # the draw after step 0's optimizer step falls in step 1 (steps are delimited by the optimizer hook)
     first = ex["rng_first_mismatch"]
@@ -136,16 +137,19 @@ SCORER = Path("examples") / "r3_mini" / "train" / "score.py"
 
 
 def test_cheating_candidate_is_refused_naming_each_cheat(tmp_path: Path) -> None:
-    """One launch, independent cheats, each named: an fp16 op in a warm-up step and one first in timed step 12,
+    """One launch, independent cheats, each named: an fp16 op in a warm-up step and one first in timed step 10,
     an unfrozen ViT the optimizer excludes, a loss that differs while the gradients do not, a trainer that stops
-    logging, a scorer of its own, and (where namespaces work) work cached in the shared /tmp."""
+    logging, a scorer of its own, and (where namespaces work) work cached in the shared /tmp.
+
+    The quick protocol (12 steps: warm-up 0-1 watched in train-C, timed steps 2-11 seen only by the watched replay;
+    prepare-only checks): every cheat here lives in the trainer or the scorer, none in a diagnostic."""
     cache = f"/tmp/orch-cheat-{secrets.token_hex(6)}"
     isolated = namespaces_work()
     edits: list[Edit] = [
         (TRAINER, ANCHOR, "        if curr_step == 0:  # in step 1's window, watched in every launch\n"
                           "            h = torch.ones(4, 4, dtype=torch.float16)\n"
                           "            _ = h @ h\n"
-                          "        if curr_step == 11:  # first in step 12's window: a timed step\n"
+                          "        if curr_step == 9:  # first in step 10's window: a timed step\n"
                           "            _ = torch.ones(3, dtype=torch.float16) + 1\n"),
         (TRAINER, "    train_step = 0\n",
          "    model.vit_model.requires_grad_(True)  # the optimizer was built without it\n"),
@@ -188,13 +192,13 @@ def test_cheating_candidate_is_refused_naming_each_cheat(tmp_path: Path) -> None
     # 3. the fp16 op of a timed step is found by the watched replay and named with its step
     forbidden = ex["forbidden"]
     assert {(f["package"], f["step"], f["dtype"]) for f in forbidden} == {("train-C", 1, "float16"),
-                                                                           ("watch-C", 12, "float16")}
+                                                                           ("watch-C", 10, "float16")}
     assert {f["op"] for f in forbidden if f["step"] == 1} == {"aten.ones.default", "aten.mm.default"}
-    assert {f["op"] for f in forbidden if f["step"] == 12} == {"aten.ones.default", "aten.add.Tensor"}
+    assert {f["op"] for f in forbidden if f["step"] == 10} == {"aten.ones.default", "aten.add.Tensor"}
     assert {f["rank"] for f in forbidden} == {0, 1} and {f["arm"] for f in forbidden} == {"C"}
     assert forbidden[0] == {"arm": "C", "rank": 0, "step": 1, "op": "aten.mm.default", "dtype": "float16",
                             "package": "train-C"}
-    assert ex["watch_coverage"]["train-C"] == list(range(10)) and ex["watch_coverage"]["watch-C"] == list(range(16))
+    assert ex["watch_coverage"]["train-C"] == list(range(2)) and ex["watch_coverage"]["watch-C"] == list(range(12))
     assert ex["replay_equal"] is True  # the replay computed what train-C computed
     assert any(r.startswith("forbidden dtype: aten.mm.default in float16 at step 1 (arm C, rank 0)") for r in reasons)
     assert "audit verdict not exact: recipe violation: arm C: freeze_vit is frozen true but vit_model" in shown.stderr
@@ -205,7 +209,7 @@ def test_cheating_candidate_is_refused_naming_each_cheat(tmp_path: Path) -> None
     first = ex["scalars_first_mismatch"]
     assert (first["check"], first["step"], first["rank"], first["tensor"]) == ("scalars", 0, 0, "backward[0]")
     assert first["values"]["A"] == first["values"]["B"] != first["values"]["C"]
-    assert ("arm C: its trainer logged no training step (no number through wandb.log or logging in steps 0-14); "
+    assert ("arm C: its trainer logged no training step (no number through wandb.log or logging in steps 0-11); "
             "its own numbers cannot be compared") in reasons
     assert not any("arm A: its trainer logged" in r or "arm B: its trainer logged" in r for r in reasons)
     # 4. the cache write was impossible: it failed inside the package, nothing reached the host's /tmp
@@ -217,7 +221,11 @@ def test_cheating_candidate_is_refused_naming_each_cheat(tmp_path: Path) -> None
         assert {p["isolation"] for p in entries} == {"namespace"}
 
 
-def test_audit_of_a_run_killed_during_train_b_writes_nothing_and_shows_no_score(tmp_path: Path) -> None:
+def test_kill_9_of_orch_during_train_b_leaves_no_process_frees_the_lock_and_the_audit_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of `orch launch` while train-B runs: every process of the run ends, the lock is free, `orch audit`
+    of the run writes nothing and shows no score, and the next `orch ledger verify` names the orphaned package."""
     proj = make_project(tmp_path)
     protocol = edit_protocol(proj, quick_protocol, name="quick.yaml")
     home = tmp_path / "home"
@@ -226,9 +234,11 @@ def test_audit_of_a_run_killed_during_train_b_writes_nothing_and_shows_no_score(
     run_dir = only_run(home)
     wait_for(lambda: steps_done(run_dir, "train-B") >= 1 or proc.poll() is not None, 400, "train-B to run")
     assert proc.poll() is None, proc.communicate()[1][-3000:]
+    assert len(run_processes(run_dir.name)) >= 3  # worker, torchrun, ranks
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
-    wait_for(lambda: not run_processes(run_dir.name), 10, "every process of the run to end")
+    wait_for(lambda: not run_processes(run_dir.name), 5, "every process of the run to end")
+    assert lock_is_free(tmp_path / "locks")
     before = sorted((p.relative_to(run_dir).as_posix(), p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
     ledger_bytes = (home / "ledger" / "ledger.arrows").read_bytes()
     for as_json in (False, True):
@@ -251,3 +261,8 @@ def test_audit_of_a_run_killed_during_train_b_writes_nothing_and_shows_no_score(
     assert sorted((p.relative_to(run_dir).as_posix(), p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
     assert not (run_dir / "audit.json").exists() and not (run_dir / "score.sealed.json").exists()
     assert (home / "ledger" / "ledger.arrows").read_bytes() == ledger_bytes
+    # the next ledger verify reports the orphaned run
+    shown = subprocess.run(orch("ledger", "verify", "--home", str(home), cwd=proj), cwd=proj, env=env(),
+                           capture_output=True, text=True, timeout=60)
+    assert (f"orphaned: run {run_dir.name} package train-B was opened and never closed (crash or kill)"
+            in shown.stdout + shown.stderr)

@@ -76,7 +76,10 @@ def test_train_package_refuses_a_probe_clock_patched_to_run_at_0_8x(tmp_path: Pa
 
 def test_launch_refuses_a_candidate_whose_clocks_run_at_0_8x(tmp_path: Path) -> None:
     """A real r3-mini run (2 CPU ranks): the candidate patches time.perf_counter, time.monotonic, ... and the
-    probe's clock; train-C is refused naming the clock disagreement, nothing later runs, no audit is written."""
+    probe's clock; train-C is refused naming the clock disagreement, nothing later runs, no audit is written.
+
+    It is also the suite's failing-package launch: a package that fails stops the run (each later package closed
+    not-run, the run failed, no audit), and `orch audit` of that run writes nothing and shows no score."""
     proj = make_project(tmp_path)
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
     subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
@@ -110,8 +113,17 @@ def test_launch_refuses_a_candidate_whose_clocks_run_at_0_8x(tmp_path: Path) -> 
     assert "the trainer replaced time.monotonic (from step 1), time.monotonic_ns (from step 1)" in last, last
     run_dir = only_run(home)
     assert not (run_dir / "audit.json").exists()
-    closes = {r["package"]: r for r in records(home) if r["status"] != "open"}
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    closes = {r["package"]: r for r in records(home) if r["run_id"] == run_dir.name and r["status"] != "open"}
     assert closes["train-C"]["status"] == "failed" and "clock disagreement" in closes["train-C"]["note"]
+    assert {name: r["status"] for name, r in closes.items()} == {
+        "checks": "ok", "train-A": "ok", "reload-A": "ok", "train-C": "failed", "reload-C": "not-run",
+        "train-B": "not-run", "reload-B": "not-run", "watch-C": "not-run", "score": "not-run"}
+    # orch audit of that run writes nothing and shows no score
+    shown = subprocess.run(orch("audit", run_dir.name, "--home", str(home), cwd=proj), cwd=proj, env=env(),
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 1 and "missing or failed: package train-C: failed (exit " in shown.stdout + shown.stderr
+    assert not (run_dir / "audit.json").exists() and "dev_mean_reward" not in shown.stdout + shown.stderr
     # the baseline's own step times agreed with the train worker's clock, and say by how much
     a = json.loads((run_dir / "packages" / "train-A" / "result.json").read_text())
     for rank in a["ranks"]:

@@ -2,7 +2,9 @@
 
 The complete run is the suite's shared one (conftest.py); every other test launches its own, on a copy of the
 project that it may edit, with the quick protocol (launchutil.quick_protocol) where it only needs a package to fail
-or the launch to stop.
+or the launch to stop. A failing train-C that stops the run (the later packages not run, no audit, `orch audit`
+writing nothing) is test_clock_e2e's launch; kill -9 of orch (no process left, the lock freed, the orphan named by
+`orch ledger verify`) is test_audit_e2e's killed run: one launch each proves both.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import json
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from launchutil import (
     EDITED,
@@ -23,7 +24,6 @@ from launchutil import (
     launch_cmd,
     lock_is_free,
     make_project,
-    only_run,
     orch,
     quick_protocol,
     records,
@@ -93,33 +93,6 @@ def test_the_probe_on_r3_mini_digests_what_the_reload_reads_and_observes_the_rec
     assert run_processes(complete_run.run_dir.name) == []
 
 
-def test_failing_package_stops_the_run_and_leaves_no_audit(tmp_path: Path) -> None:
-    proj = make_project(tmp_path)
-    home = tmp_path / "home"
-
-    def failing_candidate(data: dict[str, Any]) -> None:
-        quick_protocol(data)
-        data["arms"]["candidate"].update(config={"no_such_flag": "1"})
-
-    protocol = edit_protocol(proj, failing_candidate)
-    proc = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,
-                          timeout=400)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "package train-C failed" in proc.stderr
-    run_dir = only_run(home)
-    recs = [r for r in records(home) if r["run_id"] == run_dir.name]
-    closes = {r["package"]: r["status"] for r in recs if r["status"] != "open"}
-    assert closes == {"checks": "ok", "train-A": "ok", "reload-A": "ok", "train-C": "failed", "reload-C": "not-run",
-                      "train-B": "not-run", "reload-B": "not-run", "watch-C": "not-run", "score": "not-run"}
-    assert not (run_dir / "audit.json").exists()
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
-    # orch audit of that run writes nothing and shows no score
-    shown = subprocess.run(orch("audit", run_dir.name, "--home", str(home), cwd=proj), cwd=proj, env=env(),
-                           capture_output=True, text=True, timeout=60)
-    assert shown.returncode == 1 and "missing or failed: package train-C: failed (exit " in shown.stdout + shown.stderr
-    assert not (run_dir / "audit.json").exists() and "dev_mean_reward" not in shown.stdout + shown.stderr
-
-
 def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
@@ -135,22 +108,6 @@ def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path
     assert {r["package"]: r["status"] for r in recs}["train-A"] == "failed"
     assert all(r["status"] == "not-run" for r in recs if r["package"] not in ("checks", "train-A"))
     assert not (run_dir / "audit.json").exists()
-
-
-def test_kill_9_of_orch_leaves_no_process_and_frees_the_lock(tmp_path: Path) -> None:
-    proj = make_project(tmp_path)
-    home = tmp_path / "home"
-    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, quick_protocol))
-    assert len(run_processes(run_dir.name)) >= 3  # worker, torchrun, ranks
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    wait_for(lambda: not run_processes(run_dir.name), 5, "every process of the run to end")
-    assert lock_is_free(home.parent / "locks")
-    # the next ledger verify reports the orphaned run
-    shown = subprocess.run(orch("ledger", "verify", "--home", str(home), cwd=proj), cwd=proj, env=env(),
-                           capture_output=True, text=True, timeout=60)
-    assert (f"orphaned: run {run_dir.name} package train-A was opened and never closed (crash or kill)"
-            in shown.stdout + shown.stderr)
 
 
 def test_ctrl_c_records_interrupted_and_exits_130(tmp_path: Path) -> None:

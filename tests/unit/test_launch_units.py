@@ -103,3 +103,30 @@ def test_outcome_step_turns_how_the_run_ended_into_the_result_or_its_one_line(tm
         outcome(ctx, RunEnd("interrupted", {}))
     with pytest.raises(RunFailedError, match=r"^run r1 failed: "):
         outcome(ctx, RunEnd("failed", {}, OSError(errno.ENOSPC, "No space left on device")))
+
+
+def test_an_arms_config_reaches_only_its_own_trainers_after_the_launchers_arguments(tmp_path: Path, repo: Path) -> None:
+    """`arms.X.config` is passed as `--key value` after the launcher's arguments, to that arm's train packages only
+    (the end-to-end failing-package launch proves that a package which fails stops the run; this, what it set)."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from orchestrator.run_plan import PLAN, RunContext, package_spec
+    from protocol.schema import load_protocol
+
+    data = yaml.safe_load((repo / "protocol" / "r3_mini.yaml").read_text())
+    data["base"] = str(repo)
+    data["arms"]["candidate"]["config"] = {"no_such_flag": "1", "a_flag": "x y"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    loaded = load_protocol(path)
+    sealed = {arm: SimpleNamespace(path=tmp_path / "sealed" / arm) for arm in ("baseline", "candidate")}
+    ctx = RunContext(loaded, None, "r1", tmp_path / "run", tmp_path / "scratch", None, {}, {},  # type: ignore[arg-type]
+                     sealed=sealed)  # type: ignore[arg-type]
+    args = {p.name: package_spec(ctx, p, None).args for p in PLAN if p.kind in ("train", "replay")}
+    n = len(loaded.protocol.launcher.args)
+    for name in ("train-C", "watch-C"):
+        assert args[name][n:] == ["--a_flag", "x y", "--no_such_flag", "1"], name
+    for name in ("train-A", "train-B"):
+        assert len(args[name]) == n and "--no_such_flag" not in args[name], name
