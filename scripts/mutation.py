@@ -99,12 +99,19 @@ MODULES: dict[str, Target] = {
             "prefix_roots' heights are only compared with each other for equality: starting at 1, or counting "
             "by -1 or 2, relabels every height one-to-one and merges exactly the same subtrees"),
     }),
-    "manifests/core.py": Target(("tests/unit/test_manifests.py",)),
+    "manifests/core.py": Target(("tests/unit/test_manifest_rules.py", "tests/unit/test_manifests.py")),
     "protocol/recipe.py": Target(("tests/unit/test_recipe.py", "tests/unit/test_protocol.py",
                                   "tests/unit/test_model_declared.py")),
     "protocol/schema.py": Target(("tests/unit/test_protocol.py", "tests/unit/test_model_declared.py",
                                   "tests/unit/test_recipe.py")),
-    "ledger/verdict/exactness.py": Target(("tests/unit/test_exactness_rules.py", "tests/unit/test_audit.py")),
+    "ledger/verdict/exactness.py": Target(("tests/unit/test_exactness_rules.py", "tests/unit/test_exactness_run.py",
+                                           "tests/unit/test_audit.py"), equivalent={
+        "ledger.verdict.exactness.x_first_digest_mismatch__mutmut_44": "tensor_mismatch = None instead of False: "
+                                                                       "it is only read as `not tensor_mismatch`",
+        **dict.fromkeys(
+            [f"ledger.verdict.exactness.x_replay_mismatch__mutmut_{n}" for n in (52, 55, 56)],
+            "zip(labels, (train, watch), strict=...): both are always two long, strictness cannot change a result"),
+    }),
     "ledger/verdict/audit.py": Target(("tests/unit/test_audit.py", "tests/unit/test_audit_evidence.py")),
     "ledger/cost/record.py": Target(("tests/unit/test_ledger_record.py", "tests/unit/test_ledger_store.py",
                                      "tests/unit/test_ledger_chain.py"), deselect={
