@@ -153,35 +153,40 @@ def _hash_in_children(root: str, files: list[str], workers: int) -> list[Entry]:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # child: hash its share, write JSON lines, leave without running any cleanup of the parent
-            os.close(r)
-            code = 0
+            code = 1  # whatever goes wrong here, the child never returns into the parent's code
             try:
-                lines = []
-                for rel in files[i::workers]:
-                    e = _hash_one(root, rel)
-                    lines.append(json.dumps([e.path, e.sha256, e.size]))
-                payload = ("\n".join(lines)).encode()
-            except RefusedError as err:
-                payload, code = json.dumps({"error": err.message}).encode(), 1
-            with os.fdopen(w, "wb") as out:
-                out.write(payload)
-            os._exit(code)
+                os.close(r)
+                try:
+                    lines = []
+                    for rel in files[i::workers]:
+                        e = _hash_one(root, rel)
+                        lines.append(json.dumps([e.path, e.sha256, e.size]))
+                    payload, code = ("\n".join(lines)).encode(), 0
+                except RefusedError as err:
+                    payload = json.dumps({"error": err.message}).encode()
+                with os.fdopen(w, "wb") as out:
+                    out.write(payload)
+            finally:
+                os._exit(code)
         os.close(w)
         children.append((pid, r))
-    entries = [_hash_one(root, rel) for rel in files[0::workers]]
-    error = None
+    errors: list[str] = []
+    try:
+        entries = [_hash_one(root, rel) for rel in files[0::workers]]
+    except RefusedError as err:  # every child is still read and reaped: none is left behind as a zombie
+        entries, errors = [], [err.message]
     for pid, r in children:
         with os.fdopen(r, "rb") as f:
             data = f.read().decode()
         _, status = os.waitpid(pid, 0)
         if os.waitstatus_to_exitcode(status) != 0:
-            error = json.loads(data)["error"] if data.startswith("{") else "a hashing process failed"
+            errors.append(json.loads(data)["error"] if data.startswith("{") else "a hashing process failed")
             continue
         for line in data.splitlines():
             p, d, n = json.loads(line)
             entries.append(Entry.model_construct(path=p, sha256=d, size=n))
-    if error is not None:
-        raise RefusedError(error)
+    if errors:
+        raise RefusedError(errors[0])  # the first share's (the parent's, then each child's in order)
     return sorted(entries, key=lambda e: e.path)
 
 

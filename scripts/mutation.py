@@ -38,6 +38,9 @@ class Target:
     # test ids (file::name) left out of the selection: tests too slow to rerun per mutant, whose rule the mutated
     # module does not hold (e.g. a cross-process lock, for the record model); each one named with its reason
     deselect: dict[str, str] = field(default_factory=dict)
+    # mutmut stops a mutant after (estimated test time + 5 s) * this * 2 CPU seconds and counts it as a timeout
+    # (caught); a module whose loops a mutant can make endless waits less on each with a smaller factor
+    timeout_multiplier: float = 10.0
 
 
 MODULES: dict[str, Target] = {
@@ -99,7 +102,24 @@ MODULES: dict[str, Target] = {
             "prefix_roots' heights are only compared with each other for equality: starting at 1, or counting "
             "by -1 or 2, relabels every height one-to-one and merges exactly the same subtrees"),
     }),
-    "manifests/core.py": Target(("tests/unit/test_manifest_rules.py", "tests/unit/test_manifests.py")),
+    "manifests/core.py": Target(("tests/unit/test_manifest_rules.py", "tests/unit/test_manifests.py"), equivalent={
+        **dict.fromkeys(
+            [f"manifests.core.xǁManifestǁto_json__mutmut_{n}" for n in (7, 10, 13, 14)],
+            "model_dump in python mode instead of mode='json' (pydantic reads an unknown mode as python): every "
+            "field of a manifest is a str, an int or a list of them, which both modes dump the same"),
+        **dict.fromkeys(
+            [f"manifests.core.x__walk__mutmut_{n}" for n in (12, 13, 19, 20)],
+            "follow_symlinks of is_dir/is_file changed: symlinks are taken by the is_symlink() branch before, so "
+            "the entries asked are never links and following changes nothing"),
+        "manifests.core.x__walk__mutmut_11": "a symlink listed with is_regular_file True: select_files reads that "
+                                             "flag only for entries that are not links",
+        "manifests.core.x__walk__mutmut_18": "a regular file listed as a link: select_files then resolves it, finds "
+                                             "it inside the root (folder links are never entered) and a file, and "
+                                             "keeps it, as it keeps a regular file; a FIFO is dropped either way",
+        **dict.fromkeys(
+            ("manifests.core.x_select_files__mutmut_16", "manifests.core.x_select_files__mutmut_18"),
+            "dict.fromkeys(include, None) instead of False: the flags are only read as `not hit`"),
+    }, timeout_multiplier=2.0),  # glob_regex's `i += n` mutants loop forever: 4x the tests' CPU time is enough
     "protocol/recipe.py": Target(("tests/unit/test_recipe.py", "tests/unit/test_protocol.py",
                                   "tests/unit/test_model_declared.py")),
     "protocol/schema.py": Target(("tests/unit/test_protocol.py", "tests/unit/test_model_declared.py",
@@ -169,7 +189,7 @@ def _prepare(module: str, target: Target) -> Path:
         "pytest_add_cli_args": ["-p", "no:cacheprovider", "-m", "not slow", "-q", "-x", "--timeout=300"],
         "pytest_add_cli_args_test_selection": [*target.tests, *(a for t in target.deselect for a in ("--deselect", t))],
         "process_isolation": "forkserver" if target.forkserver else "fork",
-        "timeout_multiplier": 10.0,
+        "timeout_multiplier": target.timeout_multiplier,
         "timeout_constant": 5.0,
     }
     pyproject = (work / "pyproject.toml").read_text()

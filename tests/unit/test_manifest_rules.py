@@ -62,13 +62,59 @@ def test_hashing_in_forked_children_gives_every_file_once_in_path_order(tmp_path
     assert entries[1].sha256 == EMPTY
 
 
+def _forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the children forked from here on (the parent's side of os.fork)."""
+    pids: list[int] = []
+    real = os.fork
+
+    def fork() -> int:
+        pid = real()
+        if pid:
+            pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork)
+    return pids
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
 @pytest.mark.parametrize("where", [0, 1, 2])  # the parent's share (i = 0) and each child's (i = 1, 2)
-def test_a_file_that_cannot_be_read_in_any_share_is_one_refusal(tmp_path: Path, where: int) -> None:
+def test_a_file_that_cannot_be_read_in_any_share_is_one_refusal_and_leaves_no_child(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: int) -> None:
+    pids = _forks(monkeypatch)
     root = _tree(tmp_path, SEVEN)
     files = sorted(SEVEN)
     files[where] = "gone.py"  # removed after the selection
     message = _refusal(core._hash_in_children, str(root), files, 3)
     assert message == "gone.py: cannot be read (No such file or directory); fix or exclude it"
+    assert len(pids) == 2 and all(_reaped(pid) for pid in pids)
+
+
+def test_of_several_failing_shares_the_first_is_named(tmp_path: Path) -> None:
+    root = _tree(tmp_path, SEVEN)
+    for gone in ((0, 1), (1, 2), (2, 0)):  # files i::3: share 0 is the parent's, shares 1 and 2 the children's
+        files = sorted(SEVEN)
+        for i in gone:
+            files[i] = f"gone{i}.py"
+        message = _refusal(core._hash_in_children, str(root), files, 3)
+        assert message == f"gone{min(gone)}.py: cannot be read (No such file or directory); fix or exclude it"
+
+
+def test_a_child_that_fails_without_a_refusal_exits_and_is_named_as_a_failed_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pids = _forks(monkeypatch)
+    root = _tree(tmp_path, SEVEN)
+    files = sorted(SEVEN)
+    files[1] = "bad\0name.py"  # os.open raises ValueError (a null byte), not OSError: the child must still exit
+    assert _refusal(core._hash_in_children, str(root), files, 3) == "a hashing process failed"
+    assert len(pids) == 2 and all(_reaped(pid) for pid in pids)
 
 
 def test_the_tree_is_hashed_in_children_from_2000_files_and_gives_the_same_manifest(
@@ -90,10 +136,12 @@ def test_the_tree_is_hashed_in_children_from_2000_files_and_gives_the_same_manif
     assert hash_tree(root, ["**/*.py"], workers=1).entries == _expected(files) and calls == []
     parallel = hash_tree(root, ["**/*.py"], workers=3)
     assert calls == [3] and parallel.entries == _expected(files)
+    assert hash_tree(root, ["**/*.py"], workers=2).root == parallel.root and calls == [3, 2]
+    calls.clear()
     monkeypatch.setattr(os, "cpu_count", lambda: 5)
-    assert hash_tree(root, ["**/*.py"]).root == parallel.root and calls == [3, 5]
+    assert hash_tree(root, ["**/*.py"]).root == parallel.root and calls == [5]
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # unknown: one process
-    assert hash_tree(root, ["**/*.py"]).root == parallel.root and calls == [3, 5]
+    assert hash_tree(root, ["**/*.py"]).root == parallel.root and calls == [5]
 
 
 def test_a_manifest_is_its_entries_include_and_the_root_over_them(tmp_path: Path) -> None:
@@ -117,9 +165,12 @@ def test_the_root_escapes_non_ascii_names() -> None:
     ("a**b", ["ab", "axb", "ax/yb"], ["a", "b"]),
     ("x/**/y/*", ["x/y/z", "x/q/y/z"], ["x/y", "x/y/z/w"]),
     ("[]a].py", ["].py", "a.py"], ["b.py"]),  # a ] right after [ is in the class
-    ("[\\d].py", ["d.py", "\\.py"], ["1.py"]),  # a backslash in a class is a backslash
+    ("[\\d].py", ["d.py", "\\.py"], ["1.py", "X.py"]),  # a backslash in a class is a backslash
     ("[]", ["[]"], ["", "]"]),  # no class without a body: literal
     ("a.py", ["a.py"], ["a.py\n", "a.pyc", "axpy"]),
+    ("*.py", ["a.py", ".py"], ["apy", "a.py/b"]),  # the character after a star is matched, not skipped
+    ("[a]", ["a"], ["[a]", "b"]),  # a class of one
+    ("[a]*]", ["ab]", "a]"], ["]", "b]"]),  # the class ends at the first ] after its first character
 ])
 def test_more_glob_patterns_match_as_written(pattern: str, matches: list[str], misses: list[str]) -> None:
     rx = glob_regex(pattern)
@@ -202,8 +253,9 @@ def test_load_manifest_reads_back_what_was_written_and_refuses_the_rest(tmp_path
     assert sorted(os.listdir(path.parent)) == ["manifest.json"]  # no temporary file left
     write_text_atomic(path, "replaced")
     assert path.read_text() == "replaced" and sorted(os.listdir(path.parent)) == ["manifest.json"]
-    assert _refusal(load_manifest, path).startswith(f"{path}: not a valid manifest (")
-    assert _refusal(load_manifest, path).endswith("); re-run `orch freeze`")
+    # pydantic's own first line of the error, nothing after it
+    assert _refusal(load_manifest, path) == (
+        f"{path}: not a valid manifest (1 validation error for Manifest); re-run `orch freeze`")
     assert _refusal(load_manifest, tmp_path / "none.json") == (
         f"{tmp_path / 'none.json'}: cannot read the commitment (No such file or directory); run `orch freeze` first")
     path.write_text(m.to_json().replace('"size": 3', '"size": 4'))
