@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -53,11 +55,34 @@ def _expected(files: dict[str, bytes]) -> list[Entry]:
     return [Entry(path=p, sha256=hashlib.sha256(files[p]).hexdigest(), size=len(files[p])) for p in sorted(files)]
 
 
+@contextmanager
+def _only_children_exit(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The caller's process is never told to exit, and a child never comes back into the caller's code.
+
+    A child that does is ended here with exit status 0 and nothing written, so its share goes missing in the caller.
+    """
+    caller, real_exit = os.getpid(), os._exit
+
+    def exit_(code: int) -> None:
+        if os.getpid() == caller:
+            raise AssertionError(f"os._exit({code!r}) in the calling process")
+        real_exit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    try:
+        yield
+    finally:
+        if os.getpid() != caller:
+            real_exit(0)
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3, 7, 9])
-def test_hashing_in_forked_children_gives_every_file_once_in_path_order(tmp_path: Path, workers: int) -> None:
+def test_hashing_in_forked_children_gives_every_file_once_in_path_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
     root = _tree(tmp_path, {**SEVEN, "abc.txt": b"abc"})
     files = sorted([*SEVEN, "abc.txt"])
-    entries = core._hash_in_children(str(root), files, workers)
+    with _only_children_exit(monkeypatch):
+        entries = core._hash_in_children(str(root), files, workers)
     assert entries == [Entry(path="abc.txt", sha256=ABC, size=3), *_expected(SEVEN)]
     assert entries[1].sha256 == EMPTY
 
@@ -92,7 +117,8 @@ def test_a_file_that_cannot_be_read_in_any_share_is_one_refusal_and_leaves_no_ch
     root = _tree(tmp_path, SEVEN)
     files = sorted(SEVEN)
     files[where] = "gone.py"  # removed after the selection
-    message = _refusal(core._hash_in_children, str(root), files, 3)
+    with _only_children_exit(monkeypatch):
+        message = _refusal(core._hash_in_children, str(root), files, 3)
     assert message == "gone.py: cannot be read (No such file or directory); fix or exclude it"
     assert len(pids) == 2 and all(_reaped(pid) for pid in pids)
 
@@ -113,7 +139,8 @@ def test_a_child_that_fails_without_a_refusal_exits_and_is_named_as_a_failed_pro
     root = _tree(tmp_path, SEVEN)
     files = sorted(SEVEN)
     files[1] = "bad\0name.py"  # os.open raises ValueError (a null byte), not OSError: the child must still exit
-    assert _refusal(core._hash_in_children, str(root), files, 3) == "a hashing process failed"
+    with _only_children_exit(monkeypatch):
+        assert _refusal(core._hash_in_children, str(root), files, 3) == "a hashing process failed"
     assert len(pids) == 2 and all(_reaped(pid) for pid in pids)
 
 
@@ -261,3 +288,32 @@ def test_load_manifest_reads_back_what_was_written_and_refuses_the_rest(tmp_path
     path.write_text(m.to_json().replace('"size": 3', '"size": 4'))
     assert _refusal(load_manifest, path) == (
         f"{path}: root digest does not match its entries; the commitment file was altered")
+
+
+def test_a_file_its_reader_may_not_open_is_refused_as_unreadable_naming_it(tmp_path: Path) -> None:
+    """In a forked child that runs as nobody when this is root (root's CAP_DAC_OVERRIDE reads a mode-0 file)."""
+    (tmp_path / "ok.py").write_bytes(b"abc")
+    (tmp_path / "secret.py").write_bytes(b"x")
+    (tmp_path / "secret.py").chmod(0)
+    assert core._hash_one(str(tmp_path), "ok.py") == Entry(path="ok.py", sha256=ABC, size=3)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                core._hash_one(str(tmp_path), "secret.py")
+                said = "read"
+            except RefusedError as err:
+                said = str(err.message)
+            os.write(w, said.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode()
+    os.waitpid(pid, 0)
+    assert said == "secret.py: unreadable (permission denied); fix its permissions"
