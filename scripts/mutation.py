@@ -154,7 +154,50 @@ MODULES: dict[str, Target] = {
     "ledger/cost/store.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py",
                                "tests/unit/test_ledger_accounting.py")),
     "ledger/cost/verify.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py")),
-    "ledger/files/hygiene.py": Target(("tests/unit/test_hygiene.py",)),
+    "ledger/files/hygiene.py": Target(("tests/unit/test_hygiene_rules.py", "tests/unit/test_hygiene.py"), equivalent={
+        **dict.fromkeys(
+            [f"ledger.files.hygiene.x__data_listing__mutmut_{n}" for n in (1, 5, 6)]
+            + ["ledger.files.hygiene.x__reward_lines__mutmut_1"],
+            "the first line's number and example start as None or 'XXXX': they are set at the first counted line and "
+            "read only when there are 3 or 20 of them (first is tested with `not` / `or`, where None is 0)"),
+        **dict.fromkeys(
+            ("ledger.files.hygiene.x__git_files__mutmut_3", "ledger.files.hygiene.x__git_files__mutmut_6"),
+            "subprocess.run's check=False dropped or None: False is its default, and only its truth is read"),
+        "ledger.files.hygiene.x__git_files__mutmut_23": "`or` -> `and` in the work-tree test: they differ only when "
+                                                        "rev-parse prints 'false' with exit 0 (inside a .git folder), "
+                                                        "where check-ignore and ls-files then fail (exit 128) and "
+                                                        "None is returned as before",
+        "ledger.files.hygiene.x__git_files__mutmut_33": "check-ignore without -q: -q only silences its output, which "
+                                                        "is captured and never read; the exit code is the same",
+        **dict.fromkeys(
+            ("ledger.files.hygiene.x__git_files__mutmut_37", "ledger.files.hygiene.x__git_files__mutmut_39"),
+            "check-ignore also or instead asks about a file 'XX-qXX' / 'XX.XX' in the folder: a path under an "
+            "ignored folder is ignored too, so the answer changes only for a .gitignore that names such a file"),
+        **dict.fromkeys(
+            ("ledger.files.hygiene.x__is_text__mutmut_6", "ledger.files.hygiene.x__is_text__mutmut_8"),
+            "decode 8193 bytes, or as 'UTF-8': one more byte only adds an error position (8192) that counts as a cut "
+            "character (>= 8188) anyway; codec names are case-insensitive"),
+        "ledger.files.hygiene.x__reward_lines__mutmut_12": "`startswith('{') or endswith('}')`: the line must also "
+                                                           "parse as a JSON object, which both starts and ends so",
+        "ledger.files.hygiene.x__reward_lines__mutmut_58": "the header split on a pattern that never matches: 'reward' "
+                                                           "holds no comma or tab, so it is in the whole line exactly "
+                                                           "when it is in one of its columns",
+        "ledger.files.hygiene.x_classify_bytes__mutmut_62": "the safetensors header length read signed ('<q'): a "
+                                                            "length with the top bit set is refused either way (above "
+                                                            "100 MiB unsigned, below 2 signed)",
+        **dict.fromkeys(
+            [f"ledger.files.hygiene.x_hygiene_command__mutmut_{n}" for n in (43, 45, 46)],
+            "markup on for the `nothing found` line: its words hold no '[', so markup cannot change them"),
+        **dict.fromkeys(
+            ("ledger.files.hygiene.x_scan_bytes__mutmut_37", "ledger.files.hygiene.x_scan_bytes__mutmut_40"),
+            "bytes.decode() without 'utf-8', or with 'UTF-8': the default codec is UTF-8, names are case-insensitive"),
+        "ledger.files.hygiene.x_scan_bytes__mutmut_8": "65 bytes of head instead of 64: classify_bytes reads at most "
+                                                       "its first 26",
+        **dict.fromkeys(
+            ("ledger.files.hygiene.x_scan_file__mutmut_6", "ledger.files.hygiene.x_scan_file__mutmut_12"),
+            "the member names of a file that is not a zip ('' instead of None), or of a damaged zip (None instead "
+            "of []): classify_bytes reads them only for a PK header, and an empty list finds no member either"),
+    }),
     "workers/probe_steps.py": Target(("tests/unit/test_probe_timing.py",), forkserver=True),
     "workers/probe_model.py": Target(("tests/unit/test_probe_discovery.py",), forkserver=True),
 }

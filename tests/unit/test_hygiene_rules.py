@@ -151,7 +151,7 @@ def test_an_image_is_a_finding_except_under_a_docs_folder() -> None:
     (b"a" * 8187 + b"\xff " + AWS.encode(), False),          # a bad byte before the last 4 of the 8 KiB
     (b"a" * 8188 + b"\xff " + AWS.encode(), True),           # ... within them: a character cut at the boundary
     (b"a" * 8191 + "€".encode() + b" " + AWS.encode(), True),  # a real 3-byte character cut at 8192
-])
+], ids=["text", "nul", "late-nul", "not-utf8", "bad-8187", "bad-8188", "cut-char"])  # no key in a test id
 def test_a_file_is_read_as_text_unless_its_first_8_kib_are_binary(data: bytes, scanned: bool) -> None:
     kinds = [f.kind for f in scan_bytes("notes.txt", data, [])]
     assert kinds == (["credential"] if scanned else [])
@@ -190,6 +190,7 @@ def test_a_host_name_is_found_as_a_whole_name_in_any_case_once_per_line() -> Non
         (1, "host-name", "this host's name 'gpu-node-17'")]
     assert _found("gpu-node-170 xgpu-node-17 gpu-node-17-b", hosts[:1]) == []
     assert _found("a\ngpu-node-17.\n", hosts[:1]) == [(2, "host-name", "this host's name 'gpu-node-17'")]
+    assert _found("ran on GPU-Node-17", hosts[:1]) == [(1, "host-name", "this host's name 'gpu-node-17'")]
 
 
 def test_findings_of_one_line_come_credential_path_host_in_that_order() -> None:
@@ -214,7 +215,8 @@ def test_three_json_lines_with_a_reward_field_make_a_reward_trace() -> None:
 
 def test_a_table_with_a_reward_column_and_more_than_three_lines_is_a_reward_trace() -> None:
     rows = ["step,Reward,loss", "1,0.5,2", "2,0.6,2", "3,0.7,2"]
-    assert _found("\n".join(rows), display="r.CSV") == [(1, "reward-trace", "table with a reward column, 3 rows")]
+    assert scan_text("runs/r.CSV", "\n".join(rows), []) == [
+        Finding("runs/r.CSV", 1, "reward-trace", "table with a reward column, 3 rows")]
     assert _found("\n".join(rows[:3]), display="r.csv") == []
     assert _found("\n".join(r.replace(",", "\t") for r in rows), display="r.tsv") == [
         (1, "reward-trace", "table with a reward column, 3 rows")]
@@ -251,6 +253,8 @@ def test_a_walked_directory_skips_tool_caches_and_symlinks_in_sorted_order(tmp_p
     assert [d for _, d in files_to_scan([root / "z.txt"])] == [str(root / "z.txt")]
     assert [d for _, d in files_to_scan([root / "link.txt"])] == [str(root / "link.txt")]  # named: scanned
     assert files_to_scan([root / "a" / "dirlink"]) == []  # a named link to a directory is not followed
+    # ... and the paths named after it are still scanned
+    assert [d for _, d in files_to_scan([root / "a" / "dirlink", root / "z.txt"])] == [str(root / "z.txt")]
 
 
 def test_a_missing_path_is_a_usage_error_naming_it(tmp_path: Path) -> None:
@@ -295,3 +299,48 @@ def test_findings_of_several_files_are_counted_per_file(tmp_path: Path) -> None:
 def test_the_reward_rule_reads_json_values_not_only_keys() -> None:
     # a key without 'reward' whose value mentions it is no reward field
     assert _found("\n".join(json.dumps({"note": "reward"}) for _ in range(5))) == []
+
+
+def test_a_git_tree_is_scanned_with_its_tracked_files_too(tmp_path: Path) -> None:
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "tracked.txt").write_text("key " + AWS + "\n")
+    (tmp_path / "untracked.txt").write_text("key " + AWS + "\n")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "tracked.txt"], check=True)
+    assert sorted(Path(p).name for p, _ in files_to_scan([tmp_path])) == [
+        "tracked.txt", "untracked.txt"]
+
+
+def test_only_the_first_max_text_bytes_of_a_file_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hy, "MAX_TEXT_BYTES", 64)
+    (tmp_path / "early.txt").write_text("key " + AWS + "\n" + "x" * 100 + "\n")
+    (tmp_path / "late.txt").write_text("x" * 100 + "\nkey " + AWS + "\n")
+    assert [f.kind for f in scan_file(tmp_path / "early.txt", "early.txt", [])] == ["credential"]
+    assert scan_file(tmp_path / "late.txt", "late.txt", []) == []
+
+
+def test_a_trace_events_key_is_looked_for_in_the_first_mib_only() -> None:
+    key = '"traceEvents": 1}'  # the quoted key is 13 characters
+    mib = 1024 * 1024
+    assert _found("{" + " " * (mib - 14) + key) == [(1, "profiler-trace", "chrome trace JSON (traceEvents)")]
+    assert _found("{" + " " * (mib - 13) + key) == []
+
+
+def test_the_command_prints_file_names_and_findings_as_plain_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # brackets in a file name are not markup, and a colour terminal gets no escape codes: the lines are grep-able
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("ORCH_HYGIENE_HOSTS", raising=False)
+    named = tmp_path / "notes [bold]1[red] 2024.txt"
+    named.write_text("key " + AWS + "\n")
+    with pytest.raises(RefusedError):
+        hygiene_command([named])
+    assert capsys.readouterr().out == f"{named}:1: credential: AWS access key id: AKIA… (20 chars, redacted)\n"
+    clean = tmp_path / "clean [x] 12.txt"
+    clean.write_text("nothing\n")
+    hygiene_command([clean])
+    assert capsys.readouterr().out == "hygiene: 1 file(s) scanned, nothing found\n"
