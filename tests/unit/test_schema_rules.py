@@ -194,6 +194,10 @@ def test_every_recipe_key_must_be_passed_with_its_value() -> None:
     last = args[:-1]  # --total_steps with no value after it
     assert launch_flag_differences(mini(launcher={"args": last})) == [
         "--total_steps missing (recipe total_steps = 1000)"]
+    j = missing.index("--eps")
+    two = missing[:j] + missing[j + 2:]
+    assert launch_flag_differences(mini(launcher={"args": two})) == [
+        "--lr missing (recipe lr = 5e-06)", "--eps missing (recipe eps = 1e-08)"]
     other = [*args[: i + 1], "1e-5", *args[i + 2:]]
     assert launch_flag_differences(mini(launcher={"args": other})) == ["--lr 1e-5 (recipe lr = 5e-06)"]
 
@@ -235,7 +239,9 @@ def test_a_schema_error_names_line_field_and_how_many_more(tmp_path: Path) -> No
     line = line_starting(path, "precision:")
     assert refusal(path) == (f"{path}:{line}: precision: precision 'fp16' is not allowed; use one of fp32, bf16; "
                              "see `orch schema`")
-    path.write_text(path.read_text().replace("name: r3-mini-cpu2", "name: r3-mini-cpu2\nturbo: 1\nfast: 2"))
+    path.write_text(path.read_text().replace("name: r3-mini-cpu2", "name: r3-mini-cpu2\nturbo: 1"))
+    assert refusal(path).endswith(" (+1 more); see `orch schema`")
+    path.write_text(path.read_text().replace("turbo: 1", "turbo: 1\nfast: 2"))
     assert refusal(path).endswith(" (+2 more); see `orch schema`")
 
 
@@ -306,3 +312,33 @@ def test_a_loaded_protocol_knows_its_file_and_resolves_against_its_base(tmp_path
     loaded = load_protocol(path)
     assert loaded.path == path.resolve() and loaded.base == (tmp_path / "src").resolve()
     assert loaded.resolve("train/x.py") == (tmp_path / "src" / "train" / "x.py").resolve()
+
+
+def test_the_published_json_schema_names_fields_as_a_protocol_file_writes_them() -> None:
+    from protocol.schema import json_schema
+
+    doc = json_schema()
+    assert doc["properties"]["schema"]["const"] == "orch.protocol/1" and "schema_" not in doc["properties"]
+    assert {"name", "recipe", "precision", "sources", "arms", "launcher", "scorer"} <= set(doc["required"])
+
+
+def test_several_problems_of_one_kind_are_listed_in_one_line(tmp_path: Path) -> None:
+    path = variant(tmp_path, "  rounds: 2\n", "  rounds: 3\n")
+    path.write_text(path.read_text().replace("  eps: 1.0e-8", "  eps: 1.0e-6"))
+    assert refusal(path) == (f"{path}:{line_starting(path, 'rounds:')}: recipe differs from the frozen upstream "
+                             "recipe: recipe.rounds = 3 (upstream 2), recipe.eps = 1e-06 (upstream 1e-08); restore it")
+    path = variant(tmp_path, '    --lr, "5e-6",\n', "")
+    path.write_text(path.read_text().replace('    --eps, "1e-8",\n', ""))
+    args = line_starting(path, "args:")
+    assert refusal(path) == (f"{path}:{args}: launcher.args do not carry the recipe: --lr missing (recipe lr = "
+                             "5e-06); --eps missing (recipe eps = 1e-08); pass every recipe value")
+    path = variant(tmp_path, '    --lr, "5e-6",\n', '    --lr, "5e-6", "--lr=1", --lr, "5e-6",\n')
+    assert refusal(path) == (f"{path}:{args}: the recipe is set again behind its checked flag: launcher.args "
+                             "'--lr=1' sets --lr (write it once as `--lr VALUE`); launcher.args give --lr twice (the "
+                             "trainer keeps the last); remove the extra setting (the recipe is frozen)")
+    path = variant(tmp_path, "precision: fp32", "precision: fp32\nmodel: {layers: 2}")
+    path.write_text(path.read_text().replace('    --eval_freq, "50",', '    --eval_freq, "50", "--debug=yes",'))
+    assert refusal(path) == (f"{path}:{line_starting(path, 'args:')}: launcher.args shrink the declared model "
+                             "(2 layers): --debug True "
+                             f"({DEBUG_WHY}); --debug yes ({DEBUG_WHY}); remove the flag (blinding covers the "
+                             "trainer's step-0 evaluation)")
