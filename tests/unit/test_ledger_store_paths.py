@@ -1,0 +1,117 @@
+"""The ledger store's reading paths and locks (ledger.cost.store.Ledger): records, hashes, orphans, version and
+columns on the fast (framed) path and on the pyarrow fallback, a version 1 file, and repair under the exclusive lock.
+
+Expected values come from what append returned and from the version 1 fixture's known contents.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.cost import store as store_mod
+from ledger.cost.record import LedgerRecord, fields_of
+from ledger.cost.store import Ledger
+
+REPO = Path(__file__).resolve().parents[2]
+V1 = REPO / "tests" / "fixtures" / "ledger_v1.arrows"
+
+
+def _fields(run: str, package: str, status: str) -> dict[str, Any]:
+    return {"run_id": run, "package": package, "kind": "train" if package.startswith("train") else "checks",
+            "status": status, "protocol_id": "p1", "started": "2026-01-02T03:04:05Z"}
+
+
+def _fill(ledger: Ledger) -> list[LedgerRecord]:
+    return [ledger.append(**_fields(run, pkg, status)) for run, pkg, status in [
+        ("r1", "checks", "open"), ("r2", "checks", "open"), ("r1", "checks", "ok"), ("r1", "train-A", "open"),
+        ("r2", "checks", "failed")]]
+
+
+@pytest.fixture(params=["framed", "fallback"])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ledger:
+    if request.param == "fallback":  # a pyarrow whose message layout orch does not know: every read is decoded
+        monkeypatch.setattr(store_mod, "layout", lambda version=2: None)
+    return Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+
+
+def test_records_and_their_hashes_are_what_was_appended_in_order(ledger: Ledger) -> None:
+    appended = _fill(ledger)
+    assert ledger.records() == appended
+    assert ledger.records("r1") == [appended[0], appended[2], appended[3]]
+    assert ledger.records("r2") == [appended[1], appended[4]]
+    assert ledger.records("none") == []
+    assert ledger.record_hashes() == [bytes.fromhex(r.record_hash) for r in appended]
+    assert [r.seq for r in appended] == [0, 1, 2, 3, 4]
+
+
+def test_orphans_are_the_open_records_never_closed_in_ledger_order(ledger: Ledger) -> None:
+    assert ledger.orphans() == []
+    _fill(ledger)
+    assert ledger.orphans() == [("r1", "train-A")]
+    ledger.append(**_fields("r3", "train-B", "open"))
+    assert ledger.orphans() == [("r1", "train-A"), ("r3", "train-B")]
+    ledger.append(**_fields("r1", "train-A", "ok"))
+    assert ledger.orphans() == [("r3", "train-B")]
+
+
+def test_a_ledger_not_yet_written_reads_as_the_latest_version(ledger: Ledger) -> None:
+    assert ledger.version() == 2
+    assert ledger.column_names() == [n for n, _ in fields_of(2)] and "user" in ledger.column_names()
+    assert ledger.records() == [] and ledger.record_hashes() == [] and ledger.orphans() == []
+    assert not ledger.path.exists()
+
+
+def test_a_version_1_ledger_keeps_its_version_columns_and_records(tmp_path: Path, ledger: Ledger) -> None:
+    path = ledger.path
+    path.parent.mkdir(parents=True)
+    shutil.copy(V1, path)
+    assert ledger.version() == 1
+    assert ledger.column_names() == [n for n, _ in fields_of(1)] and "user" not in ledger.column_names()
+    old = ledger.records()
+    assert len(old) == 5 and all(type(r) is LedgerRecord for r in old)
+    assert old[3].started == "2026-01-02T03:04:10Z"  # version 1's own time format: seconds without a fraction
+    assert ledger.record_hashes() == [bytes.fromhex(r.record_hash) for r in old]
+    new = ledger.append(**_fields("r9", "checks", "open"))
+    assert type(new) is LedgerRecord and new.seq == 5 and new.prev_hash == old[-1].record_hash
+    assert new.started == "2026-01-02T03:04:05Z"
+    assert ledger.records("r9") == [new] and ledger.version() == 1 and ledger.verify().ok
+
+
+def _held_shared(ledger: Ledger) -> int:
+    ledger.path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(ledger.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # what a reader holds while it maps the file
+    return fd
+
+
+@pytest.mark.parametrize("action", ["repair", "append"])
+def test_repair_and_append_wait_for_a_reader_to_let_go(tmp_path: Path, action: str) -> None:
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    ledger.append(**_fields("r1", "checks", "open"))
+    fd = _held_shared(ledger)
+    done = threading.Event()
+
+    def act() -> None:
+        if action == "repair":
+            ledger.repair()
+        else:
+            ledger.append(**_fields("r1", "checks", "ok"))
+        done.set()
+
+    worker = threading.Thread(target=act)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        assert not done.is_set(), f"{action} went ahead under a reader's shared lock"
+    finally:
+        os.close(fd)  # closing the descriptor releases the reader's lock
+    worker.join(timeout=30)
+    assert done.is_set() and len(ledger.records()) == (1 if action == "repair" else 2)
