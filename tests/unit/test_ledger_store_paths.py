@@ -115,3 +115,34 @@ def test_repair_and_append_wait_for_a_reader_to_let_go(tmp_path: Path, action: s
         os.close(fd)  # closing the descriptor releases the reader's lock
     worker.join(timeout=30)
     assert done.is_set() and len(ledger.records()) == (1 if action == "repair" else 2)
+
+
+def test_the_table_holds_the_complete_records_columns(ledger: Ledger) -> None:
+    empty = ledger.table(["seq", "status"])
+    assert empty.num_rows == 0 and empty.column_names == ["seq", "status"]
+    assert ledger.table().column_names == [n for n, _ in fields_of(2)]
+    appended = _fill(ledger)
+    table = ledger.table(["seq", "run_id", "status"])
+    assert table.column_names == ["seq", "run_id", "status"]
+    assert table.to_pydict() == {"seq": [0, 1, 2, 3, 4], "run_id": [r.run_id for r in appended],
+                                 "status": [r.status for r in appended]}
+    assert ledger.table(["run_id"], dictionary=True)["run_id"].to_pylist() == [r.run_id for r in appended]
+    assert ledger.table()["record_hash"].to_pylist() == [r.record_hash for r in appended]
+
+
+def test_a_torn_tail_leaves_the_complete_records_readable(ledger: Ledger) -> None:
+    appended = _fill(ledger)
+    with ledger.path.open("ab") as f:
+        f.write(b"\xff\xff\xff\xff\x10\x00\x00\x00half a record")
+    assert ledger.table(["seq", "status"]).to_pydict() == {"seq": [0, 1, 2, 3, 4],
+                                                          "status": [r.status for r in appended]}
+    assert ledger.records() == appended and ledger.record_hashes() == [bytes.fromhex(r.record_hash) for r in appended]
+
+
+def test_a_version_1_table_has_version_1_columns_and_types(ledger: Ledger) -> None:
+    ledger.path.parent.mkdir(parents=True)
+    shutil.copy(V1, ledger.path)
+    table = ledger.table()
+    assert table.column_names == [n for n, _ in fields_of(1)] and table.num_rows == 5
+    assert str(table.schema.field("started").type) == "string"
+    assert table["started"][3].as_py() == "2026-01-02T03:04:10Z"
