@@ -8,16 +8,26 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from ledger.verdict.host_report import quiet_host_doc
 from protocol.quiet_host import QuietHost
 from workers.quiet_host import HostWatch
 
 
-def test_a_foreign_busy_process_is_named_and_nothing_else_leaks() -> None:
+def _named_python(tmp_path: Path, name: str) -> str:
+    """This Python under a name of its own (the process name is the link's): busy processes of other jobs on a
+    shared host are never mistaken for the test's."""
+    link = tmp_path / name
+    link.symlink_to(sys.executable)
+    return str(link)
+
+
+def test_a_foreign_busy_process_is_named_and_nothing_else_leaks(tmp_path: Path) -> None:
     # an orphan (its shell exits at once), so it is not in this process's tree: foreign, as another user's job
+    exe = _named_python(tmp_path, "orchforeignjob")
     out = subprocess.run(
-        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        ["sh", "-c", f"{exe} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
         capture_output=True, text=True, check=True,
     )
     pid = int(out.stdout.strip())
@@ -31,10 +41,10 @@ def test_a_foreign_busy_process_is_named_and_nothing_else_leaks() -> None:
         os.kill(pid, signal.SIGKILL)
     assert len(report.load_start) == len(report.load_end) == 3 and report.cpus >= 1
     assert report.steal is None or 0.0 <= report.steal <= 1.0
-    busy = [p for p in report.busy_foreign if p.name.startswith("python")]
+    busy = [p for p in report.busy_foreign if p.name == "orchforeignjob"]
     assert busy and busy[0].cpu_s > 0.2 and 0.0 < busy[0].core_share <= 1.5, report.busy_foreign
     dumped = report.model_dump_json(by_alias=True)
-    assert sys.executable not in dumped and '"schema":' in dumped
+    assert sys.executable not in dumped and str(tmp_path) not in dumped and '"schema":' in dumped
     assert all("/" not in p.name and p.name != os.uname().nodename for p in report.busy_foreign)
     assert report.nvml == "ok" or report.nvml.startswith("no NVML") or report.nvml.startswith("NVML error")
     again = QuietHost.model_validate_json(dumped)
@@ -42,13 +52,19 @@ def test_a_foreign_busy_process_is_named_and_nothing_else_leaks() -> None:
     assert json.loads(dumped)["busy_foreign"][0]["name"] == report.busy_foreign[0].name
 
 
-def test_own_children_are_not_foreign() -> None:
+def test_own_children_are_not_foreign(tmp_path: Path) -> None:
     watch = HostWatch()
-    child = subprocess.Popen([sys.executable, "-c", "import time; t = time.time()\nwhile time.time() - t < 1.5: pass"])
-    watch.start()
-    child.wait()
-    report = watch.finish()
-    assert all(p.cpu_s < 1.0 or not p.name.startswith("python") for p in report.busy_foreign), report.busy_foreign
+    exe = _named_python(tmp_path, "orchownchild")
+    child = subprocess.Popen([exe, "-c", "while True: pass"])  # busy and alive when the watch finishes
+    try:
+        watch.start()
+        time.sleep(1.5)
+        report = watch.finish()
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+    assert all(p.name != "orchownchild" for p in report.busy_foreign), report.busy_foreign
     assert quiet_host_doc({}, [])["launches"] == {}
 
 
