@@ -146,3 +146,32 @@ def test_a_version_1_table_has_version_1_columns_and_types(ledger: Ledger) -> No
     assert table.column_names == [n for n, _ in fields_of(1)] and table.num_rows == 5
     assert str(table.schema.field("started").type) == "string"
     assert table["started"][3].as_py() == "2026-01-02T03:04:10Z"
+
+
+def test_a_good_ledger_verifies_on_the_fast_path_and_reports_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    _fill(ledger)
+
+    def slow(*_: Any) -> Any:
+        raise AssertionError("a ledger that verifies took the record-by-record path")
+
+    monkeypatch.setattr(store_mod, "verify_slow", slow)
+    report = ledger.verify()
+    assert report.ok and report.size == 5 and report.bytes == ledger.path.stat().st_size
+    assert report.orphaned == [("r1", "train-A")]
+
+
+def test_a_truncation_keeps_an_earlier_first_bad_seq(tmp_path: Path) -> None:
+    from ledgerutil import offsets
+
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    appended = _fill(ledger)
+    data = bytearray(ledger.path.read_bytes()[: offsets(ledger.path)[4]])  # record 4 cut off: 5 appended, 4 left
+    at = data.index(appended[1].record_hash.encode(), offsets(ledger.path)[1])  # inside record 1's own columns
+    data[at] = ord("0") if data[at] != ord("0") else ord("1")
+    ledger.path.write_bytes(bytes(data))
+    report = ledger.verify()
+    assert not report.ok and report.first_bad_seq == 1 and report.bytes == len(data)
+    assert "truncated: 5 records were appended but 4 complete records remain" in report.problems
