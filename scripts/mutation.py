@@ -177,6 +177,22 @@ MODULES: dict[str, Target] = {
         "tests/unit/test_ledger_store.py::test_two_processes_append_concurrently":
             "two processes append 5000 records each (27 of the 37 s of this selection, per surviving mutant); the "
             "lock's exclusivity is pinned in half a second by test_ledger_store_paths.py's reader-lock test",
+    }, equivalent={
+        **dict.fromkeys(
+            ("ledger.cost.store.xǁLedgerǁtable__mutmut_12", "ledger.cost.store.xǁLedgerǁrecords__mutmut_8",
+             "ledger.cost.store.xǁLedgerǁ_record_hashes_of__mutmut_3", "ledger.cost.store.xǁLedgerǁverify__mutmut_3"),
+            "the framed columns (or the fast verify) also asked for an empty ledger: _columns returns None below the "
+            "schema message's size, so the same fallback runs"),
+        **dict.fromkeys(
+            [f"ledger.cost.store.xǁLedgerǁrecords__mutmut_{n}" for n in (23, 24, 29)],
+            "the run_id match's nulls filled with None or True, or zero_copy_only=None: run_id is never null, and "
+            "only the truth of zero_copy_only is read"),
+        **dict.fromkeys(
+            [f"ledger.cost.store.xǁLedgerǁorphans__mutmut_{n}" for n in (2, 3, 4, 5, 14)],
+            "orphans read from every column, or from plain (not dictionary-encoded) strings: orphans_of reads the "
+            "same four columns' values either way"),
+        "ledger.cost.store.xǁLedgerǁverify__mutmut_20": "the record hashes gathered without a head to check: they "
+                                                        "are read only for that check",
     }),
     "ledger/cost/verify.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py")),
     "ledger/files/hygiene.py": Target(("tests/unit/test_hygiene_rules.py", "tests/unit/test_hygiene.py"), equivalent={

@@ -175,3 +175,30 @@ def test_a_truncation_keeps_an_earlier_first_bad_seq(tmp_path: Path) -> None:
     report = ledger.verify()
     assert not report.ok and report.first_bad_seq == 1 and report.bytes == len(data)
     assert "truncated: 5 records were appended but 4 complete records remain" in report.problems
+
+
+def test_a_good_ledger_is_read_through_its_framed_columns_not_message_by_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    appended = _fill(ledger)
+
+    def scan(*_: Any) -> Any:
+        raise AssertionError("a framed ledger was scanned message by message")
+
+    monkeypatch.setattr(store_mod, "scan_messages", scan)
+    assert ledger.records() == appended and ledger.records("r2") == [appended[1], appended[4]]
+    assert ledger.record_hashes() == [bytes.fromhex(r.record_hash) for r in appended]
+    assert ledger.table(["seq"])["seq"].to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_a_ledger_that_does_not_extend_a_head_says_so(tmp_path: Path) -> None:
+    from ledger.cost.merkle import TreeHead
+
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    _fill(ledger)
+    wrong = TreeHead(size=3, root="ab" * 32)
+    report = ledger.verify(against=wrong)
+    assert not report.ok and report.problems == [
+        f"not an extension of tree head {wrong}: the ledger has 5 records and no consistency proof to that head "
+        "verifies"]
