@@ -193,6 +193,14 @@ MODULES: dict[str, Target] = {
             "same four columns' values either way"),
         "ledger.cost.store.xǁLedgerǁverify__mutmut_20": "the record hashes gathered without a head to check: they "
                                                         "are read only for that check",
+        "ledger.cost.store.xǁLedgerǁappend__mutmut_40": "the version also read from an empty file: file_version of "
+                                                        "no bytes is the latest, as the else branch says",
+        "ledger.cost.store.xǁLedgerǁappend__mutmut_56": "fields.pop('user') without a default: append has set "
+                                                        "fields['user'] just before, so the key is always there",
+        "ledger.cost.store.xǁLedgerǁappend__mutmut_82": "the refusal's field path joined with 'XX.XX': a ledger "
+                                                        "record's fields are flat, so the path has one part",
+        "ledger.cost.store.xǁLedgerǁappend__mutmut_95": "schema_message(None) for a new file: schema_of(None) is the "
+                                                        "version 2 schema, the latest, as for LATEST",
     }),
     "ledger/cost/verify.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py")),
     "ledger/files/hygiene.py": Target(("tests/unit/test_hygiene_rules.py", "tests/unit/test_hygiene.py"), equivalent={

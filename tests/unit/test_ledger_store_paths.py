@@ -83,6 +83,9 @@ def test_a_version_1_ledger_keeps_its_version_columns_and_records(tmp_path: Path
     assert type(new) is LedgerRecord and new.seq == 5 and new.prev_hash == old[-1].record_hash
     assert new.started == "2026-01-02T03:04:05Z"
     assert ledger.records("r9") == [new] and ledger.version() == 1 and ledger.verify().ok
+    again = ledger.append(**_fields("r9", "checks", "ok"))  # from the tail hint the first append wrote
+    assert type(again) is LedgerRecord and again.seq == 6 and again.prev_hash == new.record_hash
+    assert ledger.verify().ok and len(ledger.records()) == 7
 
 
 def _held_shared(ledger: Ledger) -> int:
@@ -202,3 +205,48 @@ def test_a_ledger_that_does_not_extend_a_head_says_so(tmp_path: Path) -> None:
     assert not report.ok and report.problems == [
         f"not an extension of tree head {wrong}: the ledger has 5 records and no consistency proof to that head "
         "verifies"]
+
+
+def test_append_fills_host_and_user_only_when_the_caller_gives_none(tmp_path: Path) -> None:
+    from ledger.cost.record import login_name
+
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    given = ledger.append(**_fields("r1", "checks", "open"), host="c" * 64, user="alice")
+    assert given.host == "c" * 64 and given.user == "alice"  # type: ignore[attr-defined]
+    filled = ledger.append(**_fields("r1", "checks", "ok"))
+    assert filled.host == ledger.host_hash() and filled.user == login_name()  # type: ignore[attr-defined]
+
+
+def test_a_new_ledger_file_is_rw_for_its_owner_and_read_only_for_others(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+        ledger.append(**_fields("r1", "checks", "open"))
+    finally:
+        os.umask(old)
+    assert ledger.path.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_tail_hint_names_the_size_the_last_records_offset_and_the_count(tmp_path: Path) -> None:
+    import json
+
+    from ledgerutil import offsets
+
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    _fill(ledger)
+    assert json.loads(ledger.tail_path.read_text()) == {"size": ledger.path.stat().st_size,
+                                                        "offset": offsets(ledger.path)[-1], "records": 5}
+
+
+def test_verify_names_at_most_20_problems_the_first_ones_first(tmp_path: Path) -> None:
+    from ledgerutil import offsets
+
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    for i in range(25):
+        ledger.append(**_fields(f"r{i}", "checks", "open"))
+    data = ledger.path.read_bytes()
+    starts = offsets(ledger.path)
+    ledger.path.write_bytes(data[: starts[0]] + data[starts[1]:])  # record 0 cut out: every later seq is one off
+    report = ledger.verify()
+    assert not report.ok and report.first_bad_seq == 0 and len(report.problems) == 20
+    assert report.problems[0] == "seq 0: seq field is 1, expected 0 (records reordered, lost or inserted)"
