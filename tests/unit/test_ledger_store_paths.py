@@ -250,3 +250,59 @@ def test_verify_names_at_most_20_problems_the_first_ones_first(tmp_path: Path) -
     report = ledger.verify()
     assert not report.ok and report.first_bad_seq == 0 and len(report.problems) == 20
     assert report.problems[0] == "seq 0: seq field is 1, expected 0 (records reordered, lost or inserted)"
+
+
+def test_an_append_reads_only_the_last_record_named_by_the_tail_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    appended = _fill(ledger)
+
+    def scan(*_: Any) -> Any:
+        raise AssertionError("an append with a valid tail hint scanned the whole ledger")
+
+    monkeypatch.setattr(store_mod, "scan_messages", scan)
+    new = ledger.append(**_fields("r1", "train-A", "ok"))
+    assert new.seq == 5 and new.prev_hash == appended[-1].record_hash
+    monkeypatch.undo()
+    assert ledger.verify().ok
+
+
+def test_the_offset_index_holds_every_records_start(tmp_path: Path) -> None:
+    import numpy as np
+    from ledgerutil import offsets
+
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    _fill(ledger)
+    assert np.fromfile(ledger.index_path, dtype="<i8").tolist() == offsets(ledger.path)
+
+
+@pytest.mark.parametrize("truncate_fails", [False, True])
+def test_a_failed_write_says_whether_the_ledger_was_left_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truncate_fails: bool
+) -> None:
+    import errno
+
+    from protocol.errors import FailedError
+
+    ledger = Ledger(tmp_path / "ledger" / "ledger.arrows", fsync=False)
+    _fill(ledger)
+    size = ledger.path.stat().st_size
+
+    def full(*_: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def cannot(*_: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(store_mod.os, "pwrite", full)
+    if truncate_fails:
+        monkeypatch.setattr(store_mod.os, "ftruncate", cannot)
+    with pytest.raises(FailedError) as err:
+        ledger.append(**_fields("r1", "train-A", "ok"))
+    state = "NOT restored; run `orch ledger verify`" if truncate_fails else f"left as it was ({size} bytes)"
+    assert err.value.message == (f"ledger write failed (No space left on device); the ledger is {state}; "
+                                 "free disk space or fix permissions and retry")
+    monkeypatch.setattr(store_mod.os, "pwrite", lambda *_: (_ for _ in ()).throw(OSError("plain failure")))
+    with pytest.raises(FailedError, match=r"^ledger write failed \(plain failure\); "):
+        ledger.append(**_fields("r1", "train-A", "ok"))
