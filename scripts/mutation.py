@@ -234,6 +234,9 @@ MODULES: dict[str, Target] = {
         "ledger.files.hygiene.x_classify_bytes__mutmut_62": "the safetensors header length read signed ('<q'): a "
                                                             "length with the top bit set is refused either way (above "
                                                             "100 MiB unsigned, below 2 signed)",
+        "ledger.files.hygiene.x_hygiene_command__mutmut_8": "Console(highlight=None): rich reads it as "
+                                                            "`highlight or (highlight is None and self._highlight)`, "
+                                                            "and self._highlight is that None: off, as with False",
         **dict.fromkeys(
             [f"ledger.files.hygiene.x_hygiene_command__mutmut_{n}" for n in (43, 45, 46)],
             "markup on for the `nothing found` line: its words hold no '[', so markup cannot change them"),
