@@ -176,6 +176,15 @@ for rnd in range(2):  # the second round: same shapes (cached launch tables), ne
         got = tx128_cuda_many([ts[i] for i in few], block=64, programs=3, first_group=first_group, capacity=capacity)
         assert got == [ref[i] for i in few], (first_group, capacity)
     assert tx128_cuda_many(ts[::-1]) == ref[::-1]  # order of the batch does not matter
+    # the wide (int64) chunk arithmetic that only a tensor of 2^29 chunks (8 GiB) turns on, forced: same values
+    import dataclasses
+    import workers.digest_triton as dt
+    narrow = dt._group_table
+    dt._group_table = lambda *a: None if narrow(*a) is None else dataclasses.replace(narrow(*a), wide=True)
+    try:
+        assert tx128_cuda_many(ts, block=16, programs=3, first_group=(4, 1 << 12)) == ref
+    finally:
+        dt._group_table = narrow
     steps = [t.reshape(-1)[:1].reshape(()).clone() for t in ts[:8] if t.numel()]  # 0-dim tensors: tails only
     assert tx128_cuda_many(steps, block=16, programs=2) == tx128_cuda_many_per_tensor(steps)
     empty = [t[:0] for t in ts[:5]]
