@@ -27,12 +27,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy protocol manifests orchestrator ledger
 
+# unit tests on every core (at most 4 processes: each is isolated in its own tmp_path; real subprocesses, locks
+# and signals stay inside a test), then the end-to-end launches one at a time (their clock checks want quiet cores)
 test: lint
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=600
+	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n auto --maxprocesses 4 tests/unit
+	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 tests/e2e
 
 # the two suites of tests/: unit (fast) and e2e (real trainers end to end, every test `slow`)
 test-fast: $(STAMP)
-	$(BIN)/pytest -q tests/unit --timeout=300
+	$(BIN)/pytest -q tests/unit --timeout=300 -n auto --maxprocesses 4
 
 test-e2e: $(STAMP)
 	$(BIN)/pytest -q tests/e2e --timeout=600
