@@ -27,9 +27,9 @@ from orchestrator.gpu_devices import DeviceProbe, probe_from_env
 from orchestrator.lock_holders import (
     Holder,
     Kind,
+    device_holders,
     lock_holders,
     lock_label,
-    nvml_holders,
     own_tree,
     read_proc_locks,
     user_name,
@@ -259,7 +259,7 @@ def _try_take(
                     proc_locks = read_proc_locks() if proc_locks is None else proc_locks
                     holders.extend(lock_holders(path, lock_label(kind, index), proc_locks))
                 elif kind == "gpu" and (
-                    busy := nvml_holders(probe, index, min_foreign_mib, own := own_tree() if own is None else own)
+                    busy := device_holders(probe, index, min_foreign_mib, own := own_tree() if own is None else own)
                 ):
                     os.close(fd)  # lock free, but someone outside gpu-run computes on it
                     holders.extend(busy)

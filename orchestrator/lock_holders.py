@@ -43,7 +43,7 @@ class Holder:
     """Who keeps one device busy: a lock holder, or a process NVML sees on the GPU."""
 
     label: str  # gpu3 / slot1 / .guard
-    reason: Literal["lock", "nvml"]
+    reason: Literal["lock", "device"]  # a lock file, or the driver's list of processes on the GPU
     pid: int | None = None
     user: str | None = None
     command: str | None = None
@@ -180,7 +180,7 @@ def own_tree() -> set[int]:
     return pids
 
 
-def nvml_holders(probe: DeviceProbe, index: int, min_foreign_mib: float, own: set[int]) -> list[Holder]:
+def device_holders(probe: DeviceProbe, index: int, min_foreign_mib: float, own: set[int]) -> list[Holder]:
     """Processes outside our tree using GPU `index` above the threshold (unknown usage counts as above)."""
     holders = []
     for pid, used in probe.foreign_users(index):
@@ -191,5 +191,5 @@ def nvml_holders(probe: DeviceProbe, index: int, min_foreign_mib: float, own: se
             continue  # display servers and the like
         user, cmd, start = _proc_facts(pid)
         since = utc_iso(start) if start is not None else None
-        holders.append(Holder(lock_label("gpu", index), "nvml", pid, user, cmd, since, "running", mib))
+        holders.append(Holder(lock_label("gpu", index), "device", pid, user, cmd, since, "running", mib))
     return holders

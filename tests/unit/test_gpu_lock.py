@@ -139,7 +139,7 @@ def test_nvml_busy_rules(tmp_path: Path, foreign_pid: int) -> None:
     with pytest.raises(LockTimeoutError) as info:
         gl.acquire(devices=[0, 1], lock_dir=locks, probe=probe, timeout=0)
     holder = info.value.holders[0]  # type: ignore[attr-defined]
-    assert (holder.label, holder.reason, holder.pid, holder.used_mib) == ("gpu0", "nvml", foreign, 2048)
+    assert (holder.label, holder.reason, holder.pid, holder.used_mib) == ("gpu0", "device", foreign, 2048)
     assert "gpu0: in use (NVML) by pid" in info.value.message and "2048 MiB" in info.value.message
     with pytest.raises(LockTimeoutError, match="memory unknown"):
         gl.acquire(devices=[1], lock_dir=locks, probe=probe, timeout=0)
