@@ -202,7 +202,33 @@ MODULES: dict[str, Target] = {
         "ledger.cost.store.xǁLedgerǁappend__mutmut_95": "schema_message(None) for a new file: schema_of(None) is the "
                                                         "version 2 schema, the latest, as for LATEST",
     }),
-    "ledger/cost/verify.py": Target(("tests/unit/test_ledger_store.py", "tests/unit/test_ledger_chain.py")),
+    "ledger/cost/verify.py": Target(("tests/unit/test_ledger_verify_rules.py", "tests/unit/test_ledger_store.py",
+                                     "tests/unit/test_ledger_chain.py"), deselect={
+        "tests/unit/test_ledger_store.py::test_two_processes_append_concurrently":
+            "two processes append 5000 records each (about 20 s of this selection, paid again per surviving mutant): "
+            "a rule of the store's lock; its ledger of 10 000 records is verified in 2 chunks, on the serial path, "
+            "which the other tests reach",
+    }, equivalent={
+        "ledger.cost.verify.x__reap__mutmut_1": "a grace of 61 s instead of 60 for a stuck child: the default is "
+                                                "only reached when the child hangs, and then both kill it",
+        "ledger.cost.verify.x__reap__mutmut_4": "`<=` for `<` at the grace deadline: differs only when "
+                                                "time.monotonic() equals the deadline to the last bit",
+        "ledger.cost.verify.x__reap__mutmut_12": "suppress(None) around the kill: os.kill of our own child that is "
+                                                 "not yet reaped never raises ProcessLookupError (a zombie keeps its "
+                                                 "pid; with SIGCHLD ignored the waitpid before raises already)",
+        **dict.fromkeys(
+            ("ledger.cost.verify.x__take_chunks__mutmut_25", "ledger.cost.verify.x__take_chunks__mutmut_27"),
+            "a bad chunk's state written as 1 or 3 instead of 2: the same bad chunk sets the stop byte, and with it "
+            "set the pass fails whatever the chunk states hold"),
+        "ledger.cost.verify.x__take_chunks__mutmut_30": "the stop byte set to 2 instead of 1: it is only read as "
+                                                        "`== 0`",
+        "ledger.cost.verify.x_verify_slow__mutmut_23": "b'XXXX' for b'' as the bytes before the first message when "
+                                                       "there is none: prev_message is read only for a message",
+        "ledger.cost.verify.x_verify_slow__mutmut_39": "'XXXX' for '' as the hash to chain to after a message that "
+                                                       "does not decode: a valid prev_hash is 64 hex characters, so "
+                                                       "neither matches it (only a record whose own prev_hash is '', "
+                                                       "already refused by its schema, would get one more line)",
+    }),
     "ledger/files/hygiene.py": Target(("tests/unit/test_hygiene_rules.py", "tests/unit/test_hygiene.py"), equivalent={
         **dict.fromkeys(
             [f"ledger.files.hygiene.x__data_listing__mutmut_{n}" for n in (1, 5, 6)]

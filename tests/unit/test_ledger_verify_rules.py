@@ -1,0 +1,202 @@
+"""The verifier's own rules, each on its own: the record-by-record pass's words and seqs, and the sharing of the fast
+pass's hashing chunks with a forked child (both processes take chunks, a bad chunk stops both, the child is reaped)."""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import pyarrow as pa
+import pytest
+
+from ledger.cost import verify
+from ledger.cost.record import GENESIS, record_hash_of, record_message, schema_message, seal
+
+BASE = {"run_id": "r", "package": "checks", "kind": "checks", "arm": None, "gpus": 1,
+        "protocol_id": "b" * 64, "host": "a" * 64, "started": "2026-01-01T00:00:00Z"}
+
+
+def _chain(n: int, version: int = 2, gpus_at: int | None = None) -> tuple[bytes, list[bytes]]:
+    """The schema message and n chained record messages of that version; record `gpus_at` holds gpus = -1
+    (re-sealed without validation: its hash and canonical JSON agree, only the schema refuses it)."""
+    prev_hash, prev_message = GENESIS, hashlib.sha256(schema_message(version)).hexdigest()
+    messages = []
+    for seq in range(n):
+        status = "open" if seq % 2 == 0 else "ok"
+        record = seal({**BASE, "status": status, "seq": seq, "prev_hash": prev_hash,
+                       "prev_message_sha256": prev_message}, version)
+        if seq == gpus_at:
+            record = record.model_copy(update={"gpus": -1})
+            record = record.model_copy(update={"record_hash": record_hash_of(record.hashed_fields())})
+        message = record_message(record)
+        messages.append(message)
+        prev_hash, prev_message = record.record_hash, hashlib.sha256(message).hexdigest()
+    return schema_message(version), messages
+
+
+def test_a_version_1_ledger_is_read_with_its_own_schema() -> None:
+    schema, messages = _chain(4, version=1)
+    buf = schema + b"".join(messages)
+    report, hashes, keys = verify.verify_slow(buf, len(buf))
+    assert report == {"ok": True, "size": 4, "problems": [], "first_bad_seq": None, "torn_at": None}
+    assert len(hashes) == 4 and keys.column("seq").to_pylist() == [0, 1, 2, 3]
+
+
+def test_a_foreign_arrow_schema_is_a_problem_of_seq_0() -> None:
+    buf = pa.schema([("x", pa.int64())]).serialize().to_pybytes()
+    report, _, _ = verify.verify_slow(buf, len(buf))
+    assert report == {"ok": False, "size": 0, "problems": ["seq 0: the file's Arrow schema is not the ledger schema"],
+                      "first_bad_seq": 0, "torn_at": None}
+
+
+def test_verification_goes_on_after_a_message_that_does_not_decode() -> None:
+    schema, messages = _chain(4)
+    damaged = bytearray(messages[1])
+    damaged[damaged.find(b"checks")] = 0xFF  # not UTF-8: the message still frames, and does not decode
+    buf = schema + messages[0] + bytes(damaged) + messages[2] + messages[3]
+    report, hashes, keys = verify.verify_slow(buf, len(buf))
+    at = len(schema) + len(messages[0])  # where record 1's message starts
+    # record 2 cannot chain to a record that was not read; records 2 and 3 are still checked and listed
+    assert report["problems"] == [f"seq 1: the message at offset {at} does not decode as a ledger record",
+                                  "seq 2: prev_hash does not chain to the previous record"]
+    assert report["first_bad_seq"] == 1 and report["size"] == 4
+    assert keys.column("seq").to_pylist() == [0, 2, 3] and len(hashes) == 3
+
+
+def test_a_record_the_schema_refuses_is_named_with_its_field_and_seq() -> None:
+    schema, messages = _chain(3, gpus_at=1)
+    buf = schema + b"".join(messages)
+    report, _, _ = verify.verify_slow(buf, len(buf))
+    assert report["problems"] == ["seq 1: schema: ('gpus',): Input should be greater than or equal to 0"]
+    assert report["first_bad_seq"] == 1 and not report["ok"]
+
+
+# -- the fast pass's work sharing: chunks from a pipe, this process and a forked child --
+
+@contextmanager
+def _only_children_exit(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """The caller is never told to exit (an AssertionError there), and a child that comes back into the caller's code
+    is ended with status 0."""
+    caller, real_exit = os.getpid(), os._exit
+
+    def exit_(code: int) -> None:
+        if os.getpid() == caller:
+            raise AssertionError(f"os._exit({code!r}) in the calling process")
+        real_exit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # the shared path runs on 2+ cores
+    try:
+        yield caller
+    finally:
+        if os.getpid() != caller:
+            real_exit(0)
+
+
+def _wait_for(cond: object, limit_s: float = 5.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not cond() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.001)
+
+
+COUNT = 40
+
+
+def test_both_processes_take_chunks_and_each_chunk_runs_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    here, child = mmap.mmap(-1, COUNT), mmap.mmap(-1, COUNT)  # shared: runs per chunk, by process
+    with _only_children_exit(monkeypatch) as caller:
+        def job(i: int) -> bool:
+            ran = here if os.getpid() == caller else child
+            ran[i] += 1
+            return True
+
+        def meanwhile() -> bool:  # this process reads the pipe only after it: wait until the child took a chunk
+            _wait_for(lambda: any(child[:]))
+            return True
+
+        assert verify._shared_chunks(COUNT, job, meanwhile) is True
+    runs = [here[i] + child[i] for i in range(COUNT)]
+    assert runs == [1] * COUNT and sum(child[:]) >= 1
+
+
+@pytest.mark.parametrize("failing", ["job", "raises", "meanwhile"])
+def test_a_failing_chunk_or_meanwhile_fails_the_shared_pass(monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    def job(i: int) -> bool:
+        if failing == "raises" and i == 30:
+            raise ValueError("damaged offsets")
+        return not (failing == "job" and i == 30)
+
+    with _only_children_exit(monkeypatch):
+        assert verify._shared_chunks(COUNT, job, lambda: failing != "meanwhile") is False
+
+
+def test_a_bad_chunk_stops_both_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = mmap.mmap(-1, COUNT)
+    with _only_children_exit(monkeypatch):
+        def job(i: int) -> bool:
+            ran[i] += 1
+            return i != 0  # the child reads the pipe first (this process runs `meanwhile`): chunk 0 is its
+
+        def meanwhile() -> bool:
+            _wait_for(lambda: ran[0])
+            return True
+
+        assert verify._shared_chunks(COUNT, job, meanwhile) is False
+    assert ran[:] == b"\x01" + bytes(COUNT - 1)  # chunk 0 failed in the child; no chunk ran after it
+
+
+def _fork(then: object) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            then()  # type: ignore[operator]
+        finally:
+            os._exit(3)
+    return pid
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def _end(pid: int) -> None:
+    with suppress(ProcessLookupError, ChildProcessError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def test_a_child_that_ends_by_itself_is_waited_for_and_reaped_at_once() -> None:
+    r, w = os.pipe()
+    pid = _fork(lambda: (time.sleep(0.2), os.write(w, b"done")))
+    try:
+        started = time.monotonic()
+        verify._reap(pid, grace_s=30.0)
+        took = time.monotonic() - started
+        os.close(w)
+        assert os.read(r, 4) == b"done"  # it was not killed before it finished
+        assert _reaped(pid)
+        assert 0.2 <= took < 0.9  # polled every 2 ms: back within moments of the child's end
+    finally:
+        os.close(r)
+        _end(pid)
+
+
+def test_a_stuck_child_is_killed_after_its_grace_and_reaped() -> None:
+    pid = _fork(lambda: time.sleep(120))
+    try:
+        started = time.monotonic()
+        verify._reap(pid, grace_s=0.3)
+        took = time.monotonic() - started
+        assert _reaped(pid)
+        assert 0.3 <= took < 10.0
+    finally:
+        _end(pid)
