@@ -276,8 +276,10 @@ MODULES: dict[str, Target] = {
             "the member names of a file that is not a zip ('' instead of None), or of a damaged zip (None instead "
             "of []): classify_bytes reads them only for a PK header, and an empty list finds no member either"),
     }),
-    "workers/probe_steps.py": Target(("tests/unit/test_probe_timing.py",), forkserver=True),
-    "workers/probe_model.py": Target(("tests/unit/test_probe_discovery.py",), forkserver=True),
+    "workers/probe_steps.py": Target(("tests/unit/test_probe_steps_rules.py", "tests/unit/test_probe_timing.py"),
+                                     forkserver=True),
+    "workers/probe_model.py": Target(("tests/unit/test_probe_model_rules.py", "tests/unit/test_probe_discovery.py"),
+                                     forkserver=True),
 }
 
 # mutmut's exit-code words (mutmut 3): what counts for the score
