@@ -8,14 +8,15 @@ import mmap
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 import pyarrow as pa
 import pytest
 
+from ledger.cost import record as record_module
 from ledger.cost import verify
-from ledger.cost.record import GENESIS, record_hash_of, record_message, schema_message, seal
+from ledger.cost.record import GENESIS, LedgerRecord, record_hash_of, record_message, schema_message, seal
 
 BASE = {"run_id": "r", "package": "checks", "kind": "checks", "arm": None, "gpus": 1,
         "protocol_id": "b" * 64, "host": "a" * 64, "started": "2026-01-01T00:00:00Z"}
@@ -37,6 +38,76 @@ def _chain(n: int, version: int = 2, gpus_at: int | None = None) -> tuple[bytes,
         messages.append(message)
         prev_hash, prev_message = record.record_hash, hashlib.sha256(message).hexdigest()
     return schema_message(version), messages
+
+
+def _altered(n: int, at: int, alter: Callable[[LedgerRecord], tuple[LedgerRecord, bytes]]) -> bytes:
+    """A chain of n records whose record `at` is written as `alter` says: (the record the next one chains onto,
+    its message bytes); the others are intact and chained."""
+    prev_hash, prev_message = GENESIS, hashlib.sha256(schema_message()).hexdigest()
+    data = schema_message()
+    for seq in range(n):
+        record = seal({**BASE, "status": "open", "seq": seq, "prev_hash": prev_hash,
+                       "prev_message_sha256": prev_message})
+        record, message = alter(record) if seq == at else (record, record_message(record))
+        data += message
+        prev_hash, prev_message = record.record_hash, hashlib.sha256(message).hexdigest()
+    return data
+
+
+def _problems(buf: bytes) -> tuple[list[str], int | None]:
+    report, _, _ = verify.verify_slow(buf, len(buf))
+    return report["problems"], report["first_bad_seq"]
+
+
+def test_a_record_sealed_with_another_seq_is_named_with_both() -> None:
+    def reseq(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        moved = seal({**record.hashed_fields(), "seq": 5})  # hash, canonical JSON and columns agree on seq 5
+        return moved, record_message(moved)
+
+    assert _problems(_altered(3, 1, reseq)) == (
+        ["seq 1: seq field is 5, expected 1 (records reordered, lost or inserted)"], 1)
+
+
+def test_a_column_that_differs_from_the_hashed_json_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    def regpu(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        hashed = record_module.canonical_json(record.hashed_fields())
+        with monkeypatch.context() as m:  # the canonical JSON (and its record_hash) as sealed, gpus 2 in its column
+            m.setattr(record_module, "canonical_json", lambda fields: hashed)
+            message = record_message(record.model_copy(update={"gpus": 2}))
+        return record, message
+
+    assert _problems(_altered(3, 1, regpu)) == (["seq 1: the columns differ from the record's canonical JSON"], 1)
+
+
+def test_a_record_hash_that_is_not_the_digest_of_its_json_is_named() -> None:
+    def rehash(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        forged = record.model_copy(update={"record_hash": "c" * 64})  # the next record chains onto it
+        return forged, record_message(forged)
+
+    assert _problems(_altered(3, 1, rehash)) == (["seq 1: record_hash is not the SHA256 of the canonical JSON"], 1)
+
+
+def test_a_wrong_message_digest_in_a_record_names_the_message_before_it() -> None:
+    def redigest(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        resealed = seal({**record.hashed_fields(), "prev_message_sha256": "d" * 64})  # in place, chained
+        return resealed, record_message(resealed)
+
+    assert _problems(_altered(3, 1, redigest)) == (
+        ["seq 0: message bytes differ from what was appended (digest in record 1)"], 0)
+
+
+@pytest.mark.parametrize("forged", ["not json", "[1]", "{}"])
+def test_a_hashed_text_that_is_not_the_records_json_is_named_and_never_crashes_the_verifier(
+        monkeypatch: pytest.MonkeyPatch, forged: str) -> None:
+    """record_hash is the SHA256 of the canonical column, which is not a JSON object, or one without the digest:
+    the columns differ from it, and the message digest is read from the column (which is right here)."""
+    def reforge(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        hashed = record.model_copy(update={"record_hash": hashlib.sha256(forged.encode()).hexdigest()})
+        with monkeypatch.context() as m:
+            m.setattr(record_module, "canonical_json", lambda fields: forged)
+            return hashed, record_message(hashed)
+
+    assert _problems(_altered(3, 1, reforge)) == (["seq 1: the columns differ from the record's canonical JSON"], 1)
 
 
 def test_a_version_1_ledger_is_read_with_its_own_schema() -> None:
