@@ -155,6 +155,10 @@ MODULES: dict[str, Target] = {
             "zip(labels, (train, watch), strict=...): both are always two long, strictness cannot change a result"),
     }),
     "ledger/verdict/audit.py": Target(("tests/unit/test_audit.py", "tests/unit/test_audit_evidence.py")),
+    "ledger/verdict/evidence.py": Target(("tests/unit/test_audit.py", "tests/unit/test_audit_evidence.py",
+                                          "tests/unit/test_integrity.py", "tests/unit/test_run_record.py",
+                                          "tests/unit/test_audit_hardening.py")),
+    "ledger/verdict/integrity.py": Target(("tests/unit/test_integrity.py", "tests/unit/test_audit.py")),
     "ledger/cost/record.py": Target(("tests/unit/test_ledger_record.py", "tests/unit/test_ledger_store.py",
                                      "tests/unit/test_ledger_chain.py"), deselect={
         "tests/unit/test_ledger_store.py::test_two_processes_append_concurrently":
