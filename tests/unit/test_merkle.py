@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.cost import merkle
+from protocol.errors import UsageError
 
 # RFC 6962 test leaves and roots as published with certificate-transparency / trillian
 LEAVES = [bytes.fromhex(x) for x in ["", "00", "10", "2021", "3031", "40414243", "5051525354555657",
@@ -139,3 +140,52 @@ def test_an_old_size_beyond_the_tree_is_refused_by_name() -> None:
         with pytest.raises(ValueError) as err:
             merkle.consistency_proof(H, old)
         assert str(err.value) == f"old size {old} is not within 0..8"
+
+
+# ---------------------------------------------------------------- tree heads: `SIZE:ROOT` and consistency with it
+
+ROOT8 = ROOTS[8]
+
+
+def test_a_tree_head_reads_and_prints_as_size_colon_root() -> None:
+    head = merkle.parse_head(f"8:{ROOT8}")
+    assert (head.size, head.root) == (8, ROOT8)
+    assert str(head) == f"8:{ROOT8}"
+    assert merkle.parse_head(f"  0:{ROOTS[0]}\n") == merkle.TreeHead(size=0, root=ROOTS[0])  # as pasted from a file
+
+
+@pytest.mark.parametrize("text", [
+    ROOT8,                      # no separator
+    f"8{ROOT8}",                # no separator, digits glued on
+    f"x:{ROOT8}",               # size not a count
+    f"-1:{ROOT8}",              # a sign is not a digit
+    f":{ROOT8}",                # empty size
+    f"8:{ROOT8[:63]}",          # 63 hex digits
+    f"8:{ROOT8}0",              # 65 hex digits
+    f"8:{ROOT8[:63]}g",         # 64 characters, one not hex
+    f"8:{ROOT8.upper()}",       # upper-case hex is not what `orch ledger head` prints
+])
+def test_a_tree_head_that_is_not_size_colon_64_hex_is_refused_in_its_own_words(text: str) -> None:
+    with pytest.raises(UsageError) as err:
+        merkle.parse_head(text)
+    assert str(err.value) == f"tree head {text!r} is not SIZE:ROOT (a record count and 64 hex digits)"
+
+
+def test_every_published_prefix_head_is_consistent_with_the_eight_leaf_tree() -> None:
+    for size in range(9):
+        assert merkle.consistent(H, merkle.TreeHead(size=size, root=ROOTS[size])), size
+
+
+def test_a_head_is_consistent_only_with_its_own_root_and_a_tree_at_least_its_size() -> None:
+    # the full tree is its own head (size == number of leaves), but not a head one record longer than the tree
+    assert merkle.consistent(H[:5], merkle.TreeHead(size=5, root=ROOTS[5]))
+    assert not merkle.consistent(H[:5], merkle.TreeHead(size=6, root=ROOTS[6]))
+    # a head of the right size with another prefix's root: the ledger was rewritten, not extended
+    assert not merkle.consistent(H, merkle.TreeHead(size=5, root=ROOTS[4]))
+    assert not merkle.consistent(H, merkle.TreeHead(size=8, root=ROOTS[7]))
+    # the same root claimed for another size
+    assert not merkle.consistent(H, merkle.TreeHead(size=6, root=ROOTS[5]))
+    # a tree whose fourth leaf changed is consistent with the heads before it and with none from it on
+    changed = [*H[:3], merkle.leaf_hash(b"2022"), *H[4:]]
+    assert [merkle.consistent(changed, merkle.TreeHead(size=s, root=ROOTS[s])) for s in range(9)] == (
+        [True] * 4 + [False] * 5)
