@@ -163,6 +163,8 @@ def test_a_tree_head_reads_and_prints_as_size_colon_root() -> None:
     f"8:{ROOT8[:63]}",          # 63 hex digits
     f"8:{ROOT8}0",              # 65 hex digits
     f"8:{ROOT8[:63]}g",         # 64 characters, one not hex
+    f"8:{ROOT8[:63]}X",         # 64 characters, one not hex
+    f"8:1:{ROOT8[2:]}",         # two separators
     f"8:{ROOT8.upper()}",       # upper-case hex is not what `orch ledger head` prints
 ])
 def test_a_tree_head_that_is_not_size_colon_64_hex_is_refused_in_its_own_words(text: str) -> None:
