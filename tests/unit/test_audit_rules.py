@@ -219,8 +219,9 @@ def test_the_command_prints_the_report_and_returns_the_document(
 
 
 def test_the_command_prints_each_problem_as_one_unstyled_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")  # a colour terminal: rich would highlight numbers and quotes if asked
     run_dir = make_run(tmp_path, spec=RunSpec(stop_at="train-C"))
     doc = json.loads((run_dir / "run.json").read_text())
     other = "[bold]run0[/bold]-" + "x" * 90  # markup words and a name longer than the 80 columns of a pipe
@@ -282,3 +283,44 @@ def test_a_sealed_score_changed_after_the_checks_is_refused_after_the_record(
     assert doc["dev_score"] == {"informational": True, "verified": False,
                                 "sha256": _sha(b'{"dev_geneval": 0.99}\n'), "metrics": None}
     assert _ledger(tmp_path).records()[-1].kind == "audit"  # the verdict was recorded before the score was read
+
+
+def test_an_audit_recorded_before_a_later_section_stays_as_recorded_unless_that_section_differs(
+    tmp_path: Path,
+) -> None:
+    run_dir = make_run(tmp_path)
+    audit_run(tmp_path, "run1")
+    doc = json.loads((run_dir / "audit.json").read_bytes())
+    del doc["probe_cost"]  # ADDED_LATER: an audit.json recorded before the section existed lacks it
+    (run_dir / "audit.json").write_bytes(canonical_bytes(doc))
+    again = audit_run(tmp_path, "run1")
+    assert not again.written and again.document == doc and "probe_cost" not in again.document
+    doc["probe_cost"] = {"rows": []}  # present but not what the evidence gives: refused like any other section
+    (run_dir / "audit.json").write_bytes(canonical_bytes(doc))
+    with pytest.raises(FailedError) as err:
+        audit_run(tmp_path, "run1")
+    assert "differs from a recomputation in probe_cost;" in err.value.message
+
+
+def test_a_run_published_from_another_ledger_is_refused_before_anything_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # published evidence in the repository around the working folder saw run1 in a ledger with another id: the
+    # ledger was replaced since (the witness check gets the repository and the run id)
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "docs" / "validation").mkdir(parents=True)
+    evidence = {"ledger_id": "f" * 64, "run_id": "run1", "ledger_head": {"size": 1, "root": "0" * 64}}
+    (repo / "docs" / "validation" / "run1.json").write_text(json.dumps(evidence))
+    (repo / "sub").mkdir()
+    monkeypatch.chdir(repo / "sub")
+    run_dir = make_run(tmp_path / "home")
+    with pytest.raises(FailedError) as err:
+        audit_run(tmp_path / "home", "run1")
+    assert err.value.message == (
+        "docs/validation/run1.json saw run run1 in another ledger (ffffffffffff): the ledger that holds it was "
+        "replaced since; no audit: restore the ledger from a copy"
+    )
+    assert not any((run_dir / name).exists() for name in WRITTEN)
+    make_run(tmp_path / "home", "run2")  # another run of this ledger is not refused by it
+    assert audit_run(tmp_path / "home", "run2").verdict == "accepted"
