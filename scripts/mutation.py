@@ -190,6 +190,16 @@ MODULES: dict[str, Target] = {
             ("ledger.verdict.evidence.x__package_problems__mutmut_26",
              "ledger.verdict.evidence.x__package_problems__mutmut_28"),
             "opens.get(name, None) / opens.get(name) for a package without an open record: None is false, as 0"),
+        **dict.fromkeys(
+            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (28, 29, 120, 194)],
+            "the value a missing piece starts with (protocol_sha '' as None or 'XXXX', n_steps 0 as 1 without a "
+            "protocol, watch_steps {} as None without a replay): each is kept only when that piece is there, and "
+            "without it the run is refused before the value is used or returned"),
+        **dict.fromkeys(
+            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (223, 224, 225, 226, 227)],
+            "`or` -> `and` after `problems` in the refusal's condition: each later term implies a problem line (a "
+            "missing run.json, protocol, result or replay adds one, and every package in `bad` has its line), so "
+            "the condition is `problems` either way; the terms narrow the types for mypy"),
     }),
     # test_audit.py's altered-evidence tests reach verify_integrity through whole audits (1-2 s each per surviving
     # mutant); test_integrity_rules.py pins each check on its own

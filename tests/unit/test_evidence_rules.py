@@ -431,3 +431,32 @@ def test_step_files_of_the_trains_and_the_replay_are_checked_against_the_protoco
         "packages/train-C/steps.rank1.jsonl: 15 step lines, expected steps 0-15",
         "packages/watch-C/steps.rank0.jsonl: missing",
     ]
+
+
+def test_a_run_1_record_is_refused_naming_the_run_audited(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "run5")
+    _rewrite(run_dir / "run.json", schema="orch.run/1")
+    with pytest.raises(IncompleteRunError) as err:
+        _collect(tmp_path, "run5")
+    assert err.value.message.startswith("run run5 is an orch.run/1 run, recorded before the watched replay")
+
+
+def test_run_jsons_own_word_on_a_package_counts_in_a_whole_run(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    doc = json.loads((run_dir / "run.json").read_text())
+    doc["packages"] = [{**p, "status": "failed"} if p["name"] == "reload-B" else p
+                       for p in doc["packages"] if p["name"] != "train-A"]
+    (run_dir / "run.json").write_text(json.dumps(doc))
+    assert _problems(tmp_path)[1] == [
+        "package train-A: ok in the ledger but absent from run.json",
+        "package reload-B: ok in the ledger but 'failed' in run.json",
+    ]
+
+
+def test_a_run_stopped_in_its_checks_names_the_package_not_its_missing_result(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(stop_at="checks"))
+    assert _problems(tmp_path)[1] == [
+        "run status is 'interrupted', not 'complete'",
+        "package checks: interrupted (exit -15)",
+        *(f"package {n}: not-run: not reached" for n in PACKAGES[1:]),
+    ]
