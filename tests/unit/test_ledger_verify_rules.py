@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -108,6 +109,31 @@ def test_a_hashed_text_that_is_not_the_records_json_is_named_and_never_crashes_t
             return hashed, record_message(hashed)
 
     assert _problems(_altered(3, 1, reforge)) == (["seq 1: the columns differ from the record's canonical JSON"], 1)
+
+
+def _with_canonical(record: LedgerRecord, canonical: str, monkeypatch: pytest.MonkeyPatch, **columns: Any) -> bytes:
+    """The message of `record` with these columns changed and this text in its canonical column."""
+    with monkeypatch.context() as m:
+        m.setattr(record_module, "canonical_json", lambda fields: canonical)
+        return record_message(record.model_copy(update=columns))
+
+
+def test_an_altered_digest_column_under_an_intact_json_blames_this_record_not_the_one_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def recolumn(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        intact = record_module.canonical_json(record.hashed_fields())  # its SHA256 is still the record_hash
+        return record, _with_canonical(record, intact, monkeypatch, prev_message_sha256="d" * 64)
+
+    assert _problems(_altered(3, 1, recolumn)) == (["seq 1: the columns differ from the record's canonical JSON"], 1)
+
+
+def test_the_digest_in_a_json_that_its_hash_does_not_pin_is_not_believed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def rejson(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        other = record_module.canonical_json({**record.hashed_fields(), "prev_message_sha256": "d" * 64})
+        return record, _with_canonical(record, other, monkeypatch)  # columns and record_hash as sealed
+
+    assert _problems(_altered(3, 1, rejson)) == (["seq 1: the columns differ from the record's canonical JSON",
+                                                  "seq 1: record_hash is not the SHA256 of the canonical JSON"], 1)
 
 
 def test_a_version_1_ledger_is_read_with_its_own_schema() -> None:
