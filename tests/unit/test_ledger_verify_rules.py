@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -17,7 +18,8 @@ import pytest
 
 from ledger.cost import record as record_module
 from ledger.cost import verify
-from ledger.cost.record import GENESIS, LedgerRecord, record_hash_of, record_message, schema_message, seal
+from ledger.cost.record import GENESIS, LedgerRecord, record_hash_of, record_message, schema_message, schema_of, seal
+from ledger.cost.store import Ledger
 
 BASE = {"run_id": "r", "package": "checks", "kind": "checks", "arm": None, "gpus": 1,
         "protocol_id": "b" * 64, "host": "a" * 64, "started": "2026-01-01T00:00:00Z"}
@@ -136,12 +138,97 @@ def test_the_digest_in_a_json_that_its_hash_does_not_pin_is_not_believed(monkeyp
                                                   "seq 1: record_hash is not the SHA256 of the canonical JSON"], 1)
 
 
+KEYS = pa.schema([("seq", pa.int64()), ("run_id", pa.string()), ("package", pa.string()), ("status", pa.string())])
+
+
+def test_the_last_message_must_be_its_records_own_serialization() -> None:
+    def v4(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        """The same record batch written with Arrow's older metadata version: it decodes to the same record."""
+        batch = pa.ipc.read_record_batch(pa.ipc.read_message(record_message(record)), schema_of(2))
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(metadata_version=pa.ipc.MetadataVersion.V4)
+        with pa.ipc.new_stream(sink, schema_of(2), options=options) as writer:
+            writer.write_batch(batch)
+        reader = pa.BufferReader(sink.getvalue())
+        pa.ipc.read_message(reader)  # the schema
+        start = reader.tell()
+        pa.ipc.read_message(reader)
+        message = sink.getvalue().to_pybytes()[start : reader.tell()]
+        assert message != record_message(record)
+        return record, message
+
+    assert _problems(_altered(3, 2, v4)) == (["seq 2: the last message's bytes are not its record's serialization"], 2)
+
+
+def test_a_torn_tail_is_named_with_its_bytes_and_offset() -> None:
+    whole = _altered(3, -1, lambda record: (record, b""))
+    buf = whole + record_message(seal({**BASE, "status": "ok", "seq": 3, "prev_hash": "e" * 64,
+                                       "prev_message_sha256": "f" * 64}))[:100]
+    report, hashes, keys = verify.verify_slow(buf, len(buf))
+    assert report == {"ok": False, "size": 3, "first_bad_seq": 3, "torn_at": len(whole), "problems": [
+        f"seq 3: torn tail: 100 bytes at offset {len(whole)} do not parse as a complete record; "
+        "run `orch ledger repair` to move them aside"]}
+    assert len(hashes) == 3 and keys.num_rows == 3
+
+
+def test_problems_are_listed_in_seq_order_not_in_the_order_found() -> None:
+    def both(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        bad = seal({**record.hashed_fields(), "prev_message_sha256": "d" * 64}).model_copy(update={"gpus": -1})
+        bad = bad.model_copy(update={"record_hash": record_hash_of(bad.hashed_fields())})
+        return bad, record_message(bad)  # found at record 1: its schema, then the message before it
+
+    assert _problems(_altered(3, 1, both)) == (
+        ["seq 0: message bytes differ from what was appended (digest in record 1)",
+         "seq 1: schema: ('gpus',): Input should be greater than or equal to 0"], 0)
+
+
+def test_the_slow_pass_gives_each_records_hash_and_keys() -> None:
+    buf = _altered(3, -1, lambda record: (record, b""))
+    report, hashes, keys = verify.verify_slow(buf, len(buf))
+    assert report["ok"]
+    records = [seal({**BASE, "status": "open", "seq": 0, "prev_hash": GENESIS,
+                     "prev_message_sha256": hashlib.sha256(schema_message()).hexdigest()})]
+    assert hashes[0] == bytes.fromhex(records[0].record_hash) and len(hashes) == 3
+    assert keys.schema == KEYS
+    assert keys.to_pylist() == [{"seq": i, "run_id": "r", "package": "checks", "status": "open"} for i in range(3)]
+
+
+def test_a_record_hash_that_is_not_hex_is_left_out_of_the_hashes() -> None:
+    def unhex(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        return record, record_message(record.model_copy(update={"record_hash": "z" * 64}))
+
+    buf = _altered(3, 1, unhex)
+    report, hashes, keys = verify.verify_slow(buf, len(buf))
+    assert report["problems"][0].startswith("seq 1: schema: ('record_hash',): String should match pattern")
+    assert len(hashes) == 2 and keys.num_rows == 3
+
+
+def test_the_keys_of_an_empty_result_have_the_same_columns() -> None:
+    buf = pa.schema([("x", pa.int64())]).serialize().to_pybytes()
+    _, hashes, keys = verify.verify_slow(buf, len(buf))
+    assert hashes == [] and keys.num_rows == 0 and keys.schema == KEYS
+
+
+@pytest.mark.parametrize("chunk", [3, 4, 10])  # 4 chunks (shared with the child), 3 (this process alone), 1
+def test_a_good_ledger_is_decided_by_the_vectorised_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         chunk: int) -> None:
+    path = tmp_path / "ledger.arrows"
+    path.write_bytes(_altered(10, -1, lambda record: (record, b"")))
+    buf = path.read_bytes()
+    with _only_children_exit(monkeypatch):
+        fast = Ledger(path, verify_chunk=chunk)._verify_fast(buf, len(buf))
+    assert fast is not None
+    n, keys = fast
+    assert n == 10 and keys.column("seq").to_pylist() == list(range(10))
+    assert keys.column("status").to_pylist() == ["open"] * 10
+
+
 def test_a_version_1_ledger_is_read_with_its_own_schema() -> None:
     schema, messages = _chain(4, version=1)
     buf = schema + b"".join(messages)
     report, hashes, keys = verify.verify_slow(buf, len(buf))
     assert report == {"ok": True, "size": 4, "problems": [], "first_bad_seq": None, "torn_at": None}
-    assert len(hashes) == 4 and keys.column("seq").to_pylist() == [0, 1, 2, 3]
+    assert len(hashes) == 4 and keys.column("seq").to_pylist() == [0, 1, 2, 3] and keys.schema == KEYS
 
 
 def test_a_foreign_arrow_schema_is_a_problem_of_seq_0() -> None:
