@@ -16,6 +16,10 @@ torch = pytest.importorskip("torch")
 from workers import probe_model  # noqa: E402
 from workers.probe_model import collapse, discover, named_tensors, param_group, save_checkpoint  # noqa: E402
 
+# a process's first optimizer imports torch's compiler stack (about 3 s here): done once, when the tests are collected
+# (mutmut forks each mutant's run from a process that has collected them)
+torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
 
 def _frozen(module: Any) -> Any:
     for p in module.parameters():
@@ -176,6 +180,8 @@ def test_a_checkpoint_holds_each_ranks_local_shards_and_their_layout(tmp_path: P
         "optim/w/exp_avg": torch.full((3, 2), 0.5),
         "optim/<group1.0>/step": torch.tensor(7.0),
         "optim/odd/name/exp_avg": torch.zeros(1),  # a name with a '/' in it: the key is what follows the last one
+        "param/view": torch.arange(1000.0)[10:12],  # views into a larger buffer (as a flat parameter's are)
+        "optim/view/exp_avg": torch.arange(1000.0)[:3],
     }
     folder = tmp_path / "a" / "ckpt"
     name, sha = save_checkpoint(tensors, folder, 1, 2)
@@ -187,11 +193,17 @@ def test_a_checkpoint_holds_each_ranks_local_shards_and_their_layout(tmp_path: P
     doc = torch.load(path)
     assert (doc["schema"], doc["rank"], doc["world_size"]) == ("orch.ckpt/1", 1, 2)
     assert doc["param_meta"] == {"w": {"global_shape": [3, 2], "placement": "replicate"},
+                                 "view": {"global_shape": [2], "placement": "replicate"},
                                  "emb": {"global_shape": [4, 4], "placement": "shard0"},
                                  "col": {"global_shape": [4, 4], "placement": "('Shard(dim=1)',)"}}
     assert torch.equal(doc["params"]["w"], w) and torch.equal(doc["params"]["emb"], torch.ones(2, 4))
-    assert list(doc["params"]) == ["w", "emb", "col"]
-    assert list(doc["optim"]) == ["w", "<group1.0>", "odd/name"] and list(doc["optim"]["odd/name"]) == ["exp_avg"]
+    assert list(doc["params"]) == ["w", "emb", "col", "view"]
+    assert list(doc["optim"]) == ["w", "<group1.0>", "odd/name", "view"]
+    assert list(doc["optim"]["odd/name"]) == ["exp_avg"]
+    # a view is saved as its own elements, not the buffer under it: 2 and 3 float32 values
+    assert torch.equal(doc["params"]["view"], torch.tensor([10.0, 11.0]))
+    assert doc["params"]["view"].untyped_storage().nbytes() == 8
+    assert doc["optim"]["view"]["exp_avg"].untyped_storage().nbytes() == 12
     assert torch.equal(doc["optim"]["w"]["exp_avg"], torch.full((3, 2), 0.5))
     assert torch.equal(doc["optim"]["<group1.0>"]["step"], torch.tensor(7.0))
     assert doc["devices"] == dict.fromkeys(tensors, "cpu")
