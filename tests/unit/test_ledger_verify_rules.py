@@ -223,6 +223,22 @@ def test_a_good_ledger_is_decided_by_the_vectorised_pass(tmp_path: Path, monkeyp
     assert keys.column("status").to_pylist() == ["open"] * 10
 
 
+@pytest.mark.parametrize("chunk", [2, 10])  # the bad record inside a chunk, or in the only one
+def test_the_vectorised_pass_declines_a_record_sealed_with_another_seq(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       chunk: int) -> None:
+    def reseq(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        moved = seal({**record.hashed_fields(), "seq": 5})  # hash, canonical JSON, columns and chain all agree
+        return moved, record_message(moved)
+
+    path = tmp_path / "ledger.arrows"
+    path.write_bytes(_altered(10, 3, reseq))
+    buf = path.read_bytes()
+    with _only_children_exit(monkeypatch):
+        assert Ledger(path, verify_chunk=chunk)._verify_fast(buf, len(buf)) is None
+    report = Ledger(path, verify_chunk=chunk).verify()
+    assert (report.ok, report.first_bad_seq) == (False, 3)
+
+
 def test_a_version_1_ledger_is_read_with_its_own_schema() -> None:
     schema, messages = _chain(4, version=1)
     buf = schema + b"".join(messages)
