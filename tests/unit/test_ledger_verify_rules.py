@@ -90,13 +90,14 @@ def test_a_record_hash_that_is_not_the_digest_of_its_json_is_named() -> None:
     assert _problems(_altered(3, 1, rehash)) == (["seq 1: record_hash is not the SHA256 of the canonical JSON"], 1)
 
 
-def test_a_wrong_message_digest_in_a_record_names_the_message_before_it() -> None:
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_wrong_message_digest_in_a_record_names_the_message_before_it(at: int) -> None:
     def redigest(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
         resealed = seal({**record.hashed_fields(), "prev_message_sha256": "d" * 64})  # in place, chained
         return resealed, record_message(resealed)
 
-    assert _problems(_altered(3, 1, redigest)) == (
-        ["seq 0: message bytes differ from what was appended (digest in record 1)"], 0)
+    assert _problems(_altered(3, at, redigest)) == (
+        [f"seq {at - 1}: message bytes differ from what was appended (digest in record {at})"], at - 1)
 
 
 @pytest.mark.parametrize("forged", ["not json", "[1]", "{}"])

@@ -28,7 +28,7 @@ def _frozen(module: Any) -> Any:
 
 
 class Net(torch.nn.Module):
-    """scale (1, frozen), vit (6, frozen), head (3), mixed.0 (6, frozen), mixed.1 (6), layers.0/1 (2 each)."""
+    """scale (1, frozen), vit (6, frozen), head (3), mixed.0 (6, frozen), mixed.1 (6), layers.0/1 (4 each)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -36,7 +36,7 @@ class Net(torch.nn.Module):
         self.vit = _frozen(torch.nn.Linear(2, 2))
         self.head = torch.nn.Linear(2, 1)
         self.mixed = torch.nn.Sequential(_frozen(torch.nn.Linear(2, 2)), torch.nn.Linear(2, 2))
-        self.layers = torch.nn.ModuleList([torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)])
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(1, 2), torch.nn.Linear(1, 2)])
 
 
 class Alpha(torch.nn.Linear):
@@ -82,7 +82,7 @@ def test_discovery_finds_the_trained_module_and_the_recipe(monkeypatch: pytest.M
     ref, ref2 = torch.nn.Linear(3, 3), _frozen(torch.nn.Linear(1, 1))  # 12 elements (its 9 weights frozen), 2 frozen
     ref.weight.requires_grad_(False)
     aux = torch.nn.Sequential(_frozen(torch.nn.Linear(2, 2)), torch.nn.Linear(2, 2))  # 6 frozen, 6 not
-    wrapper = torch.nn.Sequential(net.vit)  # holds only the trained module's own frozen parameters
+    wrapper = torch.nn.Sequential(net.vit, net.mixed)  # only the trained module's parameters; sorts before aux
     side = torch.nn.Linear(1, 1)  # trained too, in the second group: covers 2 of the optimized parameters
     helper = torch.nn.Linear(4, 4)  # live, trainable, not optimized: neither root nor frozen
     trained = [p for p in net.parameters() if p.requires_grad]
@@ -90,7 +90,8 @@ def test_discovery_finds_the_trained_module_and_the_recipe(monkeypatch: pytest.M
                                     "weight_decay": 0.1},
                                    {"params": list(side.parameters()), "lr": 5e-4}])
     optimizer.param_groups[0]["initial_lr"] = 2e-3
-    _live(monkeypatch, [helper, "a string", side, ref2, wrapper, net.vit, aux, net, ref, net.head])
+    # every live module, the inner ones too, as gc lists them
+    _live(monkeypatch, [helper, "a string", side, ref2, wrapper, aux, net, ref, *aux, *net.modules()])
     found = discover(optimizer, 1.0)
     assert found.root is net
     assert found.param_names == {id(p): n for n, p in net.named_parameters()}
@@ -99,9 +100,9 @@ def test_discovery_finds_the_trained_module_and_the_recipe(monkeypatch: pytest.M
     assert recipe == {
         "optimizer": "AdamW", "lr": 0.002, "betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.1,
         "max_grad_norm": 1.0, "frozen": ["scale", "vit", "mixed.0", "Linear#0:weight", "Linear#1", "Sequential#0:0"],
-        "trainable_params": 3 + 6 + 4, "frozen_params": (1 + 6 + 6) + (9 + 2 + 6), "layers": {"layers": 2},
-        "trainable": ["head", "mixed.1", "layers"], "optimizer_params": 13 + 2}
-    assert [(g["tensors"], g["numel"], g["hyper"]["lr"]) for g in groups] == [(8, 13, "0.002"), (2, 2, "0.0005")]
+        "trainable_params": 3 + 6 + 8, "frozen_params": (1 + 6 + 6) + (9 + 2 + 6), "layers": {"layers": 2},
+        "trainable": ["head", "mixed.1", "layers"], "optimizer_params": 17 + 2}
+    assert [(g["tensors"], g["numel"], g["hyper"]["lr"]) for g in groups] == [(8, 17, "0.002"), (2, 2, "0.0005")]
 
 
 class Plain(torch.optim.Optimizer):
