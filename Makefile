@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test test-fast test-e2e test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null attack mutation clean
+.PHONY: all install lint test slurm-packages test-fast test-e2e test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null attack mutation clean
 
 all: test
 
@@ -28,10 +28,19 @@ lint: $(STAMP)
 	$(BIN)/mypy protocol manifests orchestrator ledger
 
 # unit tests on every core (at most 4 processes: each is isolated in its own tmp_path; real subprocesses, locks
-# and signals stay inside a test), then the end-to-end launches one at a time (their clock checks want quiet cores)
-test: lint
+# and signals stay inside a test), then the end-to-end launches one at a time (their clock checks want quiet cores),
+# then the Slurm acceptance subset on a local Slurm cluster (README "On a Slurm cluster"): Debian's packages are
+# installed in the background from the start when ORCH_INSTALL_SYSTEM_PACKAGES=1 (.ci/run), root and apt-get allow;
+# without them the Slurm tests skip, saying why
+test: slurm-packages lint
 	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n auto --maxprocesses 4 tests/unit
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 tests/e2e
+	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 tests/e2e --ignore=tests/e2e/test_slurm_e2e.py
+	@bash scripts/slurm_packages.sh wait
+	ORCH_SLURM_TESTS=ci $(BIN)/pytest -q -p no:cacheprovider --timeout=900 -m slurm_ci tests/e2e/test_slurm_e2e.py
+
+# starts the background install of Debian's Slurm packages where allowed (scripts/slurm_packages.sh); returns at once
+slurm-packages:
+	@bash scripts/slurm_packages.sh start
 
 # the two suites of tests/: unit (fast) and e2e (real trainers end to end, every test `slow`)
 test-fast: $(STAMP)
@@ -40,7 +49,8 @@ test-fast: $(STAMP)
 test-e2e: $(STAMP)
 	$(BIN)/pytest -q tests/e2e --timeout=600
 
-# a real local Slurm cluster (Debian's slurm-wlm, slurmdbd, mariadb, munge installed; README "On a Slurm cluster")
+# all seven Slurm tests on a real local Slurm cluster, the two-node run on the shipped protocol (Debian's slurm-wlm,
+# slurmdbd, mariadb-server, munge installed, as root; README "On a Slurm cluster"); installs nothing
 test-slurm: $(STAMP)
 	ORCH_SLURM_TESTS=1 $(BIN)/pytest -q tests/e2e/test_slurm_e2e.py --timeout=900
 
