@@ -7,7 +7,8 @@
 #                                     tests will skip (they then skip, naming what is missing)
 # Never installs anything unless ORCH_INSTALL_SYSTEM_PACKAGES=1. State and apt's log: .slurm-packages/ (git-ignored).
 set -u
-cd "$(dirname "$0")/.."
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$SELF")/.."
 STATE=.slurm-packages
 PACKAGES="slurm-wlm slurmdbd munge mariadb-server"
 # what tests/e2e/slurm_cluster.py's missing() needs (the commands, and slurmdbd's MySQL plugin)
@@ -60,8 +61,9 @@ start() {
     elif ! command -v apt-get >/dev/null 2>&1; then
         say "slurm: Debian's Slurm packages are not installed and there is no apt-get: the Slurm tests skip"
     else
-        nice -n 10 bash "$0" install < /dev/null > /dev/null 2>&1 &
+        nice -n 10 bash "$SELF" install < /dev/null > /dev/null 2>&1 &
         echo $! > "$STATE/pid"
+        echo "slurm: installing $PACKAGES with apt-get in the background (log: $STATE/apt.log)"
     fi
 }
 
