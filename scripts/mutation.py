@@ -358,6 +358,8 @@ MODULES: dict[str, Target] = {
                                      forkserver=True, equivalent={
         "workers.probe_model.x_discover__mutmut_21": "each covered parameter counted 2 instead of 1: the counts are "
                                                      "only compared with each other and with 0, so the same root",
+        "workers.probe_model.x_collapse__mutmut_17": "named_parameters(recurse=None): only its truth is read, as "
+                                                     "with False",
         "workers.probe_model.x_discover__mutmut_65": "`or` for `and` in the other modules' filter: it adds modules "
                                                      "with no frozen parameter of their own (and the root), which the "
                                                      "loop skips as having none, so no label or count changes",
@@ -413,8 +415,11 @@ def _results(work: Path, mutmut: Path) -> dict[str, str]:
     return {m.group(1): m.group(2).strip() for line in proc.stdout.splitlines() if (m := _RESULT.match(line))}
 
 
-def run_module(module: str, target: Target, timeout: float, max_children: int, mutmut: Path) -> dict[str, Any]:
-    work = _prepare(module, target)
+def run_module(module: str, target: Target, timeout: float, max_children: int, mutmut: Path,
+               resume: bool = False) -> dict[str, Any]:
+    work = SCRATCH / module.replace("/", "__").removesuffix(".py")
+    if not (resume and (work / "mutants").is_dir()):
+        work = _prepare(module, target)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     started = time.monotonic()
     complete = True
@@ -496,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per module before it is stopped")
     ap.add_argument("--max-children", type=int, default=2, help="mutants tested at once")
     ap.add_argument("--json", type=Path, default=SCRATCH / "scores.json", help="where the figures are written")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue a run stopped by --timeout in its scratch copy (mutmut keeps the mutants it judged; "
+                         "the wall time is then the continuation's only)")
     args = ap.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -509,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for module in args.modules or list(MODULES):
         print(f"mutation: {module} against {' '.join(MODULES[module].tests)} ...", flush=True)
-        row = run_module(module, MODULES[module], args.timeout, args.max_children, mutmut)
+        row = run_module(module, MODULES[module], args.timeout, args.max_children, mutmut, args.resume)
         work = SCRATCH / module.replace("/", "__").removesuffix(".py")
         row["survivor_diffs"] = {n: _show(work, mutmut, n)
                                  for n in [*row["survived"], *row["uncovered"]]}

@@ -66,6 +66,7 @@ def test_frozen_and_trainable_names_collapse_by_module() -> None:
     assert collapse(net, "m.", frozen=False) == ["m.head", "m.mixed.1", "m.layers"]
     assert collapse(_frozen(torch.nn.Linear(2, 2)), "") == ["<all>"]
     assert collapse(_frozen(torch.nn.Linear(2, 2)), "vit.") == ["vit"]
+    assert collapse(_frozen(torch.nn.Linear(2, 2)), "projX.") == ["projX"]  # only the one trailing dot goes
     # the trained module itself is named by its parts, never '<all>'
     assert collapse(torch.nn.Linear(2, 2), "", frozen=False) == ["weight", "bias"]
     assert collapse(torch.nn.Linear(2, 2), "") == []
@@ -81,6 +82,7 @@ def test_discovery_finds_the_trained_module_and_the_recipe(monkeypatch: pytest.M
     net = Net()
     ref, ref2 = torch.nn.Linear(3, 3), _frozen(torch.nn.Linear(1, 1))  # 12 elements (its 9 weights frozen), 2 frozen
     ref.weight.requires_grad_(False)
+    ref3 = _frozen(torch.nn.Linear(2, 1))  # 3 frozen: a third Linear, between the two by size
     aux = torch.nn.Sequential(_frozen(torch.nn.Linear(2, 2)), torch.nn.Linear(2, 2))  # 6 frozen, 6 not
     wrapper = torch.nn.Sequential(net.vit, net.mixed)  # only the trained module's parameters; sorts before aux
     side = torch.nn.Linear(1, 1)  # trained too, in the second group: covers 2 of the optimized parameters
@@ -91,7 +93,7 @@ def test_discovery_finds_the_trained_module_and_the_recipe(monkeypatch: pytest.M
                                    {"params": list(side.parameters()), "lr": 5e-4}])
     optimizer.param_groups[0]["initial_lr"] = 2e-3
     # every live module, the inner ones too, as gc lists them
-    _live(monkeypatch, [helper, "a string", side, ref2, wrapper, aux, net, ref, *aux, *net.modules()])
+    _live(monkeypatch, [helper, "a string", side, ref2, wrapper, aux, net, ref, ref3, *aux, *net.modules()])
     found = discover(optimizer, 1.0)
     assert found.root is net
     assert found.param_names == {id(p): n for n, p in net.named_parameters()}
@@ -99,8 +101,9 @@ def test_discovery_finds_the_trained_module_and_the_recipe(monkeypatch: pytest.M
     groups = recipe.pop("param_groups")
     assert recipe == {
         "optimizer": "AdamW", "lr": 0.002, "betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.1,
-        "max_grad_norm": 1.0, "frozen": ["scale", "vit", "mixed.0", "Linear#0:weight", "Linear#1", "Sequential#0:0"],
-        "trainable_params": 3 + 6 + 8, "frozen_params": (1 + 6 + 6) + (9 + 2 + 6), "layers": {"layers": 2},
+        "max_grad_norm": 1.0,
+        "frozen": ["scale", "vit", "mixed.0", "Linear#0:weight", "Linear#1", "Linear#2", "Sequential#0:0"],
+        "trainable_params": 3 + 6 + 8, "frozen_params": (1 + 6 + 6) + (9 + 3 + 2 + 6), "layers": {"layers": 2},
         "trainable": ["head", "mixed.1", "layers"], "optimizer_params": 17 + 2}
     assert [(g["tensors"], g["numel"], g["hyper"]["lr"]) for g in groups] == [(8, 17, "0.002"), (2, 2, "0.0005")]
 
