@@ -277,11 +277,12 @@ MODULES: dict[str, Target] = {
             "TypeError dropped from the suppress around bytes.fromhex(str(...)): it is given a str, and raises only "
             "ValueError, which is still matched first"),
         **dict.fromkeys(
-            [f"ledger.cost.verify.x__chain_chunk__mutmut_{n}" for n in (69, 72, 73)],
-            "zip(c_lo, c_hi, strict=...): both are cut from the same chunk's arrays to hi - lo entries, so "
-            "strictness cannot change a result"),
+            [f"ledger.cost.verify.x__chain_chunk__mutmut_{n}" for n in (69, 72, 73, 97, 100, 101)],
+            "zip(c_lo, c_hi, strict=...) and zip(m_lo, m_hi, strict=...): each pair is cut from the same arrays to "
+            "the same length, so strictness cannot change a result"),
         **dict.fromkeys(
-            ("ledger.cost.verify.x__chain_chunk__mutmut_78", "ledger.cost.verify.x__chain_chunk__mutmut_79"),
+            ("ledger.cost.verify.x__chain_chunk__mutmut_78", "ledger.cost.verify.x__chain_chunk__mutmut_79",
+             "ledger.cost.verify.x__chain_chunk__mutmut_80"),
             "the file size appended to the message bounds always, or never: the bounds are cut to top - lo - 1 "
             "messages, which never reach that last entry (the ledger's last message is pinned by no later digest)"),
         "ledger.cost.verify.x__chain_chunk__mutmut_7": "a chunk checked to two records past its end instead of one: "
