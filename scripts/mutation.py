@@ -285,6 +285,12 @@ MODULES: dict[str, Target] = {
              "ledger.cost.verify.x__chain_chunk__mutmut_80"),
             "the file size appended to the message bounds always, or never: the bounds are cut to top - lo - 1 "
             "messages, which never reach that last entry (the ledger's last message is pinned by no later digest)"),
+        "ledger.cost.verify.x_verify_fast__mutmut_8": "cols.part(None, 1): starts[None:1] is starts[:1]",
+        **dict.fromkeys(
+            [f"ledger.cost.verify.x_verify_fast__mutmut_{n}" for n in (23, 24, 27, 28)],
+            "the first record's digests gathered through part(None, 1), part(0, None), part(1, 1) or part(0, 2): hex64 "
+            "reads the extracted values' offsets from the whole map, and the part's size only decides whether their "
+            "64-character check runs; the words gathered are then compared byte for byte with the genesis values"),
         "ledger.cost.verify.x__chain_chunk__mutmut_7": "a chunk checked to two records past its end instead of one: "
                                                        "it checks the same links and one more, which the next chunk "
                                                        "checks too; a good ledger passes and a bad one fails either "

@@ -240,6 +240,16 @@ def test_the_vectorised_pass_declines_a_record_sealed_with_another_seq(tmp_path:
     assert (report.ok, report.first_bad_seq) == (False, 3)
 
 
+def test_a_ledger_of_no_records_is_decided_by_the_vectorised_pass_as_empty(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.arrows"
+    path.write_bytes(schema_message())
+    buf = path.read_bytes()
+    fast = Ledger(path)._verify_fast(buf, len(buf))
+    assert fast is not None and fast[0] == 0 and fast[1].num_rows == 0
+    report = Ledger(path).verify()
+    assert (report.ok, report.size) == (True, 0)
+
+
 def test_a_version_1_ledger_is_read_with_its_own_schema() -> None:
     schema, messages = _chain(4, version=1)
     buf = schema + b"".join(messages)
