@@ -286,6 +286,7 @@ MODULES: dict[str, Target] = {
             "the file size appended to the message bounds always, or never: the bounds are cut to top - lo - 1 "
             "messages, which never reach that last entry (the ledger's last message is pinned by no later digest)"),
         "ledger.cost.verify.x_verify_fast__mutmut_8": "cols.part(None, 1): starts[None:1] is starts[:1]",
+        "ledger.cost.verify.x_verify_fast__mutmut_47": "cols.part(n - 1, None): starts[n - 1:] is starts[n - 1:n]",
         **dict.fromkeys(
             [f"ledger.cost.verify.x_verify_fast__mutmut_{n}" for n in (23, 24, 27, 28)],
             "the first record's digests gathered through part(None, 1), part(0, None), part(1, 1) or part(0, 2): hex64 "

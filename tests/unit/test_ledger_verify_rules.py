@@ -250,6 +250,30 @@ def test_a_ledger_of_no_records_is_decided_by_the_vectorised_pass_as_empty(tmp_p
     assert (report.ok, report.size) == (True, 0)
 
 
+@pytest.mark.parametrize("field", ["prev_hash", "prev_message_sha256"])
+def test_a_first_record_that_does_not_start_from_genesis_is_declined_by_both_passes(
+        tmp_path: Path, field: str) -> None:
+    def regenesis(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        resealed = seal({**record.hashed_fields(), field: "e" * 64})
+        return resealed, record_message(resealed)
+
+    path = tmp_path / "ledger.arrows"
+    path.write_bytes(_altered(3, 0, regenesis))
+    buf = path.read_bytes()
+    assert Ledger(path)._verify_fast(buf, len(buf)) is None
+    report = Ledger(path).verify()
+    assert (report.ok, report.first_bad_seq) == (False, 0)
+
+
+def test_a_version_1_ledger_is_decided_by_the_vectorised_pass(tmp_path: Path) -> None:
+    schema, messages = _chain(4, version=1)
+    path = tmp_path / "ledger.arrows"
+    path.write_bytes(schema + b"".join(messages))
+    buf = path.read_bytes()
+    fast = Ledger(path)._verify_fast(buf, len(buf))
+    assert fast is not None and fast[0] == 4
+
+
 def test_a_version_1_ledger_is_read_with_its_own_schema() -> None:
     schema, messages = _chain(4, version=1)
     buf = schema + b"".join(messages)
