@@ -286,6 +286,10 @@ MODULES: dict[str, Target] = {
             "the file size appended to the message bounds always, or never: the bounds are cut to top - lo - 1 "
             "messages, which never reach that last entry (the ledger's last message is pinned by no later digest)"),
         "ledger.cost.verify.x_verify_fast__mutmut_8": "cols.part(None, 1): starts[None:1] is starts[:1]",
+        **dict.fromkeys(
+            [f"ledger.cost.verify.x_verify_fast__mutmut_{n}" for n in (58, 59, 62, 63)],
+            "the last record's hash gathered through part(None, n), part(n - 1, None), part(n + 1, n) or part(n - 2, "
+            "n): hex64 reads the extracted value's offset from the whole map (as for the first record's digests)"),
         "ledger.cost.verify.x_verify_fast__mutmut_47": "cols.part(n - 1, None): starts[n - 1:] is starts[n - 1:n]",
         **dict.fromkeys(
             [f"ledger.cost.verify.x_verify_fast__mutmut_{n}" for n in (23, 24, 27, 28)],
@@ -361,6 +365,14 @@ MODULES: dict[str, Target] = {
             [f"workers.probe_steps.xǁProbeǁwrite_summary__mutmut_{n}" for n in (104, 105, 107, 108, 109, 110)],
             "the summary file's indent and key order: the train worker reads it with model_validate_json, and "
             "whitespace and key order change no value read from it"),
+        **dict.fromkeys(
+            [f"workers.probe_steps.xǁProbeǁ__init____mutmut_{n}" for n in (32, 33)],
+            "root '' and param_names None before the first boundary: both are set by the discovery at the first "
+            "boundary before anything reads them (a checkpoint is written only by the stop at the last boundary)"),
+        **dict.fromkeys(
+            [f"workers.probe_steps.xǁProbeǁ__init____mutmut_{n}" for n in (38, 42, 43)],
+            "watch_note '', final_digests '' or installed None for None / None / False: each is only read for its "
+            "truth before it is set"),
         **dict.fromkeys(
             [f"workers.probe_steps.xǁProbeǁ_record__mutmut_{n}" for n in (86, 88, 89)],
             "a step line's keys not sorted: lines are read with model_validate_json, and steps_sha256 is taken of the "
