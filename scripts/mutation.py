@@ -286,6 +286,13 @@ MODULES: dict[str, Target] = {
             "the file size appended to the message bounds always, or never: the bounds are cut to top - lo - 1 "
             "messages, which never reach that last entry (the ledger's last message is pinned by no later digest)"),
         "ledger.cost.verify.x_verify_fast__mutmut_8": "cols.part(None, 1): starts[None:1] is starts[:1]",
+        "ledger.cost.verify.x__shared_chunks__mutmut_23": "one more byte in the chunk-state map: never read",
+        **dict.fromkeys(
+            ("ledger.cost.verify.x__shared_chunks__mutmut_29", "ledger.cost.verify.x__shared_chunks__mutmut_30"),
+            "the pipe's write end blocking, or suppress(None) around the write: at most MAX_CHUNKS ids of 4 bytes "
+            "(64 000) are written, which fit the pipe's 64 KiB, so the write neither blocks nor raises"),
+        "ledger.cost.verify.x__shared_chunks__mutmut_43": "the OpenSSL warm-up hashes b'XXXX' instead of b'': the same "
+                                                          "digest lookup",
         **dict.fromkeys(
             [f"ledger.cost.verify.x_verify_fast__mutmut_{n}" for n in (103, 105, 112)],
             "the orphan keys read as plain instead of dictionary-encoded strings: orphans_of reads the same values "
@@ -391,6 +398,8 @@ MODULES: dict[str, Target] = {
                                      forkserver=True, equivalent={
         "workers.probe_model.x_discover__mutmut_21": "each covered parameter counted 2 instead of 1: the counts are "
                                                      "only compared with each other and with 0, so the same root",
+        "workers.probe_model.x_save_checkpoint__mutmut_96": "the temporary file named '.PT.TMP' instead of '.pt.tmp': "
+                                                            "written and replaced under the same name",
         "workers.probe_model.x_collapse__mutmut_17": "named_parameters(recurse=None): only its truth is read, as "
                                                      "with False",
         "workers.probe_model.x_discover__mutmut_65": "`or` for `and` in the other modules' filter: it adds modules "
