@@ -258,6 +258,12 @@ MODULES: dict[str, Target] = {
             "mutant): a rule of the store's lock; of the verifier it asserts only that a good ledger verifies, which "
             "test_ledger_verify_rules.py asserts of the vectorised pass itself (checked by hand: it lets "
             "_chain_chunk 1 and verify_slow 64 through)",
+        "tests/unit/test_ledger_store.py::test_two_process_verify_names_the_first_bad_seq":
+            "its forked verifier children are not guarded: a mutant that sends the child back into the caller's code "
+            "(_shared_chunks 46, 55) makes every child run the rest of the pytest session and fork again (about 200 "
+            "processes in the fourth session's run); the same two-process rules (both take chunks, each chunk once, "
+            "a bad chunk stops both, the first bad seq named) are asserted under the os._exit guard by "
+            "test_ledger_verify_rules.py, with fixed values instead of random bit flips",
     }, equivalent={
         "ledger.cost.verify.x__reap__mutmut_1": "a grace of 61 s instead of 60 for a stuck child: the default is "
                                                 "only reached when the child hangs, and then both kill it",
