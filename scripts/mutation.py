@@ -171,6 +171,9 @@ MODULES: dict[str, Target] = {
         **dict.fromkeys(
             ("ledger.verdict.audit.x_unseal_score__mutmut_27", "ledger.verdict.audit.x_unseal_score__mutmut_30"),
             "bytes.decode without 'utf-8', or with 'UTF-8': the default codec is UTF-8, names are case-insensitive"),
+        "ledger.verdict.audit.x_audit_run__mutmut_123": "the audit records of every run searched for this audit's "
+                                                        "digest, not only this run's: audit.json holds its run_id, so "
+                                                        "another run's audit record never has this digest",
         "ledger.verdict.audit.x_audit_command__mutmut_2": "Console(highlight=None): rich keeps it as the console's "
                                                           "highlight setting, and None is off, as False",
         "ledger.verdict.audit.x_audit_command__mutmut_66": "the first reason taken even when there is none: the "
