@@ -268,6 +268,12 @@ MODULES: dict[str, Target] = {
             "a bad chunk stops both, the first bad seq named) are asserted under the os._exit guard by "
             "test_ledger_verify_rules.py, with fixed values instead of random bit flips",
     }, equivalent={
+        "ledger.cost.verify.x__shared_chunks__mutmut_56": "the hashing child leaves with status 1 instead of 0: _reap "
+            "only waits for it and never reads its status; what it hashed comes back through the shared map",
+        "ledger.cost.verify.x__shared_chunks__mutmut_59": "the stop byte set to 2 instead of 1 when `meanwhile` fails: "
+            "it is only ever compared with 0",
+        "ledger.cost.verify.x__shared_chunks__mutmut_84": "a chunk redone here marked 3 instead of 2 when bad: a "
+            "chunk's state is only ever compared with 0 and 1",
         "ledger.cost.verify.x__reap__mutmut_1": "a grace of 61 s instead of 60 for a stuck child: the default is "
                                                 "only reached when the child hangs, and then both kill it",
         "ledger.cost.verify.x__reap__mutmut_4": "`<=` for `<` at the grace deadline: differs only when "

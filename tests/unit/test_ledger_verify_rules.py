@@ -316,8 +316,9 @@ def test_a_record_the_schema_refuses_is_named_with_its_field_and_seq() -> None:
 @contextmanager
 def _only_children_exit(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     """The caller is never told to exit (an AssertionError there), and a child that comes back into the caller's code
-    is ended with status 0."""
+    is ended with status 0 and fails the test: every child must leave through its own os._exit."""
     caller, real_exit = os.getpid(), os._exit
+    came_back = mmap.mmap(-1, 1)  # shared with the children
 
     def exit_(code: int) -> None:
         if os.getpid() == caller:
@@ -330,7 +331,9 @@ def _only_children_exit(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
         yield caller
     finally:
         if os.getpid() != caller:
+            came_back[0] = 1
             real_exit(0)
+    assert not came_back[0], "a forked child came back into the caller's code instead of leaving through os._exit"
 
 
 def _wait_for(cond: object, limit_s: float = 5.0) -> None:
@@ -383,6 +386,28 @@ def test_a_bad_chunk_stops_both_processes(monkeypatch: pytest.MonkeyPatch) -> No
 
         assert verify._shared_chunks(COUNT, job, meanwhile) is False
     assert ran[:] == b"\x01" + bytes(COUNT - 1)  # chunk 0 failed in the child; no chunk ran after it
+
+
+@pytest.mark.parametrize("chunk_0_good", [True, False])
+def test_a_chunk_the_child_took_and_never_finished_is_done_here(monkeypatch: pytest.MonkeyPatch,
+                                                                  chunk_0_good: bool) -> None:
+    # the child reads the pipe first (this process runs `meanwhile`), takes chunk 0 and dies inside it, as if killed:
+    # chunk 0 is still "not done" and no stop was raised, so this process must hash it itself after reaping the child
+    # and decide by its result alone (chunks 1-39 are good)
+    taken = mmap.mmap(-1, 1)
+    with _only_children_exit(monkeypatch) as caller:
+        def job(i: int) -> bool:
+            if os.getpid() != caller:
+                taken[0] = 1
+                os._exit(0)
+            return i != 0 or chunk_0_good
+
+        def meanwhile() -> bool:
+            _wait_for(lambda: taken[0])
+            return True
+
+        assert verify._shared_chunks(COUNT, job, meanwhile) is chunk_0_good
+    assert taken[0] == 1
 
 
 def _fork(then: object) -> int:
