@@ -138,11 +138,11 @@ class HostWatch:
     stat0: tuple[int, int] | None = None
     cpu0: dict[int, tuple[str, float]] = field(default_factory=dict)
     gpus0: list[GpuState] = field(default_factory=list)
-    nvml: str = ""
+    gpu_query: str = ""
 
     def start(self) -> None:
         own = _own_pids()
-        self.gpus0, self.nvml = _gpu_states(_visible(), own)
+        self.gpus0, self.gpu_query = _gpu_states(_visible(), own)
         self.load0 = os.getloadavg()
         self.stat0 = _proc_stat()
         self.cpu0 = {pid: v for pid, v in _cpu_times().items() if pid not in own}
@@ -154,7 +154,7 @@ class HostWatch:
         cpu1 = _cpu_times()
         stat1 = _proc_stat()
         load1 = os.getloadavg()
-        gpus1, nvml = _gpu_states(_visible(), own)
+        gpus1, gpu_query = _gpu_states(_visible(), own)
         busy = []
         for pid, (name, before) in self.cpu0.items():
             after = cpu1.get(pid)
@@ -171,5 +171,5 @@ class HostWatch:
             wall_s=round(wall, 3), cpus=os.cpu_count() or 0, load_start=[round(x, 2) for x in self.load0],
             load_end=[round(x, 2) for x in load1], steal=None if steal is None else round(steal, 5),
             busy_foreign=busy[:TOP], gpus_start=self.gpus0, gpus_end=gpus1,
-            nvml=self.nvml if self.nvml != "ok" else nvml,
+            gpu_query=self.gpu_query if self.gpu_query != "ok" else gpu_query,
         )

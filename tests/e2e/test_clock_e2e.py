@@ -130,4 +130,4 @@ def test_launch_refuses_a_candidate_whose_clocks_run_at_0_8x(tmp_path: Path) -> 
         clock = rank["clock"]
         assert clock["source"] == "socket" and clock["steps_checked"] == 16 and clock["windows_checked"] == 3
         assert clock["window_tol"] == [0.002, 0.01] and clock["max_window_rel"] <= 0.01
-    assert len(a["quiet_host"]["load_start"]) == 3 and a["quiet_host"]["nvml"]
+    assert len(a["quiet_host"]["load_start"]) == 3 and a["quiet_host"]["gpu_query"]
