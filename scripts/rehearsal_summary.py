@@ -6,9 +6,11 @@ Usage: python scripts/rehearsal_summary.py ORCH_HOME OUT_DIR  -> OUT_DIR/rehears
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,14 @@ def aggregate(doc: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     home, out = Path(sys.argv[1]), Path(sys.argv[2])
     doc = aggregate(summarize(home))
+    tag = os.environ.get("REHEARSAL_TAG")
+    if tag:  # where the evidence came from: the orch commit (or date) the script was given, never a path or a host
+        doc["provenance"] = {
+            "command": "bash scripts/rehearse_h200.sh (REHEARSE_TIMEOUT=1750 COMPILE_CACHE=<device disk>)",
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "device": os.environ.get("REHEARSAL_DEVICE", "one NVIDIA H200 (lent)"),
+            "orch_commit": tag,
+        }
     (out / "rehearsal_findings.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"run {doc['run_id']}: {doc['status']}, verdict {doc['verdict']}")
     print(f"{'package':<10} {'status':<8} {'wall s':>8} {'step0 s':>8} {'med s':>8} {'probe/step':>10} {'opt+':>5}")

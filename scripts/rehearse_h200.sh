@@ -9,6 +9,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 OUT=${OUT:-/tmp/rehearsal-out}; mkdir -p "$OUT"
+# published evidence is never rewritten: each rehearsal is published under the orch commit it ran (the device's copy
+# of the tree may have no .git: then give REHEARSAL_TAG), refused here, before any device time, if that name is taken
+export REHEARSAL_TAG=${REHEARSAL_TAG:-$(git rev-parse --short HEAD 2>/dev/null || date -u +%Y%m%d)}
+PUB=docs/validation/rehearsal_h200x1_$REHEARSAL_TAG
+if [ -e "$PUB.json" ]; then
+  echo "rehearse_h200: $PUB.json exists (published evidence is never rewritten): set REHEARSAL_TAG to a new name" >&2
+  exit 2
+fi
 H=/tmp/orch-home; rm -rf "$H"; mkdir -p "$H" /tmp/trainer-logs
 python3 -c "import torch, transformers, pydantic; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
@@ -31,7 +39,7 @@ RUN=$(ls "$H/runs" | tail -n 1)
 if [ -f "$H/runs/$RUN/audit.json" ]; then
   python3 -m orchestrator.cli audit "$RUN" --home "$H" > "$OUT/audit.txt" 2>&1; echo "audit exit $?"
   cp "$H/runs/$RUN/audit.md" "$OUT/audit.md"
-  python3 -m orchestrator.cli publish "$RUN" --to docs/validation/rehearsal_h200x1.json --home "$H" \
-    && cp docs/validation/rehearsal_h200x1.json "$OUT/"
+  python3 -m orchestrator.cli publish "$RUN" --to "$PUB.json" --home "$H" && cp "$PUB.json" "$OUT/"
+  cp "$OUT/rehearsal_findings.json" "$OUT/$(basename "$PUB")_findings.json" 2>/dev/null
   tail -n 60 "$OUT/audit.txt"
 fi
