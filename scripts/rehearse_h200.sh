@@ -5,10 +5,6 @@
 # openai 1.60 and deps, wandb 0.19 and deps, pytz): README "rehearse before you spend eight GPUs".
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-OUT=${OUT:-/tmp/rehearsal-out}; mkdir -p "$OUT"
 # published evidence is never rewritten: each rehearsal is published under the orch commit it ran (the device's copy
 # of the tree may have no .git: then give REHEARSAL_TAG), refused here, before any device time, if that name is taken
 export REHEARSAL_TAG=${REHEARSAL_TAG:-$(git rev-parse --short HEAD 2>/dev/null || date -u +%Y%m%d)}
@@ -17,6 +13,10 @@ if [ -e "$PUB.json" ]; then
   echo "rehearse_h200: $PUB.json exists (published evidence is never rewritten): set REHEARSAL_TAG to a new name" >&2
   exit 2
 fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+OUT=${OUT:-/tmp/rehearsal-out}; mkdir -p "$OUT"
 H=/tmp/orch-home; rm -rf "$H"; mkdir -p "$H" /tmp/trainer-logs
 python3 -c "import torch, transformers, pydantic; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
