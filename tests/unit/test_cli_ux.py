@@ -70,7 +70,11 @@ def test_every_help_has_examples_and_plain_usage(command: list[str], tmp_path: P
 
 
 def test_completion_is_offered(tmp_path: Path) -> None:
-    proc = orch("--show-completion", cwd=tmp_path, env={"SHELL": "/bin/bash"})
+    # typer finds the user's shell among orch's parent processes (shellingham), not in $SHELL: started from bash, as
+    # a user's shell would start it (a bare subprocess of a pytest that nothing but init parents finds no shell)
+    cmd = " ".join([sys.executable, "-m", "orchestrator.cli", "--show-completion"])
+    proc = subprocess.run(["bash", "-c", f"{cmd}; exit $?"], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "SHELL": "/bin/sh"}, timeout=120)
     # the registration line of the bash script itself: the bare word "complete" also occurs in its body
     assert proc.returncode == 0 and "\ncomplete -o default -F _orch_completion orch\n" in proc.stdout
 
