@@ -45,7 +45,6 @@ pytestmark = [
                        "(make test-slurm; make test runs its acceptance subset)"),
     pytest.mark.skipif(bool(missing()), reason=f"no local Slurm cluster: {', '.join(missing())} missing"),
     pytest.mark.slow,
-    pytest.mark.slurm,
 ]
 
 
