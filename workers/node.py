@@ -154,8 +154,12 @@ def load_clock(spec: PackageSpec) -> StepClock:
 
 
 def failed_nodes(spec: PackageSpec) -> list[tuple[int, int, str]]:
-    """(node index, torchrun's exit status, its output) of every node whose torchrun failed on its own (not stopped
-    by Slurm after another node failed: srun --kill-on-bad-exit)."""
+    """(node index, torchrun's exit status, its output) of every node whose torchrun failed on its own: not stopped
+    by Slurm after another node failed (srun --kill-on-bad-exit), or stopped but its torchrun had already reported a
+    rank killed by a signal other than the stop's SIGTERM (the stop can reach a node whose rank died first while its
+    torchrun is still reporting it)."""
+    from workers.train import failure_cause
+
     assert spec.slurm is not None
     folder = Path(spec.slurm.clock_dir)
     out = []
@@ -165,8 +169,11 @@ def failed_nodes(spec: PackageSpec) -> list[tuple[int, int, str]]:
             text = (folder / LOG_FILE.format(node=node)).read_text(errors="replace")
         except (OSError, ValueError):
             continue  # killed before it could say
-        if doc.get("rc") != 0 and not doc.get("stopped"):
-            out.append((node, int(doc.get("rc", 1)), text))
+        if doc.get("rc") == 0:
+            continue
+        cause = failure_cause(text) if doc.get("stopped") else None
+        if not doc.get("stopped") or (cause and "killed by signal" in cause and "(SIGTERM)" not in cause):
+            out.append((node, int(doc.get("rc") or 1), text))
     return out
 
 

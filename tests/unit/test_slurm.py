@@ -167,6 +167,37 @@ def test_multi_node_failure_names_the_node_that_failed_first(tmp_path: Path) -> 
     assert node_cause(spec) is None
 
 
+def test_a_stopped_node_whose_torchrun_reported_a_killed_rank_is_the_cause(tmp_path: Path) -> None:
+    """Seen once in make test: the ranks of node 1 SIGKILLed, node 0's rank lost its peer, and the note named node
+    0's lost connection. Read from the code: srun's kill-on-bad-exit can stop node 1's agent while its torchrun is
+    reporting the dead rank, and a stopped node was never read. A rank killed by a signal that the stop does not
+    send is node 1's own failure."""
+    from protocol.package import SlurmStep, TrainSpec
+    from workers.common import RANK_FAILED
+    from workers.node import EXIT_FILE, LOG_FILE
+    from workers.train import node_cause
+
+    step = SlurmStep(srun=["srun"], nodes=2, nproc_per_node=1, port=20001, rdzv_id="r", clock_dir=str(tmp_path))
+    spec = TrainSpec(run_id="r", name="train-A", kind="train", package_dir=str(tmp_path), sealed_dir=str(tmp_path),
+                     scratch_dir=str(tmp_path), result_path=str(tmp_path / "r.json"), device="cpu",
+                     precision="fp32", nproc=2, slurm=step)
+
+    def node(i: int, rc: int | None, stopped: bool, log: str) -> None:
+        (tmp_path / EXIT_FILE.format(node=i)).write_text(json.dumps({"rc": rc, "stopped": stopped}))
+        (tmp_path / LOG_FILE.format(node=i)).write_text(log)
+
+    peer = RANK_FAILED.format(rank=0, time=100.5, cause="RuntimeError: Connection closed by peer")
+    node(0, 1, False, f"{peer}\n{_summary(0, 1)}")
+    node(1, 1, True, _summary(1, -9))
+    assert node_cause(spec) == "node 1: rank 1 was killed by signal 9 (SIGKILL)"
+    node(1, None, True, _summary(1, -9))  # the agent itself SIGKILLed after KillWait, before its last word
+    assert node_cause(spec) == "node 1: rank 1 was killed by signal 9 (SIGKILL)"
+    node(1, 1, True, _summary(1, -15))  # its rank ended by the stop's SIGTERM: a consequence, not a cause
+    assert node_cause(spec) == "node 0: rank 0: RuntimeError: Connection closed by peer"
+    node(1, 1, True, RANK_FAILED.format(rank=1, time=100.7, cause="RuntimeError: Connection closed by peer"))
+    assert node_cause(spec) == "node 0: rank 0: RuntimeError: Connection closed by peer"  # a stopped node's raise
+
+
 def test_node_names_are_scrubbed_from_notes_and_logs(tmp_path: Path) -> None:
     (tmp_path / "ledger").mkdir()
     run = slurm.SlurmRun(slurm.Allocation("9", ["gpu-a1", "gpu-a10"], 0, 1), "R", tmp_path / "ledger")
