@@ -32,8 +32,8 @@ lint: $(STAMP)
 # (each test has its own home, lock directory and run id; the clock cross-check brackets every clock read between
 # two kernel-stamped datagrams, which load cannot move; three at a time overlaps the launches' waits on this 2-core
 # machine: 326 s, against 367 s two at a time and 477 s one at a time, README), then the Slurm acceptance subset on
-# a local Slurm cluster (README "On a Slurm cluster") alone: beside the other launches, the node whose ranks its
-# test kills was once reported as stopped by Slurm and the peer's lost connection named instead. Debian's packages
+# a local Slurm cluster (README "On a Slurm cluster") alone: run beside the other launches, its killed-ranks test
+# once saw the peer's lost connection named instead of the killed node's SIGKILL (README). Debian's packages
 # are installed in the background from the start when ORCH_INSTALL_SYSTEM_PACKAGES=1 (.ci/run), root and apt-get
 # allow; without them the Slurm tests skip, saying why
 test: slurm-packages lint

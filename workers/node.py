@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from manifests.core import hash_tree
@@ -153,13 +154,12 @@ def load_clock(spec: PackageSpec) -> StepClock:
     return clock
 
 
-def failed_nodes(spec: PackageSpec) -> list[tuple[int, int, str]]:
+def failed_nodes(
+    spec: PackageSpec, failed_before_stop: Callable[[str], bool] = lambda log: False
+) -> list[tuple[int, int, str]]:
     """(node index, torchrun's exit status, its output) of every node whose torchrun failed on its own: not stopped
-    by Slurm after another node failed (srun --kill-on-bad-exit), or stopped but its torchrun had already reported a
-    rank killed by a signal other than the stop's SIGTERM (the stop can reach a node whose rank died first while its
-    torchrun is still reporting it)."""
-    from workers.train import failure_cause
-
+    by Slurm after another node failed (srun --kill-on-bad-exit), or stopped while its output already says it failed
+    (`failed_before_stop`: the stop can reach a node whose rank died first while its torchrun is still reporting it)."""
     assert spec.slurm is not None
     folder = Path(spec.slurm.clock_dir)
     out = []
@@ -169,10 +169,7 @@ def failed_nodes(spec: PackageSpec) -> list[tuple[int, int, str]]:
             text = (folder / LOG_FILE.format(node=node)).read_text(errors="replace")
         except (OSError, ValueError):
             continue  # killed before it could say
-        if doc.get("rc") == 0:
-            continue
-        cause = failure_cause(text) if doc.get("stopped") else None
-        if not doc.get("stopped") or (cause and "killed by signal" in cause and "(SIGTERM)" not in cause):
+        if doc.get("rc") != 0 and (not doc.get("stopped") or failed_before_stop(text)):
             out.append((node, int(doc.get("rc") or 1), text))
     return out
 

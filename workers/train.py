@@ -211,8 +211,12 @@ def node_cause(spec: PackageSpec) -> str | None:
     silent = silent_nodes(spec)
     if silent:  # the others then lose their peers: their errors follow from it
         return f"node {silent[0]}: no report from it (its node agent was killed, or the node died)"
+    def killed_before_stop(log: str) -> bool:  # a rank killed by a signal that Slurm's stop (SIGTERM) does not send
+        cause = failure_cause(log)
+        return cause is not None and "killed by signal" in cause and f"({signal.SIGTERM.name})" not in cause
+
     found = []
-    for node, rc, text in failed_nodes(spec):
+    for node, rc, text in failed_nodes(spec, killed_before_stop):
         cause = failure_cause(text)
         if rc < 0:
             cause = f"torchrun was killed by signal {-rc} ({_signal_name(-rc)})"
