@@ -176,7 +176,7 @@ def test_gpu_run_record_matches_its_schema(tmp_path: Path) -> None:
 
 
 def _no_gpus(tmp_path: Path) -> str:
-    path = tmp_path / "nvml.json"
+    path = tmp_path / "gpu_query.json"
     path.write_text('{"devices": []}')
     return str(path)
 
