@@ -27,15 +27,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy protocol manifests orchestrator ledger
 
-# unit tests on every core (at most 4 processes: each is isolated in its own tmp_path; real subprocesses, locks
-# and signals stay inside a test), then the end-to-end launches three test files at a time, one file per process
-# (each test has its own home, lock directory and run id; the clock cross-check brackets every clock read between
-# two kernel-stamped datagrams, which load cannot move; three at a time overlaps the launches' waits on this 2-core
-# machine: 326 s, against 367 s two at a time and 477 s one at a time, README), then the Slurm acceptance subset on
-# a local Slurm cluster (README "On a Slurm cluster") alone: run beside the other launches, its killed-ranks test
-# once saw the peer's lost connection named instead of the killed node's SIGKILL (README). Debian's packages
-# are installed in the background from the start when ORCH_INSTALL_SYSTEM_PACKAGES=1 (.ci/run), root and apt-get
-# allow; without them the Slurm tests skip, saying why
+# unit tests on every core (at most 4 processes), the end-to-end launches three files at a time (each test has its
+# own home, lock directory and run id), then the Slurm acceptance subset alone, on a local Slurm cluster whose Debian
+# packages install in the background when ORCH_INSTALL_SYSTEM_PACKAGES=1 (.ci/run); the README's set-up section says
+# why each step runs as it does, with the measured times
 test: slurm-packages lint
 	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n auto --maxprocesses 4 tests/unit
 	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n 3 --dist loadfile tests/e2e --ignore=tests/e2e/test_slurm_e2e.py

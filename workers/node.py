@@ -13,13 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from manifests.core import hash_tree
 from protocol.package import PackageSpec, parse_spec
 from workers.clock import StepClock
 from workers.common import WorkerFailed
+from workers.rank_failure import killed_rank
 
 CLOCK_FILE = "clock.node{node}.jsonl"  # in SlurmStep.clock_dir: the kernel stamps one node's clock received
 LOG_FILE = "node{node}.log"  # the node's torchrun output (scratch: it may hold the trainer's own numbers)
@@ -154,12 +154,11 @@ def load_clock(spec: PackageSpec) -> StepClock:
     return clock
 
 
-def failed_nodes(
-    spec: PackageSpec, failed_before_stop: Callable[[str], bool] = lambda log: False
-) -> list[tuple[int, int, str]]:
+def failed_nodes(spec: PackageSpec) -> list[tuple[int, int, str]]:
     """(node index, torchrun's exit status, its output) of every node whose torchrun failed on its own: not stopped
-    by Slurm after another node failed (srun --kill-on-bad-exit), or stopped while its output already says it failed
-    (`failed_before_stop`: the stop can reach a node whose rank died first while its torchrun is still reporting it)."""
+    by Slurm after another node failed (srun --kill-on-bad-exit), or stopped while its output already names a rank
+    killed by a signal the stop does not send (the stop can reach a node whose rank died first while its torchrun is
+    still reporting it)."""
     assert spec.slurm is not None
     folder = Path(spec.slurm.clock_dir)
     out = []
@@ -169,7 +168,7 @@ def failed_nodes(
             text = (folder / LOG_FILE.format(node=node)).read_text(errors="replace")
         except (OSError, ValueError):
             continue  # killed before it could say
-        if doc.get("rc") != 0 and (not doc.get("stopped") or failed_before_stop(text)):
+        if doc.get("rc") != 0 and (not doc.get("stopped") or killed_rank(text) is not None):
             out.append((node, int(doc.get("rc") or 1), text))
     return out
 

@@ -6,7 +6,6 @@ Usage: python -m workers.train --spec package.json  (cwd = the arm's sealed copy
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,8 +29,9 @@ from protocol.package import PackageSpec
 from protocol.process import die_with_parent
 from protocol.results import ObservedRecipe, ProbeSummary, RankSummary, StepRecord, TrainResult
 from workers.clock import StepClock
-from workers.common import RANK_FAILED_RE, WorkerFailed, run_entry_point
+from workers.common import WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
+from workers.rank_failure import RANK_FAILED_LINE, failure_cause, signal_name
 from workers.torchrun import torchrun_command
 
 
@@ -48,49 +48,6 @@ def _tail_of(text: str, limit: int = 40) -> str:
     starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
     picked = lines[starts[-1] :][-limit:] if starts else [ln for ln in lines if ln.startswith("probe:")][-5:]
     return "\n".join(picked)
-
-
-_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:\n\s+\w+\s*:.*)*?"
-                         r"\n\s+rank\s*:\s*(\d+).*?\n\s+exitcode\s*:\s*(-?\d+)")
-_FAILURE = re.compile(r"^\s+rank\s*:\s*(\d+).*\n\s+exitcode\s*:\s*(-?\d+)", re.MULTILINE)
-_RANK_FAILED = re.compile(RANK_FAILED_RE)
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "an unknown signal"
-
-
-def failure_cause(log: str) -> str | None:
-    """The first error line of the failing rank, never torchrun's banner.
-
-    A rank killed by a signal torchrun does not send (it sends SIGTERM to the survivors) is the cause; else the
-    rank whose trainer raised first (the probe's timed line per rank); else torchrun's first observed failure;
-    else the final line of the first traceback in the log that is not torchrun's own.
-    """
-    lines = log.splitlines()
-    failures = [(int(m.group(1)), int(m.group(2))) for m in _FAILURE.finditer(log)]
-    root = _ROOT_CAUSE.search(log)
-    if root:  # torchrun's root cause first, then the other failures it lists
-        failures.insert(0, (int(root.group(1)), int(root.group(2))))
-    killed = [(r, -e) for r, e in failures if e < 0 and -e != signal.SIGTERM]
-    if killed:
-        return f"rank {killed[0][0]} was killed by signal {killed[0][1]} ({_signal_name(killed[0][1])})"
-    raised = sorted((float(m.group(2)), int(m.group(1)), m.group(3)) for m in map(_RANK_FAILED.match, lines) if m)
-    if raised:
-        return f"rank {raised[0][1]}: {raised[0][2]}"
-    rank, exitcode = failures[0] if failures else (None, None)
-    if exitcode is not None and exitcode < 0:
-        return f"rank {rank} was killed by signal {-exitcode} ({_signal_name(-exitcode)})"
-    for i, line in enumerate(lines):
-        if "Traceback (most recent call last)" not in line:
-            continue
-        final = next((ln for ln in lines[i + 1 :] if ln and not ln[0].isspace()), None)
-        if final is not None and "ChildFailedError" not in final:
-            return (f"rank {rank} exited with {exitcode}: " if rank is not None else "") + final.strip()
-    return None if rank is None else f"rank {rank} exited with {exitcode}"
 
 
 def _read_rank(spec: PackageSpec, rank: int) -> tuple[ProbeSummary, list[StepRecord]]:
@@ -211,16 +168,12 @@ def node_cause(spec: PackageSpec) -> str | None:
     silent = silent_nodes(spec)
     if silent:  # the others then lose their peers: their errors follow from it
         return f"node {silent[0]}: no report from it (its node agent was killed, or the node died)"
-    def killed_before_stop(log: str) -> bool:  # a rank killed by a signal that Slurm's stop (SIGTERM) does not send
-        cause = failure_cause(log)
-        return cause is not None and "killed by signal" in cause and f"({signal.SIGTERM.name})" not in cause
-
     found = []
-    for node, rc, text in failed_nodes(spec, killed_before_stop):
+    for node, rc, text in failed_nodes(spec):
         cause = failure_cause(text)
         if rc < 0:
-            cause = f"torchrun was killed by signal {-rc} ({_signal_name(-rc)})"
-        raised = [float(m.group(2)) for m in map(_RANK_FAILED.match, text.splitlines()) if m]
+            cause = f"torchrun was killed by signal {-rc} ({signal_name(-rc)})"
+        raised = [float(m.group(2)) for m in map(RANK_FAILED_LINE.match, text.splitlines()) if m]
         killed = cause is not None and "killed by signal" in cause
         found.append((not killed, min(raised, default=float("inf")), node, cause or f"torchrun exited with {rc}", text))
     if not found:

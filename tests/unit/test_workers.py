@@ -89,7 +89,7 @@ def _summary(rank: int, exitcode: int) -> str:
 
 def test_failure_cause_is_the_first_rank_to_fail_whatever_torchrun_observed_first() -> None:
     from workers.common import RANK_FAILED
-    from workers.train import failure_cause
+    from workers.rank_failure import failure_cause
 
     first = RANK_FAILED.format(rank=1, time=100.25, cause="ValueError: boom")
     later = RANK_FAILED.format(rank=0, time=100.75, cause="RuntimeError: Connection closed by peer")
