@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledger.verdict.stats import Interval, speedup_interval
+from ledger.verdict.legacy_stats import Interval, speedup_interval
 from ledger.verdict.windows import Speedup, speedup, window_steps
 from protocol.plan import Triplet, arm_of
 

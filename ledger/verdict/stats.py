@@ -1,86 +1,103 @@
-"""The speedup's confidence interval from one run's own launches, and its variance components (Kalibera & Jones).
+"""The verdict's statistics (DESIGN.md section 5): the fresh A -> C -> B triplet is the unit of replication.
 
-Model (log window times): y[l, w] = mu[arm] + window[arm, w] + launch[l] + e[l, w]; the interval is Student's t.
+Per triplet, the paired log speedup d = mean over windows of log(ratio_w), ratio_w = mean(A_w, B_w) / C_w (the
+owner's window ratio); over K triplets a Student t interval of exp(mean d), its variance pooled with the host's A/A
+calibration (Kalibera & Jones: measure the variance where it lives, once per platform, then plan repetitions).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+
+from scipy import stats as sps
 
 LEVEL = 0.95
-METHOD = (
-    "Student t interval for exp(mean log window time of the baseline launches - that of the candidate launches); "
-    "one value per fresh launch (the mean over its windows of the log window time), launch-level variance pooled "
-    "over both arms, df = launches - 2"
-)
 TARGET_HALF_WIDTH = 0.05  # the audit says how many triplets would bring the interval to +-5 %
 MAX_TRIPLETS = 10_000
+SPREAD_ALPHA = 0.05  # the run's spread is "larger than calibrated" when the one-sided F test rejects at this level
+OUTLIER_ALPHA = 0.05  # family-wise (Bonferroni over the triplets, or over the windows) for the outlier diagnostics
+METHOD = (
+    "paired: one value per fresh A -> C -> B triplet, d = mean over its windows of log(mean(A_w, B_w) / C_w); "
+    "Student t interval of exp(mean d) over the triplets, the between-triplet SD pooled with this host's A/A "
+    "calibration of the same protocol (df added) unless the run's own spread is larger"
+)
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
+def triplet_log_speedup(ratios: Sequence[float]) -> float:
+    """The paired log speedup of one triplet: the mean of the log of its window ratios (owner's ratio_w)."""
+    if not ratios or any(not (r > 0 and math.isfinite(r)) for r in ratios):
+        raise ValueError(f"window ratios must be finite and positive, got {list(ratios)}")
+    return math.fsum(math.log(r) for r in ratios) / len(ratios)
 
 
-def _betainc(a: float, b: float, x: float) -> float:
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+@dataclass(frozen=True)
+class Spread:
+    """An estimate of a standard deviation (log scale) with its degrees of freedom."""
+
+    sd: float
+    df: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread | None:
+        """The sample SD of `values` (df = n - 1); None for fewer than two values."""
+        if len(values) < 2:
+            return None
+        m = math.fsum(values) / len(values)
+        return cls(math.sqrt(math.fsum((x - m) ** 2 for x in values) / (len(values) - 1)), len(values) - 1)
 
 
-def t_cdf(t: float, df: float) -> float:
-    """CDF of Student's t with df degrees of freedom."""
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
+def pooled(*spreads: Spread) -> Spread:
+    """Pooled SD: variances weighted by their df, df added."""
+    df = sum(s.df for s in spreads)
+    if df == 0:
+        raise ValueError("pooling needs at least one degree of freedom")
+    return Spread(math.sqrt(math.fsum(s.df * s.sd**2 for s in spreads) / df), df)
 
 
-@lru_cache(maxsize=256)
-def t_quantile(p: float, df: float) -> float:
-    """Inverse of t_cdf for 0.5 <= p < 1 (bisection to 1e-12)."""
-    if not 0.5 <= p < 1.0 or df <= 0:
-        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df > 0, got p={p}, df={df}")
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return (lo + hi) / 2.0
+def window_spread(ratios_by_triplet: Sequence[Sequence[float]]) -> Spread | None:
+    """Within-triplet SD between windows: residuals of log(ratio_w) about each triplet's d, pooled."""
+    ss, df = 0.0, 0
+    for ratios in ratios_by_triplet:
+        if len(ratios) >= 2:
+            d = triplet_log_speedup(ratios)
+            ss += math.fsum((math.log(r) - d) ** 2 for r in ratios)
+            df += len(ratios) - 1
+    return Spread(math.sqrt(ss / df), df) if df else None
+
+
+@dataclass(frozen=True)
+class SpreadCheck:
+    """Is the run's between-triplet spread larger than the calibrated one? (one-sided F test)"""
+
+    run: Spread
+    calibration: Spread
+    f: float
+    p_value: float
+    larger: bool
+
+    @property
+    def words(self) -> str:
+        cmp = "larger than" if self.larger else "consistent with"
+        return (f"the run's triplet SD {self.run.sd:.4f} (df {self.run.df}) is {cmp} the calibration's "
+                f"{self.calibration.sd:.4f} (df {self.calibration.df}): F = {self.f:.3g}, one-sided p = "
+                f"{self.p_value:.3g}")
+
+
+def spread_check(run: Spread, calibration: Spread, alpha: float = SPREAD_ALPHA) -> SpreadCheck:
+    if calibration.sd <= 0.0:
+        f = math.inf if run.sd > 0 else 1.0
+        p = 0.0 if run.sd > 0 else 1.0
+    else:
+        f = (run.sd / calibration.sd) ** 2
+        p = float(sps.f.sf(f, run.df, calibration.df))
+    return SpreadCheck(run, calibration, f, p, p < alpha)
+
+
+def t_critical(level: float, df: int) -> float:
+    """Two-sided Student t multiplier: P(|T_df| <= c) = level."""
+    return float(sps.t.ppf(0.5 + level / 2.0, df))
 
 
 @dataclass(frozen=True)
@@ -88,101 +105,145 @@ class Interval:
     """The speedup (baseline time / candidate time: above 1 the candidate is faster) with its interval."""
 
     estimate: float
-    low: float
-    high: float
-    level: float
+    low: float  # 0.0 when unbounded
+    high: float  # inf when unbounded
+    level: float  # the coverage the interval claims (simultaneous over the looks of a sequential rule)
+    nominal_level: float  # the level of the t multiplier at this look (= level for a fixed design)
     method: str
+    triplets: int
+    log_speedups: tuple[float, ...]  # d of each triplet
+    sd: float | None  # the between-triplet SD used (log scale)
     df: int
-    baseline_launches: int
-    candidate_launches: int
-    launch_sd: float  # SD of a launch's mean log window time (pooled within arms): launch + window noise
-    launch_level_sd: float  # the launch component alone (Kalibera & Jones level 1), log scale
-    window_level_sd: float  # within a launch, between windows (level 2), log scale
-    half_width: float  # relative: (high / low) ** 0.5 - 1
-    triplets_for_target: int | None  # triplets for a +-5 % interval at this run's launch SD (None: beyond reach)
+    variance_source: str  # pooled | run | calibration | none
+    critical: float | None
+    check: SpreadCheck | None
+    triplets_for_target: int | None  # triplets for a +-5 % interval at this SD (None: beyond reach or unknown)
+
+    @property
+    def bounded(self) -> bool:
+        return self.sd is not None
 
     @property
     def covers_one(self) -> bool:
         return self.low <= 1.0 <= self.high
 
+    @property
+    def half_width(self) -> float:
+        """Relative: sqrt(high / low) - 1 (inf when unbounded)."""
+        return math.sqrt(self.high / self.low) - 1.0 if self.low > 0 and math.isfinite(self.high) else math.inf
 
-def _pooled(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
-    """Pooled sample variance over groups and its degrees of freedom."""
-    ss, df = 0.0, 0
-    for g in groups:
-        if len(g) >= 2:
-            m = math.fsum(g) / len(g)
-            ss += math.fsum((x - m) ** 2 for x in g)
-            df += len(g) - 1
-    return (ss / df if df else 0.0), df
+    @property
+    def per_triplet(self) -> tuple[float, ...]:
+        return tuple(math.exp(d) for d in self.log_speedups)
 
 
-def triplets_needed(launch_sd: float, level: float = LEVEL, target: float = TARGET_HALF_WIDTH) -> int | None:
-    """Smallest K whose interval (2K baseline, K candidate launches) has relative half-width <= target."""
+def triplets_needed(sd: float, calibration_df: int = 0, level: float = LEVEL,
+                    target: float = TARGET_HALF_WIDTH) -> int | None:
+    """Smallest K whose fixed-design interval (df = calibration_df + K - 1) has relative half-width <= target."""
     goal = math.log1p(target)
-    p = 0.5 + level / 2.0
-
-    def half(k: int, q: float) -> float:
-        return q * launch_sd * math.sqrt(1.0 / (2 * k) + 1.0 / k)
-
-    for k in range(1, 101):
-        if half(k, t_quantile(p, 3 * k - 2)) <= goal:
+    if sd <= 0.0:
+        return 1 if calibration_df > 0 else 2
+    for k in range(1, MAX_TRIPLETS + 1):
+        df = calibration_df + k - 1
+        if df >= 1 and t_critical(level, df) * sd / math.sqrt(k) <= goal:
             return k
-    # beyond 100 triplets t is the normal quantile to 3 digits: solve for K directly. z < t, so the normal
-    # formula can name a K <= 100 that the exact loop above has already refused: the answer is then 101
-    z = t_quantile(p, 1e9)
-    k = max(101, math.ceil(1.5 * (z * launch_sd / goal) ** 2))
-    return k if k <= MAX_TRIPLETS else None
+        if k > 200:  # beyond, t is the normal quantile to 3 digits: solve directly
+            z = float(sps.norm.ppf(0.5 + level / 2.0))
+            need = max(k, math.ceil((z * sd / goal) ** 2))
+            return need if need <= MAX_TRIPLETS else None
+    return None
 
 
-def speedup_interval(
-    windows: Mapping[str, Sequence[float]], arms: Mapping[str, str], level: float = LEVEL
-) -> Interval:
-    """windows: launch label -> its window times (s, the owner's windows, in window order); arms: label -> arm."""
-    base = [lab for lab in windows if arms[lab] == "baseline"]
-    cand = [lab for lab in windows if arms[lab] == "candidate"]
-    if not base or not cand:
-        raise ValueError("the interval needs at least one baseline and one candidate launch")
-    n_w = {len(windows[lab]) for lab in windows}
-    if len(n_w) != 1 or min(n_w) < 1:
-        raise ValueError(f"every launch needs the same number of windows, got {sorted(n_w)}")
-    nw = n_w.pop()
-    logs = {lab: [math.log(x) for x in windows[lab]] for lab in windows}
-    means = {lab: math.fsum(v) / nw for lab, v in logs.items()}
-    mb = math.fsum(means[lab] for lab in base) / len(base)
-    mc = math.fsum(means[lab] for lab in cand) / len(cand)
-    delta = mb - mc
-    var, df = _pooled([[means[lab] for lab in base], [means[lab] for lab in cand]])
-    sd = math.sqrt(var)
-    # window level: residuals after each launch's level and each arm's window profile (the same steps)
-    resid: dict[str, list[list[float]]] = {"baseline": [], "candidate": []}
-    for group, arm in ((base, "baseline"), (cand, "candidate")):
-        profile = [math.fsum(logs[lab][w] - means[lab] for lab in group) / len(group) for w in range(nw)]
-        for lab in group:
-            resid[arm].append([logs[lab][w] - means[lab] - profile[w] for w in range(nw)])
-    ss = math.fsum(r * r for rows in resid.values() for row in rows for r in row)
-    w_df = sum(len(rows) * (nw - 1) - (nw - 1) for rows in resid.values() if len(rows) >= 1)
-    window_var = ss / w_df if w_df > 0 else 0.0
-    launch_var = max(0.0, var - window_var / nw)
-    if df == 0:
-        # one launch per arm: no spread to learn from; the interval is unbounded
-        low, high = 0.0, math.inf
-    else:
-        half = t_quantile(0.5 + level / 2.0, df) * sd * math.sqrt(1.0 / len(base) + 1.0 / len(cand))
-        low, high = math.exp(delta - half), math.exp(delta + half)
-    rel_half = math.sqrt(high / low) - 1.0 if low > 0 and math.isfinite(high) else math.inf
+def variance_for(d: Sequence[float], calibration: Spread | None) -> tuple[Spread | None, str, SpreadCheck | None]:
+    """The between-triplet SD an interval uses, where it comes from, and the spread check that chose it."""
+    run = Spread.of(d)
+    if calibration is None or calibration.df == 0:
+        return (run, "run", None) if run is not None else (None, "none", None)
+    if run is None:
+        return calibration, "calibration", None
+    check = spread_check(run, calibration)
+    if check.larger:
+        return run, "run", check
+    return pooled(run, calibration), "pooled", check
+
+
+def paired_interval(d: Sequence[float], calibration: Spread | None = None, level: float = LEVEL,
+                    nominal_level: float | None = None) -> Interval:
+    """The interval of exp(mean d) over K triplets. `nominal_level`: the level of this look's t multiplier when a
+    sequential rule holds the overall `level` (ledger/verdict/sequential.py); None for a fixed design."""
+    if not d:
+        raise ValueError("the interval needs at least one triplet")
+    nominal = level if nominal_level is None else nominal_level
+    k = len(d)
+    mean = math.fsum(d) / k
+    spread, source, check = variance_for(d, calibration)
+    if spread is None:
+        return Interval(math.exp(mean), 0.0, math.inf, level, nominal, METHOD, k, tuple(d), None, 0, source, None,
+                        None, None)
+    crit = t_critical(nominal, spread.df)
+    half = crit * spread.sd / math.sqrt(k)
+    cal_df = spread.df - (k - 1) if source in ("pooled", "calibration") else 0
     return Interval(
-        estimate=math.exp(delta),
-        low=low,
-        high=high,
-        level=level,
-        method=METHOD,
-        df=df,
-        baseline_launches=len(base),
-        candidate_launches=len(cand),
-        launch_sd=sd,
-        launch_level_sd=math.sqrt(launch_var),
-        window_level_sd=math.sqrt(window_var),
-        half_width=rel_half,
-        triplets_for_target=triplets_needed(sd, level) if df > 0 else None,
+        estimate=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half), level=level,
+        nominal_level=nominal, method=METHOD, triplets=k, log_speedups=tuple(d), sd=spread.sd, df=spread.df,
+        variance_source=source, critical=crit, check=check,
+        triplets_for_target=triplets_needed(spread.sd, cal_df, level),
     )
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """A triplet (window None) or a window whose paired log speedup stands apart from the rest."""
+
+    triplet: int  # 0-based position among the run's triplets
+    window: int | None
+    z: float  # studentized deviation
+    p_value: float  # two-sided, before the Bonferroni correction
+    df: int
+
+
+def outlier_triplets(d: Sequence[float], calibration: Spread | None = None,
+                     alpha: float = OUTLIER_ALPHA) -> list[Outlier]:
+    """Leave-one-out: each triplet against the mean and pooled SD of the others (and the calibration), a
+    studentized prediction error; flagged when its p-value times K is below alpha (Bonferroni)."""
+    k = len(d)
+    if k < 2 or (k == 2 and calibration is None):
+        return []
+    out = []
+    for i in range(k):
+        rest = [x for j, x in enumerate(d) if j != i]
+        spread, _, _ = variance_for(rest, calibration)
+        if spread is None or spread.sd <= 0.0:
+            continue
+        m = math.fsum(rest) / len(rest)
+        z = (d[i] - m) / (spread.sd * math.sqrt(1.0 + 1.0 / len(rest)))
+        p = float(2.0 * sps.t.sf(abs(z), spread.df))
+        if p * k < alpha:
+            out.append(Outlier(i, None, z, p, spread.df))
+    return out
+
+
+def outlier_windows(ratios_by_triplet: Sequence[Sequence[float]], window_sd: Spread | None = None,
+                    alpha: float = OUTLIER_ALPHA) -> list[Outlier]:
+    """Each window's log ratio against its triplet's d, scaled by the within-triplet window SD (the calibration's
+    when given, else the run's own); flagged when its p-value times the number of windows is below alpha."""
+    spread = window_sd if window_sd is not None else window_spread(ratios_by_triplet)
+    if spread is None or spread.sd <= 0.0:
+        return []
+    n = sum(len(r) for r in ratios_by_triplet)
+    out = []
+    for i, ratios in enumerate(ratios_by_triplet):
+        nw = len(ratios)
+        if nw < 2:
+            continue
+        d = triplet_log_speedup(ratios)
+        for w, r in enumerate(ratios):
+            z = (math.log(r) - d) / (spread.sd * math.sqrt((nw - 1) / nw))
+            p = float(2.0 * sps.t.sf(abs(z), spread.df))
+            if p * n < alpha:
+                out.append(Outlier(i, w, z, p, spread.df))
+    return out
+
+
+# TRANSITION (removed when decision.py moves to paired_interval): the unpaired launch-level interval of main c30390d
+from ledger.verdict.legacy_stats import speedup_interval, t_cdf, t_quantile  # noqa: E402,F401
