@@ -1,40 +1,36 @@
-"""Package isolation: each package gets a private TMPDIR and HOME under the run's scratch and, where the kernel
-allows, its own mount namespace in which the shared temporary folders and the user's home are read-only.
+"""Package isolation: a read-only system but for the package's own folders, and no process of it outliving it.
 
-Guarantee (namespace mode): a package cannot write /tmp, /var/tmp, the user's home or orch's home (ledger,
-witness, other runs) except the run directory, the run's scratch and TRITON_CACHE_DIR (a write fails with EROFS,
-which names the path in the package's log), and gets a fresh /dev/shm that ends with it; so nothing it leaves
-there can reach a later launch or the evidence. Without namespaces (scan mode) new entries in those folders are
-detected after the package and fail it, naming them (a change inside an existing file, such as an append to the
-ledger, is not). Limits: a process with privileges in its namespace (root, or the mapped root of an unprivileged
-user namespace) can undo its own mounts, and root can always escape; folders other than these (e.g. the rest of a
-project checkout) are not covered.
+Namespace mode (orchestrator/ns_init.py): the whole file system read-only but its holes, in a PID namespace whose
+init ends and names what is left; scan mode (no namespaces): a cgroup v2, else the token scan, ends what is left,
+and the interpreter's startup surface and the shared temporary folders are compared before and after.
+docs/THREAT_MODEL.md says what each mode guarantees.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pwd
-import shutil
+import select
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import psutil
+
+from orchestrator.cgroups import PackageCgroup, joiner
+from orchestrator.surface import Snapshot, changes, snapshot
+
+NS_INIT = Path(__file__).with_name("ns_init.py")
 SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
-# argv: N_RO RO... N_RW RW... SHM(yes|no) CWD -- CMD...; read-only binds first, then writable holes in them
-_SCRIPT = r"""set -e
-n=$1; shift
-while [ "$n" -gt 0 ]; do mount --bind "$1" "$1"; mount -o remount,bind,ro "$1"; shift; n=$((n-1)); done
-n=$1; shift
-while [ "$n" -gt 0 ]; do mount --bind "$1" "$1"; mount -o remount,bind,rw "$1"; shift; n=$((n-1)); done
-if [ "$1" = yes ]; then mount -t tmpfs -o mode=1777,nosuid,nodev orch-shm /dev/shm; fi
-cd "$2"
-shift 3
-exec "$@"
-"""
+GRACE_S = 1.0  # what is still ending when the package's main process ends is given this long
+ENDINGS = ("pid-namespace", "cgroup", "token-scan")
 
 
 def _user_home() -> str | None:
@@ -46,7 +42,7 @@ def _user_home() -> str | None:
 
 
 def protected_dirs() -> list[str]:
-    """The shared folders a package may not write: /tmp, /var/tmp and the user's real home (where they exist)."""
+    """The shared folders scan mode lists (/tmp, /var/tmp, the user's real home): a new entry there fails it."""
     out = [d for d in ("/tmp", "/var/tmp") if os.path.isdir(d) and not os.path.islink(d)]
     home = _user_home()
     if home is not None and all(not _under(home, d) for d in out):
@@ -59,28 +55,61 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _unshare_prefix() -> list[str] | None:
-    exe = shutil.which("unshare")
-    if exe is None or shutil.which("mount") is None:
+def ns_command(holes: Sequence[str], dev_staging: str, report_fd: int, cwd: str, cmd: Sequence[str],
+               grace_s: float = GRACE_S) -> list[str]:
+    """The command line that runs `cmd` in the package's namespaces (orchestrator/ns_init.py, isolated Python)."""
+    cfg = {"holes": list(holes), "dev_staging": dev_staging, "report_fd": report_fd, "cwd": cwd, "grace_s": grace_s}
+    return [sys.executable, "-I", "-S", str(NS_INIT), json.dumps(cfg, sort_keys=True), "--", *cmd]
+
+
+def read_report(fd: int, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """The init's report (read to EOF; every writer has ended with the package), or None if it never came."""
+    chunks = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(b"".join(chunks))
+    except ValueError:
         return None
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return [exe, *user, "--mount", "--propagation", "private"]
+    return doc if isinstance(doc, dict) else None
 
 
 @functools.cache
 def namespaces_work() -> bool:
-    """Whether this kernel and user may make the mount namespace (tried once per process, for real)."""
-    prefix = _unshare_prefix()
-    if prefix is None:
-        return False
+    """Whether this kernel and user may make the package's namespaces (tried once per process, for real)."""
     with tempfile.TemporaryDirectory(prefix="orch-isolation-") as tmp:
-        ro = [d for d in protected_dirs()]
-        argv = [*prefix, "sh", "-c", _SCRIPT, "orch-isolate", str(len(ro)), *ro, "1", tmp,
-                "yes" if os.path.isdir("/dev/shm") else "no", tmp, "--", "true"]
+        (Path(tmp) / "dev").mkdir()
+        (Path(tmp) / "hole").mkdir()
+        read_fd, write_fd = os.pipe()
+        argv = ns_command([f"{tmp}/hole"], f"{tmp}/dev", write_fd, tmp, ["sh", "-c", f"echo ok > {tmp}/hole/ok"])
         try:
-            return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode == 0
+            rc = subprocess.run(argv, capture_output=True, timeout=30, check=False, pass_fds=(write_fd,)).returncode
         except (OSError, subprocess.TimeoutExpired):
-            return False
+            rc = -1
+        finally:
+            os.close(write_fd)
+        report = read_report(read_fd, timeout_s=5)
+        return rc == 0 and report is not None and (Path(tmp) / "hole" / "ok").is_file()
+
+
+@functools.cache
+def cgroups_work() -> bool:
+    """Whether this user may make a cgroup v2 with cgroup.kill here (tried once per process)."""
+    group = PackageCgroup.make(f"orch-probe-{os.getpid()}")
+    if group is None:
+        return False
+    group.kill_and_remove()
+    return True
 
 
 def _listing(dirs: Sequence[str]) -> dict[str, set[str]]:
@@ -102,15 +131,26 @@ def _listing(dirs: Sequence[str]) -> dict[str, set[str]]:
     return out
 
 
+def _named(procs: Sequence[tuple[int, str]]) -> list[str]:
+    return [f"{name} (pid {pid})" for pid, name in procs]
+
+
 @dataclass
 class PackageIsolation:
-    """The isolation of one package: its private folders, its mode, and (scan mode) the listing before it ran."""
+    """The isolation of one package: its private folders, its mode, how its processes are ended, what it found."""
 
     mode: str  # namespace | scan
+    ending: str  # pid-namespace | cgroup | token-scan
     root: Path
-    keep: list[str]
+    keep: list[str]  # the writable holes (namespace mode), the allowed places (scan mode)
     protected: list[str]
+    surface: list[str] = field(default_factory=list)
     before: dict[str, set[str]] = field(default_factory=dict)
+    surface_before: Snapshot = field(default_factory=dict)
+    survivors: list[str] = field(default_factory=list)
+    cgroup: PackageCgroup | None = None
+    _report: tuple[int, int] | None = None
+    _cgroup_fd: int | None = None
 
     @property
     def tmpdir(self) -> Path:
@@ -126,18 +166,63 @@ class PackageIsolation:
     def command(self, cmd: Sequence[str], cwd: str) -> list[str]:
         if self.mode != "namespace":
             return list(cmd)
-        prefix = _unshare_prefix()
-        assert prefix is not None
-        holes = [k for k in self.keep if any(_under(k, d) for d in self.protected) and os.path.isdir(k)]
-        shm = "yes" if os.path.isdir("/dev/shm") else "no"
-        return [*prefix, "sh", "-c", _SCRIPT, "orch-isolate", str(len(self.protected)), *self.protected,
-                str(len(holes)), *holes, shm, cwd, "--", *cmd]
+        assert self._report is not None, "start() first"
+        return ns_command(self.keep, str(self.root / "dev"), self._report[1], cwd, cmd)
 
     def start(self) -> None:
-        self.tmpdir.mkdir(parents=True, exist_ok=True)
-        self.home.mkdir(parents=True, exist_ok=True)
-        if self.mode == "scan":
+        """Make its folders (holes must exist to be mounted), then what its mode needs before it runs."""
+        for d in (self.tmpdir, self.home, self.root / "dev"):
+            d.mkdir(parents=True, exist_ok=True)
+        if self.mode == "namespace":
+            self._report = os.pipe()
+        else:
             self.before = _listing(self.scanned())
+            self.surface_before = snapshot(self.surface)
+        if self.ending == "cgroup":
+            self.cgroup = PackageCgroup.make(f"orch-{self.root.parent.parent.name}-{self.root.name}-{os.getpid()}")
+            if self.cgroup is None:
+                self.ending = "token-scan"
+            else:
+                self._cgroup_fd = joiner(self.cgroup.procs_file())
+
+    def spawn_args(self) -> dict[str, Any]:
+        """What spawn_in_group needs: the init's report pipe, or the cgroup to join."""
+        return {"pass_fds": () if self._report is None else (self._report[1],), "cgroup_fd": self._cgroup_fd}
+
+    def spawned(self) -> None:
+        """After the spawn: the parent's copies of the child's descriptors are closed."""
+        if self._report is not None:
+            os.close(self._report[1])
+        if self._cgroup_fd is not None:
+            os.close(self._cgroup_fd)
+            self._cgroup_fd = None
+
+    def leader_exited(self, proc: subprocess.Popen[bytes]) -> None:
+        """Scan mode, once the main process has ended: what is still running after the grace is named."""
+        if self.mode == "namespace":
+            return
+        deadline = time.monotonic() + GRACE_S
+        while True:
+            left = self.cgroup.members() if self.cgroup is not None else _group_members(proc.pid)
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        self.survivors += _named(left)
+
+    def finish(self) -> None:
+        """After the package: the init's report read (namespace mode), or its cgroup killed and removed."""
+        if self._report is not None:
+            report = read_report(self._report[0])
+            self._report = None
+            if report is None:
+                return
+            self.survivors += _named([(int(s["pid"]), str(s["name"])) for s in report.get("survivors", [])])
+            more = int(report.get("survivor_count", 0)) - len(report.get("survivors", []))
+            if more > 0:
+                self.survivors.append(f"{more} more")
+        if self.cgroup is not None:
+            self.cgroup.kill_and_remove()
+            self.cgroup = None
 
     def scanned(self) -> list[str]:
         return [d for d in dict.fromkeys([*self.protected, "/dev/shm"]) if os.path.isdir(d)]
@@ -156,6 +241,24 @@ class PackageIsolation:
                 found.append(_shown(path))
         return found
 
+    def surface_changed(self) -> list[str]:
+        """Scan mode: what changed in the interpreter's startup surface while the package ran."""
+        if self.mode != "scan":
+            return []
+        return [_shown(c) for c in changes(self.surface_before, snapshot(self.surface))]
+
+
+def _group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, name) of the live processes of a process group, its exited leader left out."""
+    out = []
+    for p in psutil.process_iter(["pid", "name", "status"]):
+        try:
+            if p.pid != pgid and os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append((p.pid, str(p.info["name"])))
+        except (OSError, psutil.Error):
+            continue
+    return out
+
 
 def _shown(path: str) -> str:
     """A path as evidence may show it: the user's home becomes '~' (never an absolute private path)."""
@@ -166,17 +269,24 @@ def _shown(path: str) -> str:
 
 
 def isolate(scratch_dir: str, name: str, keep: Sequence[str], mode: str = "auto",
-            protect: Sequence[str] = ()) -> PackageIsolation:
+            protect: Sequence[str] = (), surface: Sequence[str] = (), ending: str = "auto") -> PackageIsolation:
     """The isolation of package `name`: private folders under scratch/isolated/NAME; mode auto = namespace where
-    the kernel allows, else scan. `protect`: more folders made read-only in the namespace (orch's home: its ledger,
-    witness and other runs), `keep` stays writable inside them."""
+    the kernel allows, else scan. `keep`: the package's own folders (writable; the rest is read-only in the
+    namespace). `protect`: more folders scan mode lists (orch's home). `surface`: the interpreter's startup
+    folders scan mode compares. `ending` (scan mode): auto = a cgroup where one can be made, else the token scan."""
     if mode == "auto":
         mode = "namespace" if namespaces_work() else "scan"
     if mode not in ("namespace", "scan"):
         raise ValueError(f"isolation mode {mode!r} is not namespace, scan or auto")
-    extra = [os.environ["TRITON_CACHE_DIR"]] if os.environ.get("TRITON_CACHE_DIR") else []
-    keep_paths = [os.path.realpath(k) for k in [*keep, *extra]]
+    if mode == "namespace":
+        ending = "pid-namespace"
+    elif ending == "auto":
+        ending = "cgroup" if cgroups_work() else "token-scan"
+    if ending not in ENDINGS or (mode == "scan" and ending == "pid-namespace"):
+        raise ValueError(f"ending {ending!r} does not go with isolation mode {mode!r}")
+    root = Path(scratch_dir) / "isolated" / name
+    keep_paths = list(dict.fromkeys(os.path.realpath(k) for k in [*keep, str(root)]))
     protected = protected_dirs()
     more = [os.path.realpath(p) for p in protect if os.path.isdir(p)]
     protected += [p for p in more if not any(_under(p, d) for d in protected)]
-    return PackageIsolation(mode, Path(scratch_dir) / "isolated" / name, keep_paths, protected)
+    return PackageIsolation(mode, ending, root, keep_paths, protected, list(surface))

@@ -6,6 +6,7 @@ Allow-listed environment, cwd in the sealed copy, a timeout, logs to files, one 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -16,9 +17,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.isolation import isolate
+from orchestrator.isolation import PackageIsolation, isolate
 from orchestrator.process_group import exit_status, spawn_in_group, terminate_group, wait_group
 from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
+from orchestrator.surface import surface_dirs
 from protocol.fileio import write_atomic
 from protocol.hashing import canonical_json
 from protocol.package import PackageSpec, TrainSpec
@@ -122,64 +124,131 @@ def load_result(kind: str, path: Path) -> tuple[BaseModel | None, str | None, st
 
 def run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None = None,
-    isolation: str = "auto", prefix: Sequence[str] = (),
+    isolation: str = "auto", prefix: Sequence[str] = (), surface: Sequence[str] | None = None,
 ) -> PackageOutcome:
     """Run the package to its end (or timeout / Ctrl-C), isolated (orchestrator.isolation), end what it left
-    running, validate its result. It may write only under the run directory and the run's scratch: its TMPDIR and
-    HOME are private there. `prefix`: what the worker runs under (srun on a Slurm allocation's first node)."""
+    running, validate its result. It may write only its own folders (package directory, private TMPDIR and HOME,
+    its arm's compile caches; checks and score: the run directory and scratch). A process left running after its
+    main process, a change of the interpreter's startup surface (scan mode) or a write outside fails it, named.
+    `prefix`: what the worker runs under (srun on a Slurm allocation's first node); `surface`: the startup folders
+    scan mode compares (default: the interpreter's and the package's PYTHONPATH)."""
     token = new_token()
     try:
-        outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick, isolation, prefix)
+        outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick, isolation, prefix, surface)
     finally:
         left = end_stragglers(token)
     if left:
         outcome.extra["stragglers"] = left
-        note = f"ended {len(left)} process(es) left running outside its group: {', '.join(left)}"
-        outcome.note = f"{outcome.note}; {note}" if outcome.note else note
+        _fail(outcome, f"left {len(left)} process(es) running outside its group, ended by orch: {', '.join(left)}")
     return outcome
+
+
+def _fail(outcome: PackageOutcome, note: str) -> None:
+    """Fail an outcome (an ok one; a failed one keeps its status) with `note` first."""
+    outcome.status = "failed" if outcome.status == "ok" else outcome.status
+    outcome.note = f"{note}; {outcome.note}" if outcome.note else note
+
+
+def cache_key(spec: PackageSpec) -> str:
+    """Whose compile caches a package uses: its arm and the root of its sealed sources (checks and score: theirs)."""
+    owner = spec.arm or spec.kind
+    root = "unsealed"
+    manifest = Path(spec.package_dir).parent.parent / "sealed" / f"{spec.arm}.manifest.json"
+    if spec.arm is not None and manifest.is_file():
+        try:
+            root = str(json.loads(manifest.read_bytes())["root"])[:16]
+        except (OSError, ValueError, KeyError, TypeError):
+            root = "unreadable"
+    return f"{owner}-{root}"
+
+
+def arm_caches(env: Mapping[str, str], spec: PackageSpec) -> dict[str, str]:
+    """Each compile cache the environment names (declared or inherited), narrowed to the package's own folder in
+    it: baseline and candidate never share one; a warm one is reused only by the same arm and sources."""
+    key = cache_key(spec)
+    return {var: os.path.join(env[var], key) for var in COMPILE_CACHE_VARS if env.get(var) and os.path.isabs(env[var])}
+
+
+def own_folders(spec: PackageSpec) -> list[str]:
+    """The folders (and files) a package may write, made before it starts. Train, replay and reload: their
+    package directory, trainer folder, checkpoint and clock folders and trainer log; checks and score read and
+    write the whole run (the first makes the shared inputs, the last reads every arm's checkpoint)."""
+    pkg_dir = Path(spec.package_dir)
+    run_dir, scratch = pkg_dir.parent.parent, Path(spec.scratch_dir)
+    if spec.kind in ("checks", "score"):
+        return [str(run_dir), str(scratch)]
+    folders = [pkg_dir, scratch / "trainer" / spec.name]
+    ckpt = getattr(spec, "ckpt_dir", None)
+    if ckpt:
+        folders.append(Path(ckpt))
+    slurm = getattr(spec, "slurm", None)
+    if slurm is not None:
+        folders.append(Path(slurm.clock_dir))
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+    log = scratch / f"{spec.name}.trainer.log"  # workers/train.py writes the trainer's own output there
+    log.touch()
+    return [*map(str, folders), str(log)]
 
 
 def _run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None,
-    isolation: str, prefix: Sequence[str] = (),
+    isolation: str, prefix: Sequence[str] = (), surface: Sequence[str] | None = None,
 ) -> PackageOutcome:
     spec_path = write_spec(spec)
     pkg_dir = Path(spec.package_dir)
     run_dir = pkg_dir.parent.parent  # runs/<id>/packages/<name>
-    # compile caches the protocol declares (orch rehearse --compile-cache) stay writable inside the namespace
-    caches = [env[k] for k in COMPILE_CACHE_VARS if env.get(k) and os.path.isabs(env[k])]
-    for cache in caches:
+    caches = arm_caches(env, spec)
+    for cache in caches.values():
         os.makedirs(cache, exist_ok=True)
-    # orch's home (ledger, witness, other runs) is read-only to the package: a candidate cannot rewrite evidence
-    iso = isolate(spec.scratch_dir, spec.name, [str(run_dir), spec.scratch_dir, *caches], isolation,
-                  protect=[str(run_dir.parent.parent)])
+    env = {**env, **caches}
+    iso = isolate(spec.scratch_dir, spec.name, [*own_folders(spec), *caches.values()], isolation,
+                  protect=[str(run_dir.parent.parent)],
+                  surface=surface_dirs(env, skip=[spec.scratch_dir]) if surface is None else surface)
     iso.start()
     worker = [sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
     cmd = iso.command([*prefix, *worker], spec.sealed_dir)
     env = iso.env(env)
     started, t0 = utc_now(), time.monotonic()
-    outcome = _run(spec, cmd, env, timeout_s, on_tick, started, t0)
+    try:
+        outcome = _run(spec, cmd, env, timeout_s, on_tick, started, t0, iso)
+    finally:
+        iso.finish()
     outcome.extra["isolation"] = iso.mode
+    outcome.extra["ending"] = iso.ending
+    if iso.survivors:
+        outcome.extra["survivors"] = iso.survivors
+        _fail(outcome, f"left {len(iso.survivors)} process(es) running after its main process ended, ended by "
+                       f"orch ({iso.ending}): {', '.join(iso.survivors)}; a package's processes must end with it")
     outside = iso.written_outside()
     if outside:
         shown = ", ".join(outside[:5]) + (f" and {len(outside) - 5} more" if len(outside) > 5 else "")
-        outcome.status = "failed" if outcome.status == "ok" else outcome.status
-        outcome.note = (f"wrote outside the run directory and scratch: {shown} (a package may write only there; "
-                        "its TMPDIR and HOME are private)" + (f"; {outcome.note}" if outcome.note else ""))
+        _fail(outcome, f"wrote outside the run directory and scratch: {shown} (a package may write only there; "
+                       "its TMPDIR and HOME are private)")
+    changed = iso.surface_changed()
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        outcome.extra["surface_changed"] = changed
+        _fail(outcome, f"changed the interpreter's startup surface: {shown}; later packages would load it: "
+                       "remove it before the next run")
     return outcome
 
 
 def _run(
     spec: PackageSpec, cmd: list[str], env: Mapping[str, str], timeout_s: float,
-    on_tick: Callable[[float], None] | None, started: str, t0: float,
+    on_tick: Callable[[float], None] | None, started: str, t0: float, iso: PackageIsolation,
 ) -> PackageOutcome:
     pkg_dir = Path(spec.package_dir)
     with open(pkg_dir / "stdout.log", "wb") as out, open(pkg_dir / "stderr.log", "wb") as err:
-        proc = spawn_in_group(cmd, env=env, cwd=spec.sealed_dir, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        try:
+            proc = spawn_in_group(cmd, env=env, cwd=spec.sealed_dir, stdout=out, stderr=err,
+                                  stdin=subprocess.DEVNULL, **iso.spawn_args())
+        finally:
+            iso.spawned()
         try:
             while True:
                 try:
-                    rc = wait_group(proc, timeout=0.5)
+                    rc = wait_group(proc, timeout=0.5, on_exit=iso.leader_exited)
                     break
                 except subprocess.TimeoutExpired:
                     elapsed = time.monotonic() - t0

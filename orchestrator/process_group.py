@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,6 +39,8 @@ def spawn_in_group(
     *,
     stdin: int | IO[Any] | None = None,
     watchdog: bool = True,
+    pass_fds: Sequence[int] = (),
+    cgroup_fd: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `cmd` as the leader of a new session/process group that dies with this process.
 
@@ -46,9 +48,16 @@ def spawn_in_group(
     when this process dies (PDEATHSIG reaches only the direct child). Spawn from a long-lived thread:
     PDEATHSIG fires when the spawning *thread* exits. End it with wait_group() or terminate_group(): they
     stand the watchdog down before the leader's pid can be reused (a leader reaped another way, e.g. by
-    proc.wait(), is stood down at the next spawn and at exit).
+    proc.wait(), is stood down at the next spawn and at exit). `cgroup_fd`: an open cgroup.procs file the child
+    joins before it runs anything (orchestrator.cgroups); `pass_fds`: descriptors the child inherits.
     """
     _sweep()
+    arm = die_with_parent(signal.SIGKILL)
+
+    def preexec() -> None:
+        arm()
+        if cgroup_fd is not None:
+            os.write(cgroup_fd, b"0")
     proc = subprocess.Popen(
         list(cmd),
         env=None if env is None else dict(env),
@@ -57,7 +66,8 @@ def spawn_in_group(
         stdout=stdout,
         stderr=stderr,
         start_new_session=True,
-        preexec_fn=die_with_parent(signal.SIGKILL),
+        preexec_fn=preexec,
+        pass_fds=tuple(pass_fds),
     )
     if watchdog:
         read_fd, write_fd = os.pipe()  # non-inheritable: only the watchdog gets the read end, as stdin
@@ -120,10 +130,14 @@ def _leader_exited(proc: subprocess.Popen[bytes], block: bool) -> bool:
         return True
 
 
-def wait_group(proc: subprocess.Popen[bytes], timeout: float | None = None, poll_s: float = 0.05) -> int:
+def wait_group(
+    proc: subprocess.Popen[bytes], timeout: float | None = None, poll_s: float = 0.05,
+    on_exit: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> int:
     """Wait for the leader; then SIGKILL what it left running in its group, reap it, return its returncode.
 
-    Raises subprocess.TimeoutExpired after `timeout` seconds (nothing is signalled then).
+    `on_exit` runs once the leader has exited, before that kill (to name what is left). Raises
+    subprocess.TimeoutExpired after `timeout` seconds (nothing is signalled then).
     """
     if proc.returncode is None:
         if timeout is None:
@@ -135,6 +149,8 @@ def wait_group(proc: subprocess.Popen[bytes], timeout: float | None = None, poll
                 if left <= 0:
                     raise subprocess.TimeoutExpired(proc.args, timeout)
                 time.sleep(min(poll_s, left))
+        if on_exit is not None:
+            on_exit(proc)
         signal_group(proc, signal.SIGKILL)  # leftovers would keep devices after the lock is released
         proc.wait()
     _disarm(proc)

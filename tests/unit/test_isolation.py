@@ -83,21 +83,31 @@ def test_the_run_directory_and_scratch_are_the_only_writable_holes(tmp_path: Pat
     iso = isolate(str(tmp_path / "scratch"), "train-C", [str(tmp_path / "run"), str(tmp_path / "scratch")], "scan")
     assert iso.tmpdir == tmp_path / "scratch" / "isolated" / "train-C" / "tmp"
     assert "/tmp" in protected_dirs() and iso.protected == protected_dirs()
-    cmd = isolate(str(tmp_path), "x", [str(tmp_path)], "namespace").command(["python", "-V"], str(tmp_path))
-    assert cmd[-3:] == ["--", "python", "-V"] and "--mount" in cmd
+    ns = isolate(str(tmp_path), "x", [str(tmp_path)], "namespace")
+    ns.start()
+    cmd = ns.command(["python", "-V"], str(tmp_path))
+    assert cmd[-3:] == ["--", "python", "-V"] and cmd[1:3] == ["-I", "-S"] and cmd[3].endswith("ns_init.py")
+    assert ns.ending == "pid-namespace" and json.loads(cmd[4])["holes"] == [str(tmp_path.resolve()), str(ns.root)]
+    ns.spawned()
+    ns.finish()
     with pytest.raises(ValueError):
         isolate(str(tmp_path), "x", [], "none")
 
 
 @pytest.mark.skipif(not namespaces_work(), reason="this kernel or user cannot make a mount namespace")
-def test_a_compile_cache_the_protocol_declares_stays_writable(tmp_path: Path) -> None:
+def test_a_compile_cache_the_protocol_declares_is_writable_in_the_packages_own_folder_only(tmp_path: Path) -> None:
     cache = f"/tmp/orch-compile-cache-{secrets.token_hex(6)}"  # orch rehearse --compile-cache DIR
-    spec = _spec(tmp_path, f"{cache}/inductor-entry")
+    own = f"{cache}/checks-unsealed"  # a package without an arm: its kind, no sealed sources
+    spec = _spec(tmp_path, f"{own}/inductor-entry")
     try:
         outcome = run_package(spec, {**_env(), "TORCHINDUCTOR_CACHE_DIR": cache}, 120)
         assert outcome.status == "ok", outcome.note
         seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
-        assert seen["shared"] == "written" and Path(cache, "inductor-entry").is_file()
+        assert seen["shared"] == "written" and Path(own, "inductor-entry").is_file()
+        spec = _spec(tmp_path / "again", f"{cache}/inductor-entry")  # the declared folder itself is read-only
+        outcome = run_package(spec, {**_env(), "TORCHINDUCTOR_CACHE_DIR": cache}, 120)
+        seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
+        assert seen["shared"] == "OSError: Read-only file system" and not Path(cache, "inductor-entry").exists()
     finally:
         import shutil
 

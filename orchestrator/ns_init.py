@@ -1,0 +1,238 @@
+"""The namespaces one package runs in, started as a script (`python -I -S ns_init.py CONFIG_JSON -- CMD...`).
+
+A read-only root with only the package's own folders writable, a /dev of the devices a trainer needs and a fresh
+/dev/shm; a PID namespace whose init (this file) ends every process still running when the command ends, naming
+them; the command in a user namespace below, so that it cannot undo the mounts even as root. Standard library only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import signal
+import sys
+import time
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
+_FLAG_OF = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+            "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+SYS_MOUNT_SETATTR, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, 0x8000, 1  # one number on every architecture
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+# what a trainer opens under /dev (GPUs, RDMA); never a disk, /dev/mem or the like
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty", "log", "kfd")
+DEV_PREFIXES = ("nvidia",)
+DEV_DIRS = ("pts", "infiniband", "dri", "nvidia-caps", "nvidia-caps-imex-channels")
+SETUP_FAILED = 125  # the namespaces could not be made: orch says so (protocol: isolation failed)
+_RESET = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _enc(s: str | None) -> bytes | None:
+    return None if s is None else s.encode()
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = _enc
+    _check(_libc.mount(enc(src), target.encode(), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {target}")
+
+
+def _mount_flags(target: str) -> int:
+    """The per-mount flags of the mount at `target` (kept on a remount: a user namespace may not drop them)."""
+    best, flags = "", 0
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].replace("\\040", " ")
+            if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                best, flags = point, sum(_FLAG_OF.get(o, 0) for o in fields[5].split(","))
+    return flags
+
+
+def _set_read_only(path: str, read_only: bool, recursive: bool) -> None:
+    attr = _MountAttr(MOUNT_ATTR_RDONLY if read_only else 0, 0 if read_only else MOUNT_ATTR_RDONLY, 0, 0)
+    rc = _libc.syscall(SYS_MOUNT_SETATTR, -100, path.encode(), AT_RECURSIVE if recursive else 0,
+                       ctypes.byref(attr), ctypes.sizeof(attr))
+    if rc == 0:
+        return
+    if ctypes.get_errno() not in (errno.ENOSYS, errno.EINVAL):
+        _check(rc, f"mount_setattr {path}")
+    # kernels before 5.12: remount each mount at or below the path, its own flags kept
+    points = [path]
+    if recursive:
+        with open("/proc/self/mountinfo") as f:
+            points = [ln.split()[4].replace("\\040", " ") for ln in f]
+        points = [p for p in points if p == path or p.startswith(path.rstrip("/") + "/")]
+    for point in points:
+        _mount(None, point, None, MS_REMOUNT | MS_BIND | (MS_RDONLY if read_only else 0) | _mount_flags(point))
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _map_self(uid: int, gid: int) -> None:
+    """Map root of the user namespace just made onto (uid, gid) of its parent: the one mapping allowed to itself."""
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"0 {uid} 1\n")
+    _write("/proc/self/gid_map", f"0 {gid} 1\n")
+
+
+def _make_dev(staging: str) -> None:
+    """A tmpfs with bind mounts of the allowed device nodes and folders, and the usual links (moved onto /dev)."""
+    _mount("orch-dev", staging, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755")
+    for name in sorted(os.listdir("/dev")):
+        src, dst = f"/dev/{name}", f"{staging}/{name}"
+        if os.path.islink(src):
+            continue
+        if name in DEV_DIRS and os.path.isdir(src):
+            os.mkdir(dst)
+        elif (name in DEV_NODES or name.startswith(DEV_PREFIXES)) and not os.path.isdir(src):
+            open(dst, "w").close()
+        else:
+            continue
+        _mount(src, dst, None, MS_BIND | MS_REC)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+        os.symlink(target, f"{staging}/{name}")
+    os.mkdir(f"{staging}/shm")
+
+
+def _setup(cfg: dict[str, object]) -> None:
+    """In the new mount namespace: everything read-only, then /dev, /dev/shm, the holes and /proc."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    staging = str(cfg["dev_staging"])
+    _make_dev(staging)
+    _set_read_only("/", True, recursive=True)
+    _mount(staging, "/dev", None, MS_MOVE)
+    _mount("orch-shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    for hole in sorted(map(str, cfg["holes"]), key=len):  # type: ignore[call-overload]
+        _mount(hole, hole, None, MS_BIND | MS_REC)
+        _set_read_only(hole, False, recursive=False)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _alive() -> list[tuple[int, str]]:
+    """Processes of this PID namespace other than its init, zombies left out: (pid, command name)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or entry == "1":
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split(" ", 1)[0]
+        if state not in ("Z", "X"):
+            out.append((int(entry), name))
+    return out
+
+
+def _reap() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def _init(cfg: dict[str, object], report_fd: int, cmd: list[str]) -> int:
+    """PID 1 of the package's namespace: run the command, then end (and name) whatever it left running."""
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the command may not ptrace or read the init (its report fd)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)  # orch signals the command's process group; the init waits for it
+    try:
+        _setup(cfg)
+    except OSError as exc:
+        sys.stderr.write(f"orch isolation: {exc}\n")
+        return SETUP_FAILED
+    uid, gid = os.getuid(), os.getgid()
+    worker = os.fork()
+    if worker == 0:
+        try:
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its /proc/self/*_map are its own again
+            _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare user namespace")
+            _map_self(uid, gid)  # mounts copied into a less privileged namespace are locked: no remount, no umount
+            for sig in _RESET:
+                signal.signal(sig, signal.SIG_DFL)
+            os.chdir(str(cfg["cwd"]))
+            os.execvp(cmd[0], cmd)
+        except OSError as exc:
+            sys.stderr.write(f"orch isolation: {exc}\n")
+        os._exit(SETUP_FAILED)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == worker:
+            break
+    code = os.waitstatus_to_exitcode(status)
+    code = 128 - code if code < 0 else code
+    deadline = time.monotonic() + float(cfg.get("grace_s", 1.0))  # type: ignore[arg-type]
+    while True:  # what is ending anyway (a rank still exiting) is given a moment
+        _reap()
+        alive = _alive()
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    if alive:
+        os.kill(-1, signal.SIGKILL)  # every process of this namespace but its init
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    report = {"guarantee": "pid-namespace", "survivors": [{"pid": p, "name": n} for p, n in alive[:20]],
+              "survivor_count": len(alive)}
+    os.write(report_fd, json.dumps(report).encode())
+    os.close(report_fd)
+    return code
+
+
+def main(argv: list[str]) -> int:
+    cfg = json.loads(argv[1])
+    cmd = argv[argv.index("--") + 1 :]
+    report_fd = int(cfg["report_fd"])
+    os.set_inheritable(report_fd, False)  # the command never gets it
+    uid, gid = os.getuid(), os.getgid()
+    flags = CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWUSER if uid != 0 else 0)
+    try:
+        _check(_libc.unshare(flags), "unshare")
+        if uid != 0:
+            _map_self(uid, gid)
+    except OSError as exc:
+        sys.stderr.write(f"orch isolation: {exc}\n")
+        return SETUP_FAILED
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)  # a SIGTERM to the group reaches the command; this one waits for it
+    init = os.fork()
+    if init == 0:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # orch's SIGKILL of the group ends the namespace
+        os._exit(_init(cfg, report_fd, cmd))
+    os.close(report_fd)
+    _, status = os.waitpid(init, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
