@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test slurm-packages test-fast test-e2e test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null attack mutation clean
+.PHONY: all install lint test slurm-packages test-fast test-e2e test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null bench-verdict attack mutation clean
 
 all: test
 
@@ -77,6 +77,11 @@ bench-probe: $(STAMP)
 # one device call (~8 min on one H200): null runs with repeats and a known 25% slowdown; figures under $$OUT
 bench-null: $(STAMP)
 	$(BIN)/python bench/bench_null.py $(BENCH_NULL_ARGS)
+
+# issue 26: the verdict's false accepts and power. --sim (default, ~5 min on one core) writes
+# docs/validation/verdict_simulation.json; BENCH_VERDICT_ARGS="--real --streams 8 --budget-s 520" launches r3-mini
+bench-verdict: $(STAMP)
+	$(BIN)/python bench/bench_verdict.py $(or $(BENCH_VERDICT_ARGS),--sim)
 
 # issue 17's attacks re-run for real on r3-mini (CPU): cheats, faults, tampers, bad inputs; slow (~30-40 min on 2
 # busy cores), not part of `make test`. ATTACK_ARGS="--only input,tamper" for some families. Writes

@@ -1,0 +1,115 @@
+"""`make bench-verdict`: does the verdict err as often as it says? False accepts of identical arms and power on
+known slowdowns, for fixed K = 1 with a calibration, K = 2, K = 3 and the sequential rule (issue 26).
+
+--sim   a seeded Monte Carlo of whole runs' step times (bench/verdict_sim.py); figures to
+        docs/validation/verdict_simulation.json (or --out)
+--real  real `orch calibrate` / `orch launch` of r3-mini on this host (bench/verdict_real.py), decisions from
+        disjoint triplets; figures to --out (default $OUT/bench_verdict_real.json)
+
+Usage: python bench/bench_verdict.py --sim [--sequences N] [--seed S] [--check M] [--out FILE]
+       python bench/bench_verdict.py --real [--device cpu|cuda] [--streams N] [--budget-s S] [--out FILE] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+SIM_OUT = REPO / "docs" / "validation" / "verdict_simulation.json"
+
+
+def provenance() -> dict[str, Any]:
+    """The commit, whether the files that make these figures differ from it, and the command (relative paths)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "bench/bench_verdict.py", "bench/verdict_sim.py",
+                "bench/verdict_real.py", "ledger/verdict/stats.py", "ledger/verdict/sequential.py",
+                "ledger/verdict/windows.py")
+    argv = [os.path.relpath(sys.argv[0], REPO) if os.path.isabs(sys.argv[0]) else sys.argv[0], *sys.argv[1:]]
+    return {"commit": git("rev-parse", "HEAD"), "files_differ_from_commit": bool(dirty),
+            "command": "python " + shlex.join(argv)}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def _ci(ci: list[float]) -> str:
+    return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
+
+
+def sim_table(scenarios: list[dict[str, Any]]) -> str:
+    head = ["scenario", "rule", "false accept (95% CP)", "power (95% CP)", "coverage", "mean triplets (+A/A)",
+            "median half-width"]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for sc in scenarios:
+        for name, r in sc["rules"].items():
+            fa = f"{_pct(r['false_accept_rate'])} {_ci(r['false_accept_ci95'])}" if "false_accept_rate" in r else ""
+            pw = f"{_pct(r['power'])} {_ci(r['power_ci95'])}" if "power" in r else ""
+            hw = "inf" if r["median_half_width"] is None else _pct(r["median_half_width"])
+            cal = f" (+{r['calibration_triplets']})" if r["calibration_triplets"] else ""
+            lines.append(" | ".join([sc["scenario"], name, fa, pw, _pct(r["coverage"]),
+                                     f"{r['mean_triplets']:.2f}{cal}", hw]))
+    return "\n".join(lines)
+
+
+def run_sim(opts: argparse.Namespace) -> None:
+    from verdict_sim import CAL_TRIPLETS, HOST, MAX_TRIPLETS, RULES, SCENARIOS, SOURCES, simulate
+
+    t0 = time.monotonic()
+    results = []
+    for i, sc in enumerate(SCENARIOS):
+        results.append(simulate(sc, opts.sequences, opts.seed + i, opts.check))
+        print(f"{sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    table = sim_table(results)
+    print(table)
+    figures = {
+        "schema": "orch.bench-verdict-sim/1", **provenance(), "sequences_per_scenario": opts.sequences,
+        "seed": opts.seed, "rules": list(RULES), "max_triplets": MAX_TRIPLETS, "calibration_triplets": CAL_TRIPLETS,
+        "host_model": {"default": HOST.__dict__, "sources": SOURCES}, "scenarios": results, "table": table,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }  # fmt: skip
+    out = opts.out or SIM_OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=1) + "\n")
+    print(f"figures: {os.path.relpath(out, REPO) if out.is_relative_to(REPO) else out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--sim", action="store_true", help="seeded Monte Carlo of step times")
+    mode.add_argument("--real", action="store_true", help="real launches of r3-mini on this host")
+    ap.add_argument("--out", type=Path, default=None, help="figures file (JSON)")
+    ap.add_argument("--sequences", type=int, default=10_000, help="--sim: sequences per scenario")
+    ap.add_argument("--seed", type=int, default=26, help="--sim: seed of the first scenario (then +1 each)")
+    ap.add_argument("--check", type=int, default=100,
+                    help="--sim: sequences per scenario judged again by ledger/verdict's own functions")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--real: the r3-mini protocol's device")
+    ap.add_argument("--streams", type=int, default=1, help="--real: parallel streams, each on its own cores")
+    ap.add_argument("--cores-per-stream", type=int, default=2, help="--real: cores pinned to each stream (taskset)")
+    ap.add_argument("--budget-s", type=float, default=520.0, help="--real: start no work that would end later")
+    ap.add_argument("--calibration-repeats", type=int, default=5, help="--real: A/A triplets of each calibration")
+    ap.add_argument("--small", action="store_true", help="--real: shorter rollouts (as bench_null --small)")
+    opts = ap.parse_args()
+    if opts.sim:
+        run_sim(opts)
+    else:
+        from verdict_real import run_real
+
+        run_real(opts, provenance())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""`bench_verdict.py --sim`: a seeded Monte Carlo of whole runs (step times of A, C, B launches) judged by the
+verdict's rules: fixed K = 1 with a calibration, K = 2, K = 3 and the sequential rule under optional stopping.
+
+Step times -> the owner's windows and ratios -> per-triplet d -> intervals. The intervals are computed for 10,000
+sequences at once with numpy; the critical values and nominal levels come from ledger/verdict (t_critical,
+SequentialRule.nominal_level) and a subsample of sequences is judged again by the module's own functions
+(windows.speedup, triplet_log_speedup, paired_interval, SequentialRule), which must agree to 1e-9.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+from ledger.verdict.sequential import SequentialRule
+from ledger.verdict.stats import (
+    LEVEL,
+    SPREAD_ALPHA,
+    TARGET_HALF_WIDTH,
+    Spread,
+    outlier_triplets,
+    outlier_windows,
+    paired_interval,
+    triplet_log_speedup,
+)
+from ledger.verdict.windows import speedup, window_steps
+from protocol.plan import triplets
+
+STEPS, WARMUP, WINDOW = 16, 10, 2  # the owner's measurement (DESIGN.md section 5)
+MAX_TRIPLETS = 6
+CAL_TRIPLETS = 5  # the A/A calibration each simulated host measured once
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """Multiplicative noise on a step's time (log scale, median 1), from the recorded evidence (see SOURCES)."""
+
+    launch_sd: float = 0.11  # a fresh launch's own speed
+    step_sd: float = 0.08  # each step around its launch's speed
+    drift_mean: float = 0.0  # linear drift per launch position inside a triplet (A -> C -> B order)
+    drift_sd: float = 0.0
+    candidate_noise: float = 1.0  # the candidate's launch and step SD are this times the baseline's
+    launch_outlier_p: float = 0.0  # a launch slowed as a whole (a busy host)
+    launch_outlier: float = 1.4
+    window_outlier_p: float = 0.0  # one window of one launch slowed
+    window_outlier: float = 1.5
+
+
+SOURCES = {
+    "launch_sd": "0.11: launch-to-launch log SD of r3-mini on CPU and on one H200 (issue 26; README 'Measurement, "
+                 "noise and evidence'); it gives a per-triplet d SD of about 0.14, as the CPU nulls "
+                 "(docs/validation/cpu2_null_*.json: d = 0.126, -0.064) and the H200 null K = 3 (d SD about 0.17) "
+                 "show. 0.20 in the noisy scenario (the H200 eager baseline's launch SD, old test_stats)",
+    "step_sd": "0.08: docs/validation/cpu2_bench_null.json window-level SD 0.057 of a 2-step window (x sqrt 2)",
+    "quiet": "launch 0.015, step 0.02: the H200 25% slowdown's per-triplet headlines 0.758 / 0.781 / 0.766 "
+             "(issue 26; log SD 0.015)",
+    "drift": "0.02 +- 0.04 per launch position: A/B drifts of 0.02-0.18 (CPU) and up to 0.37 (H200) in "
+             "docs/validation/*null*.json, most of it explained by the launch SD; a steady heating trend on top",
+    "candidate_noise": "1.5 or 1/1.5 in the unequal-arms scenarios: the H200 null's C windows had step CVs "
+                       "0.01-0.18 where A's had 0.24-0.31 (docs/validation/h200x1_null.json)",
+    "outliers": "2% of launches 1.4x slower, 2% of windows of a launch 1.5x slower: the H200 null's w1 C/A = 1.33",
+    "base": "each step's own work uniform in [0.3, 0.9] s, the same for every launch of a sequence (same seeds)",
+}
+HOST = HostModel(drift_mean=0.02, drift_sd=0.04, launch_outlier_p=0.02, window_outlier_p=0.02)
+QUIET = replace(HOST, launch_sd=0.015, step_sd=0.02)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    ratio: float  # the true speedup: baseline median step time / candidate's
+    host: HostModel
+
+
+SCENARIOS = (
+    Scenario("null, clean host", 1.0, HostModel()),
+    Scenario("null, host model", 1.0, HOST),
+    Scenario("null, host, candidate 1.5x noisier", 1.0, replace(HOST, candidate_noise=1.5)),
+    Scenario("null, host, candidate 1.5x quieter", 1.0, replace(HOST, candidate_noise=1 / 1.5)),
+    Scenario("null, noisy host", 1.0, replace(HOST, launch_sd=0.20)),
+    Scenario("null, quiet host", 1.0, QUIET),
+    Scenario("10% slowdown, host model", 1 / 1.10, HOST),
+    Scenario("25% slowdown, host model", 0.8, HOST),
+    Scenario("10% slowdown, quiet host", 1 / 1.10, QUIET),
+    Scenario("25% slowdown, quiet host", 0.8, QUIET),
+)
+RULES = ("K=1 + cal", "K=2", "K=2 + cal", "K=3", "K=3 + cal", "seq<=6 + cal", "seq<=6")
+
+
+def _orders() -> np.ndarray:
+    """Launch position (0, 1, 2) of roles A, C, B in each triplet of the plan (odd A C B, even B C A)."""
+    out = []
+    for t in triplets(MAX_TRIPLETS):
+        pos = {label: i for i, label in enumerate(t.order)}
+        out.append([pos[t.a], pos[t.c], pos[t.b]])
+    return np.array(out, dtype=float)
+
+
+def step_times(rng: np.random.Generator, n: int, k: int, ratio: float, host: HostModel,
+               base: np.ndarray) -> np.ndarray:
+    """Step times [sequence, triplet, role A/C/B, step] of n sequences of k triplets."""
+    noise = np.array([1.0, host.candidate_noise, 1.0])[None, None, :]
+    launch = rng.normal(0.0, host.launch_sd, size=(n, k, 3)) * noise
+    drift = rng.normal(host.drift_mean, host.drift_sd, size=(n, k, 1)) * _orders()[None, :k, :]
+    log_t = (launch + drift)[..., None] + rng.normal(0.0, host.step_sd, size=(n, k, 3, STEPS)) * noise[..., None]
+    times = base[:, None, None, :] * np.exp(log_t)
+    times[:, :, 1, :] /= ratio
+    if host.launch_outlier_p > 0:
+        times *= np.where(rng.random((n, k, 3)) < host.launch_outlier_p, host.launch_outlier, 1.0)[..., None]
+    if host.window_outlier_p > 0:
+        for steps in window_steps(STEPS, WARMUP, WINDOW):
+            hit = rng.random((n, k, 3)) < host.window_outlier_p
+            times[..., list(steps)] *= np.where(hit, host.window_outlier, 1.0)[..., None]
+    return times
+
+
+def window_ratios(times: np.ndarray) -> np.ndarray:
+    """The owner's ratio_w = mean(A_w, B_w) / C_w of each window: [sequence, triplet, window]."""
+    wins = np.stack([times[..., list(s)].sum(axis=-1) for s in window_steps(STEPS, WARMUP, WINDOW)], axis=-1)
+    return ((wins[:, :, 0] + wins[:, :, 2]) / 2.0) / wins[:, :, 1]
+
+
+@dataclass
+class Looks:
+    """Vectorized paired_interval over n sequences at one look: log-scale mean and half-width (inf: unbounded)."""
+
+    mean: np.ndarray
+    half: np.ndarray
+
+
+def intervals(d: np.ndarray, cal: np.ndarray | None, nominal: float) -> Looks:
+    """d [n, k]; cal [n] calibration SDs of df CAL_TRIPLETS - 1 (None: no calibration): stats.variance_for's choice."""
+    n, k = d.shape
+    mean = d.mean(axis=1)
+    if cal is None and k == 1:
+        return Looks(mean, np.full(n, math.inf))
+    cal_df = CAL_TRIPLETS - 1
+    if cal is None:
+        sd, df = d.std(axis=1, ddof=1), np.full(n, k - 1)
+    elif k == 1:
+        sd, df = cal, np.full(n, cal_df)
+    else:
+        run = d.std(axis=1, ddof=1)
+        larger = sps.f.sf((run / cal) ** 2, k - 1, cal_df) < SPREAD_ALPHA
+        pooled = np.sqrt(((k - 1) * run**2 + cal_df * cal**2) / (k - 1 + cal_df))
+        sd, df = np.where(larger, run, pooled), np.where(larger, k - 1, k - 1 + cal_df)
+    crit = sps.t.ppf(0.5 + nominal / 2.0, df)
+    return Looks(mean, crit * sd / math.sqrt(k))
+
+
+def _judge(lk: Looks) -> tuple[np.ndarray, np.ndarray]:
+    """(decided faster, decided slower) per sequence."""
+    return lk.mean - lk.half > 0.0, lk.mean + lk.half < 0.0
+
+
+def sequential(d: np.ndarray, cal: np.ndarray | None) -> tuple[Looks, np.ndarray, np.ndarray]:
+    """SequentialRule(MAX_TRIPLETS) with optional stopping: the interval at each sequence's stop, triplets taken,
+    and why it stopped (0 decided, 1 precise, 2 maximum)."""
+    rule = SequentialRule(MAX_TRIPLETS)
+    calib = Spread(1.0, CAL_TRIPLETS - 1) if cal is not None else None  # only its presence sets the looks
+    n = d.shape[0]
+    taken = np.zeros(n, dtype=int)
+    why = np.full(n, -1)
+    mean, half = np.zeros(n), np.full(n, math.inf)
+    for k in range(1, MAX_TRIPLETS + 1):
+        lk = intervals(d[:, :k], cal, rule.nominal_level(k, calib))
+        live = taken == 0
+        faster, slower = _judge(lk)
+        bounded = np.isfinite(lk.half)
+        precise = bounded & (np.expm1(lk.half) <= TARGET_HALF_WIDTH)
+        reason = np.where(faster | slower, 0, np.where(precise, 1, np.where(k == MAX_TRIPLETS, 2, -1)))
+        stop = live & (reason >= 0)
+        taken[stop], why[stop], mean[stop], half[stop] = k, reason[stop], lk.mean[stop], lk.half[stop]
+    return Looks(mean, half), taken, why
+
+
+def cp(k: int, n: int) -> list[float]:
+    ci = sps.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return [float(ci.low), float(ci.high)]
+
+
+def rule_figures(lk: Looks, taken: np.ndarray, ratio: float, cal_triplets: int) -> dict[str, Any]:
+    n = lk.mean.size
+    faster, slower = _judge(lk)
+    truth = math.log(ratio)
+    covers = (lk.mean - lk.half <= truth) & (truth <= lk.mean + lk.half)
+    accepts = int(faster.sum() + slower.sum())
+    right = int(slower.sum()) if ratio < 1 else int(faster.sum()) if ratio > 1 else 0
+    bounded = np.isfinite(lk.half)
+    out: dict[str, Any] = {
+        "sequences": n, "accepted_faster": int(faster.sum()), "accepted_slower": int(slower.sum()),
+        "unbounded": int((~bounded).sum()), "coverage": float(covers.mean()), "coverage_ci95": cp(int(covers.sum()), n),
+        "mean_triplets": float(taken.mean()), "calibration_triplets": cal_triplets,
+        "median_half_width": float(np.median(np.expm1(lk.half[bounded]))) if bounded.any() else None,
+    }  # fmt: skip
+    if ratio == 1.0:
+        out |= {"false_accept_rate": accepts / n, "false_accept_ci95": cp(accepts, n)}
+    else:
+        out |= {"power": right / n, "power_ci95": cp(right, n), "wrong_direction": accepts - right}
+    return out
+
+
+def crosscheck(times: np.ndarray, ratios: np.ndarray, d: np.ndarray, cal_d: np.ndarray,
+               looks: dict[str, tuple[Looks, np.ndarray]], m: int) -> dict[str, Any]:
+    """Judge the first m sequences again with the module's own functions; the largest disagreement (log scale)."""
+    worst = 0.0
+    flags = {"outlier_triplet_k3": 0, "outlier_window_k3": 0}
+    for i in range(m):
+        for t in range(MAX_TRIPLETS):
+            sp = speedup({r: list(times[i, t, j]) for j, r in enumerate("ACB")}, steps=STEPS, warmup=WARMUP,
+                         window=WINDOW, drift_bound=0.02)
+            got = [w.ratio for w in sp.windows]
+            worst = max(worst, max(abs(math.log(g / r)) for g, r in zip(got, ratios[i, t], strict=True)),
+                        abs(triplet_log_speedup(got) - d[i, t]))
+        cal = Spread.of(list(cal_d[i]))
+        for name, (lk, taken) in looks.items():
+            c = cal if "cal" in name else None
+            k = int(taken[i])
+            if name.startswith("seq"):
+                rule = SequentialRule(MAX_TRIPLETS)
+                for j in range(1, MAX_TRIPLETS + 1):
+                    iv = rule.interval(list(d[i, :j]), c)
+                    if rule.stop(iv) is not None:
+                        break
+                if j != k:
+                    raise SystemExit(f"cross-check: sequence {i} rule {name} stopped at {j}, the simulation at {k}")
+            else:
+                iv = paired_interval(list(d[i, :k]), c)
+            lo, hi = (lk.mean[i] - lk.half[i], lk.mean[i] + lk.half[i])
+            ref = (math.log(iv.low) if iv.low > 0 else -math.inf, math.log(iv.high))
+            for a, b in zip((lo, hi), ref, strict=True):
+                worst = max(worst, 0.0 if a == b else abs(a - b))
+        flags["outlier_triplet_k3"] += bool(outlier_triplets(list(d[i, :3]), cal))
+        flags["outlier_window_k3"] += bool(outlier_windows([list(r) for r in ratios[i, :3]]))
+    if worst > 1e-9:
+        raise SystemExit(f"cross-check: the vectorized intervals differ from ledger/verdict by {worst:.3g}")
+    return {"sequences": m, "max_abs_log_difference": worst,
+            "outlier_named_rate_k3": {k: v / m for k, v in flags.items()} if m else None}
+
+
+def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    base = rng.uniform(0.3, 0.9, size=(n, STEPS))
+    times = step_times(rng, n, MAX_TRIPLETS, scenario.ratio, scenario.host, base)
+    ratios = window_ratios(times)
+    d = np.log(ratios).mean(axis=-1)
+    aa_host = replace(scenario.host, candidate_noise=1.0)  # A/A: the candidate arm is the baseline
+    cal_d = np.log(window_ratios(step_times(rng, n, CAL_TRIPLETS, 1.0, aa_host, base))).mean(axis=-1)
+    cal = cal_d.std(axis=1, ddof=1)
+    looks: dict[str, tuple[Looks, np.ndarray]] = {}
+    stops: dict[str, dict[str, int]] = {}
+    for name in RULES:
+        c = cal if "cal" in name else None
+        if name.startswith("seq"):
+            lk, taken, why = sequential(d, c)
+            stops[name] = {w: int((why == i).sum()) for i, w in enumerate(("decided", "precise", "maximum"))}
+        else:
+            k = int(name[2])
+            lk, taken = intervals(d[:, :k], c, LEVEL), np.full(n, k)
+        looks[name] = (lk, taken)
+    rules = {name: rule_figures(lk, taken, scenario.ratio, CAL_TRIPLETS if "cal" in name else 0)
+             for name, (lk, taken) in looks.items()}
+    for name, s in stops.items():
+        rules[name]["stops"] = s
+    return {"scenario": scenario.name, "ratio": scenario.ratio, "host": asdict(scenario.host), "seed": seed,
+            "rules": rules, "crosscheck": crosscheck(times, ratios, d, cal_d, looks, check)}
