@@ -17,6 +17,7 @@ from typing import Any
 from ledger.cost.store import Ledger
 from orchestrator import gpu_lock, slurm
 from orchestrator.blinding import quarantine, seal_outputs
+from orchestrator.host_watch import HostWatcher, package_devices
 from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, utc_now
 from orchestrator.progress import Progress
 from orchestrator.sealing import SealedArm, check_seal, unseal_for_removal
@@ -250,9 +251,16 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
 
         prefix = ctx.slurm.prefix(pkg.kind, pkg.name) if ctx.slurm is not None else []
         refused = _slurm_precheck(ctx) if ctx.slurm is not None and index == 0 else None
-        outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix) if refused is None
-                                   else PackageOutcome(pkg.name, "failed", None, 0.0, utc_now(), utc_now(),
-                                                       note=refused))
+        # the host watched through every train launch (issue 27): foreign CPU and GPU use, per window in the audit
+        watcher = HostWatcher(pkg_dir, package_devices(spec.device, env)) if pkg.kind == "train" else None
+        if watcher is not None:
+            watcher.start()
+        try:
+            outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix) if refused is None
+                                       else PackageOutcome(pkg.name, "failed", None, 0.0, utc_now(), utc_now(),
+                                                           note=refused))
+        finally:
+            watched = None if watcher is None else watcher.finish()
         if ctx.slurm is not None and outcome.status == "failed" and refused is None:  # a lost node, by hash
             outcome.note = ctx.slurm.explain_failure(outcome.note, pkg.kind)
         if outcome.status == "ok":
@@ -267,6 +275,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             except FailedError as err:
                 outcome.status, outcome.note = "failed", err.message
         said: dict[str, Any] = {}  # what only some packages have to say
+        if watched is not None:
+            said["host_watch"] = watched.model_dump()
         if outcome.extra.get("stragglers"):
             said["stragglers"] = outcome.extra["stragglers"]
         if pkg.kind in ("train", "replay"):  # blinding: the trainer's own outputs never stay in the run folder

@@ -190,6 +190,9 @@ class AuditDocument(_Doc):
     calibration: dict[str, Any] | None = Field(
         None, description="this host's latest A/A calibration of the protocol id, or why there is none")
     quiet_host: dict[str, Any] | None = Field(None, description="per train package: how quiet the host was")
+    host_watch: dict[str, Any] | None = Field(
+        None, description="per train launch and window: foreign CPU and GPU use sampled through the launch, the "
+        "threshold, and one sentence per busy window (ledger.verdict.host_watch)")
     clock: dict[str, Any] | None = Field(None, description="the step clock cross-check (kernel send stamps)")
     probe_cost: dict[str, Any] | None = Field(
         None, description="the probe's seconds at each timed step's boundary / the step's seconds, per launch and "

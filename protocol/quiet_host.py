@@ -5,13 +5,24 @@ Process names only (never command lines, users or paths), the host name never; N
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+HOST_WATCH_SCHEMA = "orch.host_watch/1"
+HOST_WATCH_FILE = "host_watch.json"  # in the train package's directory, written by orch (not by the package)
+
 
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def public_name(name: str | None) -> str:
+    """A process name fit for evidence: a kernel thread's "kworker/u4:2" becomes "kworker" (its name
+    never carries a path), and a name equal to this host's is withheld."""
+    head = (name or "?").split("/", 1)[0] or "?"
+    return "<host>" if head == os.uname().nodename else head
 
 
 class ForeignProcess(_Doc):
@@ -64,3 +75,51 @@ class QuietHost(_Doc):
     def gpu_note(self) -> str:
         """Whether the GPU figures were read ("ok") or why there are none."""
         return self.gpu_query
+
+
+class WatchBusy(_Doc):
+    name: str
+    cpu_s: float  # CPU seconds it used in the interval
+
+
+class WatchGpu(_Doc):
+    index: int  # the GPU (NVML index)
+    name: str
+
+
+class WatchSample(_Doc):
+    """What foreign processes did between the previous sample and this one (the first sample only sets the base)."""
+
+    t_s: float  # seconds since the watch started (orch's CLOCK_MONOTONIC)
+    steps_done: int  # step lines rank 0's probe had written: step `steps_done` was running (the window mapping)
+    foreign_s: dict[str, float] = {}  # core of the ranks -> foreign CPU seconds on it since the previous sample
+    other_s: float = 0.0  # foreign CPU seconds on the other cores
+    blocks: list[list[int]] = []  # the ranks' cores (their affinity, one block each); [] = not pinned: all cores
+    top: list[WatchBusy] = []  # the busiest foreign processes of the interval
+    gpu_foreign: list[WatchGpu] = []  # foreign compute or graphics processes on the package's GPUs at this sample
+    gpu_unresolved: int = 0  # GPU process ids not in this PID namespace: neither ours nor known foreign
+
+
+class HostWatchLog(_Doc):
+    """host_watch.json: the samples orch took while one train package ran (orchestrator.host_watch)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_: str = Field(HOST_WATCH_SCHEMA, alias="schema")
+    interval_s: float
+    cpus: list[int]  # the cores orch may run on (its affinity): the ranks' cores when they are not pinned
+    gpus: list[int]  # the GPUs watched (NVML indices); [] for a CPU package
+    gpu_query: str  # "ok", or why there are no GPU figures
+    cpu_query: str  # "ok", or why there are no CPU figures
+    wall_s: float
+    sampler_cpu_s: float  # CPU time of the sampling thread itself (its overhead)
+    samples: list[WatchSample]
+
+
+class HostWatchRef(_Doc):
+    """run.json's pointer to a train package's host_watch.json: the file and its SHA256 (checked by the audit)."""
+
+    file: str  # relative to the package directory
+    sha256: str
+    samples: int
+    sampler_cpu_s: float

@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.hashing import canonical_json
+from protocol.quiet_host import HostWatchRef
 
 RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines
 OLD_RUN_SCHEMAS = ("orch.run/1",)  # recorded before watch-C and trainer scalars: refused by the audit by name
@@ -95,6 +96,7 @@ class PackageEntry(_Strict):
     # present only when there is something to say
     stragglers: list[str] | None = None
     trainer_outputs: TrainerOutputs | None = None
+    host_watch: HostWatchRef | None = None  # a train package: orch's samples of the host (host_watch.json)
 
     def finish(self, **fields: Any) -> PackageEntry:
         """This entry with how the package ended, validated."""

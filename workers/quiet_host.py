@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from protocol.quiet_host import ForeignGpuProcess, ForeignProcess, GpuState, QuietHost
+from protocol.quiet_host import ForeignGpuProcess, ForeignProcess, GpuState, QuietHost, public_name
 
 TOP = 5
 _THROTTLE = {
@@ -46,11 +46,7 @@ def _proc_stat() -> tuple[int, int] | None:
     return (values[7] if len(values) > 7 else 0), sum(values)
 
 
-def _public_name(name: str | None) -> str:
-    """A process name fit for evidence: a kernel thread's "kworker/u4:2" becomes "kworker" (its name
-    never carries a path), and a name equal to this host's is withheld."""
-    head = (name or "?").split("/", 1)[0] or "?"
-    return "<host>" if head == os.uname().nodename else head
+_public_name = public_name  # one definition (protocol.quiet_host); orch's host watch uses it too
 
 
 def _cpu_times() -> dict[int, tuple[str, float]]:

@@ -16,6 +16,7 @@ from ledger.verdict.decision import decide, drift_notes, interval_doc, replicati
 from ledger.verdict.evidence import RunEvidence
 from ledger.verdict.exactness import Exactness, exactness
 from ledger.verdict.host_report import clock_doc, quiet_host_doc
+from ledger.verdict.host_watch import host_watch_doc
 from ledger.verdict.mismatch import Mismatch
 from ledger.verdict.windows import Speedup, step_times
 from protocol.hashing import canonical_json
@@ -23,7 +24,7 @@ from protocol.plan import ARMS, BASELINE_ROLES, KINDS, ROLES, launch_labels, rep
 
 AUDIT_SCHEMA = "orch.audit/1"
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
-ADDED_LATER = ("probe_cost",)  # sections an audit.json recorded before them lacks: it stays as recorded
+ADDED_LATER = ("probe_cost", "host_watch")  # sections an audit.json recorded before them lacks: it stays as recorded
 # the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
 AUDIT_UNITS = {
     "speedup.windows[].A|C|B": "s: the window's time, the SUM of its steps' times",
@@ -286,6 +287,7 @@ def compute_audit(
         "host_hash": ev.run.host.host_hash,
         "calibration": calibration,
         "quiet_host": quiet_host_doc(ev.trains, labels),
+        "host_watch": host_watch_doc(ev, labels),
         "clock": clock_doc(ev.trains, labels),
         "probe_cost": probe_cost_doc({label: ev.steps[label] for label in labels}, m.steps, m.warmup),
         "calibration_of": None if ev.run.calibration_of is None else ev.run.calibration_of.model_dump(),

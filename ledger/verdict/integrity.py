@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ledger.cost.store import Ledger
 from ledger.verdict.evidence import RunEvidence
+from ledger.verdict.host_watch import host_watch_problems
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from protocol.errors import OrchError
 from protocol.hashing import sha256_file
@@ -73,4 +74,5 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
             path = ev.run_dir / "packages" / name / rank.steps_file
             if sha256_file(path) != rank.steps_sha256:
                 problems.append(f"packages/{name}/{rank.steps_file}: sha256 is not the one {name} reported")
+    problems += host_watch_problems(ev, list(ev.trains))  # orch's samples of the host during each train launch
     return problems
