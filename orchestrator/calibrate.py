@@ -29,8 +29,10 @@ def aa_protocol(loaded: LoadedProtocol, repeats: int | None) -> LoadedProtocol:
     base = data["arms"]["baseline"]
     data["arms"] = {"baseline": base, "candidate": dict(base)}
     data["name"] = f"{p.name}-aa"
-    if repeats is not None:
-        data["measurement"]["repeats"] = repeats
+    m = p.measurement
+    data["measurement"]["repeats"] = repeats if repeats is not None else (m.fixed_repeats or m.max_repeats)
+    for key in ("max_repeats", "target_half_width"):  # repeats: auto's rule: the A/A run is a fixed design
+        data["measurement"].pop(key, None)
     aa = Protocol.model_validate(data)
     return LoadedProtocol(protocol=aa, path=loaded.path, base=loaded.base)
 
@@ -55,7 +57,8 @@ def calibrate(
     host = audit_host(result)
     cal = Calibration(
         run_id=result.run_id, of_protocol_id=loaded.id, of_protocol_name=loaded.protocol.name,
-        aa_protocol_id=protocol_id(aa.protocol), host=fingerprint(host), repeats=aa.protocol.measurement.repeats,
+        aa_protocol_id=protocol_id(aa.protocol), host=fingerprint(host),
+        repeats=aa.protocol.measurement.fixed_repeats or 1,
         headlines=list(audit["replication"]["headlines"]), estimate=iv["estimate"], low=iv["low"], high=iv["high"],
         level=iv["level"], launch_sd=iv["variance"]["launch_sd"], launch_level_sd=iv["variance"]["launch_level_sd"],
         window_level_sd=iv["variance"]["window_level_sd"], triplets_for_5pct=iv["triplets_for_5pct"],

@@ -16,6 +16,7 @@ from orchestrator.cli_common import CONTEXT, HomeOpt, JsonOpt, OrchCommand, Orch
 from orchestrator.cli_ledger import ledger_app
 from orchestrator.entry import run_app
 from protocol.errors import FailedError, UsageError
+from protocol.plan import DEFAULT_MAX_REPEATS, MAX_REPEATS
 
 app = typer.Typer(
     name="orch",
@@ -197,6 +198,7 @@ def hygiene(
     epilog=examples(
         "orch launch protocol/r3_mini.yaml",
         "orch launch protocol/r3_mini_cuda2.yaml --lock-timeout 600 --json > run.json",
+        "orch launch protocol/r3_mini.yaml --until-decided --max-repeats 6",
     ),
 )
 def launch(
@@ -205,6 +207,12 @@ def launch(
     json_out: JsonOpt = False,
     lock_timeout: LockTimeoutOpt = None,
     lock_dir: Annotated[Path | None, typer.Option("--lock-dir", help="host-wide lock directory of gpu-run")] = None,
+    until_decided: Annotated[bool, typer.Option(
+        "--until-decided", help="add triplets one at a time until the sequential rule stops (decided, precise or "
+        "--max-repeats), as measurement.repeats: auto does; recorded in run.json")] = False,
+    max_repeats: Annotated[int | None, typer.Option(
+        "--max-repeats", min=1, max=MAX_REPEATS,
+        help=f"with --until-decided: the most triplets (default {DEFAULT_MAX_REPEATS})")] = None,
 ) -> None:
     """Run the protocol: verified sources, one GPU lock, sealed packages, ledger, then the audit.
 
@@ -218,7 +226,11 @@ def launch(
         with guard(json_out):
             code = rerun_in_allocation(slurm, protocol, lock_timeout)
         raise typer.Exit(code)
-    report(lambda: launch_command(protocol, home, lock_timeout, lock_dir), json_out)
+    if max_repeats is not None and not until_decided:
+        with guard(json_out):
+            raise UsageError("--max-repeats goes with --until-decided; add --until-decided or drop --max-repeats")
+    until = (max_repeats or DEFAULT_MAX_REPEATS) if until_decided else None
+    report(lambda: launch_command(protocol, home, lock_timeout, lock_dir, until), json_out)
 
 
 @app.command(
@@ -302,14 +314,15 @@ def calibrate_command(protocol: Path, repeats: int | None, home: Path | None, lo
 
 
 def launch_command(protocol: Path, home: Path | None, lock_timeout: float | None,
-                   lock_dir: Path | None) -> dict[str, Any]:
+                   lock_dir: Path | None, until_decided: int | None = None) -> dict[str, Any]:
     """`orch launch`: the run id on stdout (stderr with --json); the verdict decides the exit code."""
     from orchestrator.launch import RunFailedError, RunInterruptedError
     from orchestrator.launch import launch as launch_run
     from orchestrator.progress import plain_say
 
     try:
-        result = launch_run(protocol, home, say=plain_say, lock_timeout=lock_timeout, lock_dir=lock_dir)
+        result = launch_run(protocol, home, say=plain_say, lock_timeout=lock_timeout, lock_dir=lock_dir,
+                            until_decided=until_decided)
     except (RunFailedError, RunInterruptedError) as err:
         typer.echo(err.result.run_id)
         err.document = err.result.as_json()

@@ -30,7 +30,8 @@ from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
 from orchestrator.run_plan import RunContext, VerifiedArm, run_plan
 from orchestrator.sealing import seal_arm, unseal_for_removal
-from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, os_error_line
+from orchestrator.sequential_launch import begin as begin_sequential
+from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, UsageError, os_error_line
 from protocol.fileio import write_atomic
 from protocol.home import Home, resolve_home
 from protocol.plan import ARMS
@@ -333,16 +334,22 @@ def launch(
     protocol_path: Path, home_dir: Path | None = None, say: Callable[[str], None] = print,
     lock_timeout: float | None = None, lock_dir: Path | None = None, live: bool | None = None,
     loaded: LoadedProtocol | None = None, calibration_of: CalibrationOf | None = None,
+    until_decided: int | None = None,
 ) -> LaunchResult:
     """The whole pipeline of DESIGN.md section 3; refusals (exit 3) happen before the GPU lock is asked for.
 
     `loaded` runs a protocol derived in memory (the A/A run of `orch calibrate`, named in `calibration_of`).
+    `until_decided`: the most triplets of the sequential rule asked for by `orch launch --until-decided`.
     """
     prep = load(protocol_path, home_dir, loaded)
+    if until_decided is not None and prep.loaded.protocol.measurement.sequential:
+        raise UsageError(f"--until-decided: {protocol_path} already has measurement.repeats: auto (at most "
+                         f"{prep.loaded.protocol.measurement.max_repeats} triplets); drop --until-decided")
     with tempfile.TemporaryDirectory(prefix="orch-verify-") as tmp, contextlib.ExitStack() as owner:
         arms = verify_arms(prep.loaded, Path(tmp), say)
         host = fingerprint(prep.home, say)
         ctx = open_run(prep, arms, host, owner, calibration_of, say)
+        begin_sequential(ctx, until_decided, say)
         end = run_under_lock(ctx, lock_timeout, lock_dir, live, say)
         close_run(ctx, end)
     return audit(ctx, outcome(ctx, end), say)

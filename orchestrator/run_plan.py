@@ -21,6 +21,7 @@ from orchestrator.host_watch import HostWatcher, package_devices
 from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, utc_now
 from orchestrator.progress import Progress
 from orchestrator.sealing import SealedArm, check_seal, unseal_for_removal
+from orchestrator.sequential_launch import SequentialState, after_triplet
 from protocol.errors import FailedError
 from protocol.fileio import write_atomic
 from protocol.hashing import sha256_file
@@ -31,7 +32,7 @@ from protocol.results import ChecksResult, TrainResult
 from protocol.run_record import EarlierRun, HostFingerprint, PackageEntry, RunRecord, VersionsChanged
 from protocol.schema import Arm, LoadedProtocol
 
-PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K)
+PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K), a sequential one grows it
 WATCH_TIMEOUT_FACTOR = 3  # the watched replay runs every op through the dispatch watch: slower than train
 
 
@@ -75,10 +76,18 @@ class RunContext:
     run_record: RunRecord | None = None  # run.json; set by the launch's open_run step
     opened: set[str] = field(default_factory=set)
     closed: set[str] = field(default_factory=set)
+    sequential: SequentialState | None = None  # repeats: auto or --until-decided (orchestrator/sequential_launch.py)
+
+    @property
+    def shape(self) -> tuple[int, bool]:
+        """(triplets in the plan, sequential): a sequential run's plan grows by one triplet per look."""
+        if self.sequential is not None:
+            return self.sequential.planned, True
+        return self.loaded.protocol.measurement.fixed_repeats or 1, False
 
     @property
     def plan(self) -> tuple[PlannedPackage, ...]:
-        return plan(self.loaded.protocol.measurement.repeats)
+        return plan(*self.shape)
 
     @property
     def gpus(self) -> int:
@@ -142,7 +151,7 @@ def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) 
         )
     if pkg.kind == "score":
         targets = []
-        for label in score_labels(p.measurement.repeats):
+        for label in score_labels(*ctx.shape):
             ckpt = ctx.scratch / "ckpt" / label
             argv = substitute(list(p.scorer.command), values)  # {ckpt} and {out} are the score worker's to fill
             # the scorer is the baseline's committed code and configuration for every arm: a candidate cannot
@@ -225,7 +234,10 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
     init_digest: str | None = None
     failed_at: int | None = None
     interrupted = False
-    for index, pkg in enumerate(ctx.plan):
+    index = -1
+    while index + 1 < len(ctx.plan):  # a sequential run's plan grows while it runs (after_triplet)
+        index += 1
+        pkg = ctx.plan[index]
         spec = package_spec(ctx, pkg, init_digest)
         arm_spec: Arm | None = getattr(ctx.loaded.protocol.arms, pkg.arm) if pkg.arm else None
         assert ctx.grant is not None
@@ -272,6 +284,9 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                 if init_digest is not None and pkg.kind != "score":
                     if sha256_file(ctx.scratch / "init.safetensors") != init_digest:
                         raise FailedError("the shared initial state changed during the run")
+                if ctx.sequential is not None and ctx.sequential.stop is None and ctx.plan[index + 1].kind == "replay":
+                    after_triplet(ctx)  # the look after the last planned triplet: stop, or one triplet more
+                    statuses.update({p.name: "not-run" for p in ctx.plan if p.name not in statuses})
             except FailedError as err:
                 outcome.status, outcome.note = "failed", err.message
         said: dict[str, Any] = {}  # what only some packages have to say
@@ -308,6 +323,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         ctx.write_run_json()
         statuses[pkg.name] = outcome.status
         progress.finish(pkg.name, outcome.status, outcome.wall_s, gpu_seconds, outcome.note)
+        while ctx.sequential is not None and ctx.sequential.said:
+            progress.say(ctx.sequential.said.pop(0))
         if outcome.status != "ok":
             failed_at = index
             interrupted = outcome.status == "interrupted"
@@ -346,8 +363,8 @@ def slurm_charge(run: slurm.SlurmRun, package: str) -> tuple[float, str]:
 
 def _drop_checkpoint(ctx: RunContext, pkg: PlannedPackage) -> None:
     """With repeats, a launch's checkpoint is deleted once its reload passed, unless the scorer needs it."""
-    repeats = ctx.loaded.protocol.measurement.repeats
-    if repeats == 1 or pkg.arm_label is None or pkg.arm_label in kept_checkpoints(repeats):
+    repeats, sequential = ctx.shape
+    if (repeats == 1 and not sequential) or pkg.arm_label is None or pkg.arm_label in kept_checkpoints(*ctx.shape):
         return
     ckpt = ctx.scratch / "ckpt" / pkg.arm_label
     if ckpt.exists():

@@ -1,16 +1,22 @@
 """The plan of a run: the one place where its packages, their order and the triplets of launches are listed.
 
 repeats = 1 is the owner's run (checks, train/reload A, C, B, score); K >= 2 runs K fresh triplets, order balanced.
+A sequential run (repeats: auto) numbers its triplets from the first, and its plan grows one triplet at a time.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 ARMS = ("baseline", "candidate")
 ROLES = ("A", "C", "B")  # the owner's roles in one triplet, in the owner's launch order: baseline, candidate, baseline
 BASELINE_ROLES = ("A", "B")  # the two baseline launches of a triplet
 KINDS = ("checks", "train", "reload", "replay", "score")  # the kinds of the plan's packages
+MAX_REPEATS = 32  # triplets in one run, fixed or sequential
+DEFAULT_MAX_REPEATS = 6  # repeats: auto without measurement.max_repeats, and --until-decided without --max-repeats
+DEFAULT_TARGET_HALF_WIDTH = 0.05  # repeats: auto: stop once the repeated interval is +-5 %
 
 
 @dataclass(frozen=True)
@@ -47,14 +53,16 @@ def arm_of(label: str) -> str:
     return "candidate" if label[0] == "C" else "baseline"
 
 
-def triplets(repeats: int) -> list[Triplet]:
+def triplets(repeats: int, sequential: bool = False) -> list[Triplet]:
     """K triplets; odd ones launch A C B, even ones B C A, so that label A is first as often as B (position effect).
 
     Every triplet keeps the owner's shape baseline -> candidate -> baseline, so linear drift cancels inside each.
+    A sequential run numbers its labels (A1, C1, B1) even when it stops after one triplet: when the first triplet
+    runs, nobody knows whether a second will follow, and the first K triplets of any run are those of triplets(K).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if repeats == 1:
+    if repeats == 1 and not sequential:
         return [Triplet(1, *ROLES, order=ROLES)]
     out = []
     for k in range(1, repeats + 1):
@@ -63,40 +71,58 @@ def triplets(repeats: int) -> list[Triplet]:
     return out
 
 
-def plan(repeats: int = 1) -> tuple[PlannedPackage, ...]:
-    """checks, train/reload of every launch in triplet order, the watched replay watch-C, then score."""
+def triplet_packages(t: Triplet) -> tuple[PlannedPackage, ...]:
+    """train and reload of each of the triplet's launches, in its launch order."""
+    return tuple(PlannedPackage(f"{kind}-{label}", kind, label) for label in t.order for kind in ("train", "reload"))
+
+
+def plan(repeats: int = 1, sequential: bool = False) -> tuple[PlannedPackage, ...]:
+    """checks, train/reload of every launch in triplet order, the watched replay watch-C, then score.
+
+    plan(K + 1, sequential=True) is plan(K, sequential=True) with triplet K + 1 inserted before watch-C: a
+    sequential run grows its plan there, one triplet per look."""
     pkgs = [PlannedPackage("checks", "checks")]
-    for t in triplets(repeats):
-        for label in t.order:
-            pkgs.append(PlannedPackage(f"train-{label}", "train", label))
-            pkgs.append(PlannedPackage(f"reload-{label}", "reload", label))
+    for t in triplets(repeats, sequential):
+        pkgs.extend(triplet_packages(t))
     # untimed, after the triplets so that nothing sits between timed launches: the first triplet's C again, every
     # step watched (its digests are compared with that launch's)
-    pkgs.append(PlannedPackage("watch-C", "replay", replay_label(repeats)))
+    pkgs.append(PlannedPackage("watch-C", "replay", replay_label(repeats, sequential)))
     pkgs.append(PlannedPackage("score", "score"))
     return tuple(pkgs)
 
 
-def replay_label(repeats: int = 1) -> str:
+def replay_label(repeats: int = 1, sequential: bool = False) -> str:
     """The candidate launch that the watched replay watch-C repeats: C, or C1 with repeats."""
-    return triplets(repeats)[0].c
+    return triplets(repeats, sequential)[0].c
 
 
-def package_names(repeats: int = 1) -> tuple[str, ...]:
-    return tuple(p.name for p in plan(repeats))
+def package_names(repeats: int = 1, sequential: bool = False) -> tuple[str, ...]:
+    return tuple(p.name for p in plan(repeats, sequential))
 
 
-def launch_labels(repeats: int = 1) -> tuple[str, ...]:
+def launch_labels(repeats: int = 1, sequential: bool = False) -> tuple[str, ...]:
     """Train labels in launch order."""
-    return tuple(p.arm_label for p in plan(repeats) if p.kind == "train" and p.arm_label)
+    return tuple(p.arm_label for p in plan(repeats, sequential) if p.kind == "train" and p.arm_label)
 
 
-def score_labels(repeats: int = 1) -> tuple[str, str]:
+def score_labels(repeats: int = 1, sequential: bool = False) -> tuple[str, str]:
     """The checkpoints the scorer reads: the first triplet's baseline A and candidate C (all launches are exact)."""
-    first = triplets(repeats)[0]
+    first = triplets(repeats, sequential)[0]
     return first.a, first.c
 
 
-def kept_checkpoints(repeats: int = 1) -> frozenset[str]:
-    """Labels whose checkpoints must outlive their reload (the scorer's); every other one is deleted after it."""
-    return frozenset(score_labels(repeats))
+def kept_checkpoints(repeats: int = 1, sequential: bool = False) -> frozenset[str]:
+    """Labels whose checkpoints must outlive their reload (the scorer's); every other one is deleted after it.
+
+    The scorer reads the first triplet's, so a sequential run knows them before it knows how many triplets it takes.
+    """
+    return frozenset(score_labels(repeats, sequential))
+
+
+_NUMBERED = re.compile(r"^(?:train|reload)-[ACB]([1-9][0-9]*)$")
+
+
+def triplets_in(package_names: Iterable[str]) -> int:
+    """The number of numbered triplets that package names (e.g. a run's ledger records) reach: the largest k of
+    train-A{k} / reload-C{k} ...; 0 when there is none."""
+    return max((int(m.group(1)) for n in package_names if (m := _NUMBERED.match(n))), default=0)

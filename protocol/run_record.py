@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.hashing import canonical_json
 from protocol.quiet_host import HostWatchRef
+from protocol.sequential_run import SequentialRecord
 
 RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines
 OLD_RUN_SCHEMAS = ("orch.run/1",)  # recorded before watch-C and trainer scalars: refused by the audit by name
@@ -137,6 +138,7 @@ class RunRecord(_Strict):
     slurm: SlurmRecord | None = None
     versions_changed: VersionsChanged | None = None
     calibration_of: CalibrationOf | None = None
+    sequential: SequentialRecord | None = None  # repeats: auto or --until-decided: the rule and its looks
 
     @classmethod
     def begin(

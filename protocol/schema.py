@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from protocol.errors import RefusedError
 from protocol.hashing import canonical_json as dumps_canonical
+from protocol.plan import DEFAULT_MAX_REPEATS, DEFAULT_TARGET_HALF_WIDTH, MAX_REPEATS
 from protocol.protocol_yaml import field_name, line_of, node_at, parse_yaml, read_text
 from protocol.recipe import ALLOWED_PRECISIONS, UPSTREAM_RECIPE, flag_value_equal
 
@@ -127,11 +128,46 @@ class Measurement(_Frozen):
         description="pin_cpus: each rank on its own block of cores; gc_at_boundaries: Python's cyclic GC runs only "
         "between steps (probe time), never inside a timed step",
     )
-    repeats: int = Field(
-        1, ge=1, le=32,
+    repeats: int | Literal["auto"] = Field(
+        1,
         description="fresh A -> C -> B triplets in one run under one lock (1 = exactly the owner's run); each "
-        "triplet's headline is the owner's, the audit's interval uses them all",
+        "triplet's headline is the owner's, the audit's interval uses them all; auto: triplets are added one at a "
+        "time until the sequential rule stops (decided, precise, or measurement.max_repeats)",
     )
+    max_repeats: int = Field(
+        DEFAULT_MAX_REPEATS, ge=1, le=MAX_REPEATS,
+        description="repeats: auto only: the most triplets the sequential rule may take",
+    )
+    target_half_width: float | None = Field(
+        DEFAULT_TARGET_HALF_WIDTH, gt=0, lt=1,
+        description="repeats: auto only: stop once the repeated interval's relative half-width is at most this "
+        "(null: stop only when decided or at the maximum)",
+    )
+
+    @field_validator("repeats", mode="before")
+    @classmethod
+    def _repeats_value(cls, value: object) -> object:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_REPEATS):
+            return value
+        raise ValueError(f"repeats must be between 1 and {MAX_REPEATS} triplets, or auto; got {value!r}")
+
+    @model_validator(mode="after")
+    def _sequential_fields(self) -> Measurement:
+        if self.repeats != "auto" and (self.max_repeats != DEFAULT_MAX_REPEATS
+                                       or self.target_half_width != DEFAULT_TARGET_HALF_WIDTH):
+            raise ValueError("max_repeats and target_half_width apply only to repeats: auto; set repeats: auto or "
+                             "remove them")
+        return self
+
+    @property
+    def sequential(self) -> bool:
+        """repeats: auto: the number of triplets is decided while the run goes (ledger/verdict/sequential.py)."""
+        return self.repeats == "auto"
+
+    @property
+    def fixed_repeats(self) -> int | None:
+        """The number of triplets of a fixed design; None for repeats: auto."""
+        return self.repeats if isinstance(self.repeats, int) else None
 
     @property
     def windows(self) -> list[tuple[int, int]]:
@@ -233,6 +269,10 @@ _LATER_DEFAULTS: dict[tuple[str, str], object] = {
 }
 
 
+# the sequential rule's settings: part of the id only of a protocol with repeats: auto (always there in full)
+_SEQUENTIAL_KEYS = ("max_repeats", "target_half_width")
+
+
 def canonical_json(protocol: Protocol) -> bytes:
     data = protocol.model_dump(mode="json", by_alias=True)
     for key in LATER_FIELDS:
@@ -241,6 +281,9 @@ def canonical_json(protocol: Protocol) -> bytes:
     for (section, key), default in _LATER_DEFAULTS.items():
         if data.get(section, {}).get(key, default) == default:
             data.get(section, {}).pop(key, None)
+    if not protocol.measurement.sequential:
+        for key in _SEQUENTIAL_KEYS:
+            data["measurement"].pop(key, None)
     return dumps_canonical(data, ensure_ascii=False).encode()
 
 

@@ -232,8 +232,8 @@ def compute_audit(
     """The audit document (orch.audit/1) of one verified, complete run; calibration: the block of
     ledger.verdict.calibration."""
     m = ev.protocol.measurement
-    labels = launch_labels(m.repeats)
-    trips = triplets(m.repeats)
+    labels = launch_labels(ev.repeats, ev.sequential)
+    trips = triplets(ev.repeats, ev.sequential)
     times = {label: step_times(ev.steps[label], m.steps) for label in labels}
     sps = triplet_speedups(times, trips, steps=m.steps, warmup=m.warmup, window=m.window, drift_bound=m.drift_bound)
     first = trips[0].labels
@@ -250,7 +250,7 @@ def compute_audit(
         watch=ev.watch,
         watch_steps=ev.watch_steps,
         labels=labels,
-        replay_of=replay_label(m.repeats),
+        replay_of=replay_label(ev.repeats, ev.sequential),
     )
     iv = run_interval(times, steps=m.steps, warmup=m.warmup, window=m.window)
     verdict, direction, sentence = decide(ex.exact, iv)
@@ -272,7 +272,7 @@ def compute_audit(
         "measurement": m.model_dump(exclude_unset=True),  # as recorded: fields added later stay out
         "precision": ev.protocol.precision,
         "speedup": _speedup_doc(sp, {role: times[label] for role, label in first.items()}),
-        "interval": interval_doc(iv, m.repeats),
+        "interval": interval_doc(iv, ev.repeats),
         "replication": replication_doc(trips, sps),
         "exactness": _exactness_doc(ex),
         "memory": _memory_doc(ev, first),

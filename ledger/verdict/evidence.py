@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from ledger.cost.record import LedgerRecord
 from ledger.cost.store import Ledger
+from ledger.verdict.sequential_doc import triplets_taken
 from protocol.errors import FailedError, UsageError
 from protocol.hashing import sha256_file
 from protocol.home import Home
@@ -55,10 +56,12 @@ class RunEvidence:
     closes: dict[str, LedgerRecord]  # package -> its close record
     result_sha256: dict[str, str]  # package -> sha256 of its result.json bytes
     names: tuple[str, ...] = PACKAGES  # the plan's packages
+    triplets: int = 1  # the triplets taken: measurement.repeats, or as many as a sequential run's rule took
+    sequential: bool = False  # repeats: auto or --until-decided: labels numbered from A1 (protocol/plan.py)
 
     @property
     def repeats(self) -> int:
-        return self.protocol.measurement.repeats
+        return self.triplets
 
 
 def _first_error(err: ValidationError) -> str:
@@ -176,6 +179,9 @@ def _read_steps(
     return out
 
 
+read_steps = _read_steps  # the launch's sequential looks read a train package's step lines as the audit does
+
+
 def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     """Load one run; raise IncompleteRunError naming every missing or failed piece (nothing is written)."""
     run_dir = home.run_dir(run_id)
@@ -197,9 +203,10 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         protocol = _load_model(Protocol, proto_path, proto_problems, "protocol.json")
     else:
         proto_problems.append("protocol.json: missing")
-    repeats = protocol.measurement.repeats if protocol else 1
-    names = package_names(repeats)
     records = Ledger(home.ledger_path).records(run_id)
+    repeats, sequential = (triplets_taken(protocol.measurement, run, (r.package for r in records)) if protocol
+                           else (1, False))
+    names = package_names(repeats, sequential)
     package_problems, closes, bad = _package_problems(run, records, names)
     problems += package_problems + proto_problems
 
@@ -218,7 +225,7 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     reloads: dict[str, ReloadResult] = {}
     steps: dict[str, dict[int, list[StepRecord]]] = {}
     n_steps = protocol.measurement.steps if protocol else 0
-    for label in launch_labels(repeats):
+    for label in launch_labels(repeats, sequential):
         rel = f"packages/train-{label}"
         train = _load_model(TrainResult, run_dir / rel / "result.json", where(f"train-{label}"), f"{rel}/result.json")
         if train is not None:
@@ -239,8 +246,9 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     watch = _load_model(TrainResult, run_dir / watch_rel / "result.json", where("watch-C"), f"{watch_rel}/result.json")
     watch_steps: dict[int, list[StepRecord]] = {}
     if watch is not None:
-        if watch.arm != replay_label(repeats):
-            problems.append(f"{watch_rel}/result.json: arm {watch.arm!r}, expected {replay_label(repeats)!r}")
+        if watch.arm != replay_label(repeats, sequential):
+            problems.append(f"{watch_rel}/result.json: arm {watch.arm!r}, expected "
+                            f"{replay_label(repeats, sequential)!r}")
         if protocol is not None:
             watch_steps = _read_steps(run_dir / watch_rel, watch, watch_rel, n_steps, problems)
     result_sha = {
@@ -271,4 +279,6 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         closes=closes,
         result_sha256=result_sha,
         names=names,
+        triplets=repeats,
+        sequential=sequential,
     )

@@ -5,7 +5,17 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.plan import arm_of, kept_checkpoints, launch_labels, package_names, plan, score_labels, triplets
+from protocol.plan import (
+    arm_of,
+    kept_checkpoints,
+    launch_labels,
+    package_names,
+    plan,
+    replay_label,
+    score_labels,
+    triplets,
+    triplets_in,
+)
 
 
 def test_one_triplet_is_the_owners_run() -> None:
@@ -34,3 +44,24 @@ def test_every_triplet_is_baseline_candidate_baseline_and_labels_are_unique(k: i
     firsts = [t.order[0] for t in triplets(k)]
     if k > 1:  # label A leads in odd triplets, B in even ones
         assert sum(f.startswith("A") for f in firsts) - sum(f.startswith("B") for f in firsts) in (0, 1)
+
+
+@given(st.integers(1, 31))
+def test_a_sequential_plan_grows_one_triplet_before_watch_c(k: int) -> None:
+    now, then = plan(k, sequential=True), plan(k + 1, sequential=True)
+    assert then[: len(now) - 2] == now[:-2] and then[-2:] == now[-2:]  # the same prefix; watch-C and score last
+    added = [p.name for p in then[len(now) - 2: -2]]
+    assert added == [f"{kind}-{label}" for label in triplets(k + 1)[k].order for kind in ("train", "reload")]
+    assert plan(k, sequential=True) == plan(k) if k > 1 else launch_labels(1, sequential=True) == ("A1", "C1", "B1")
+
+
+@given(st.integers(1, 32))
+def test_the_scorers_checkpoints_are_known_before_the_number_of_triplets(k: int) -> None:
+    assert kept_checkpoints(k, sequential=True) == {"A1", "C1"} == set(score_labels(k, sequential=True))
+    assert replay_label(k, sequential=True) == "C1"
+    assert triplets_in(package_names(k, sequential=True)) == k
+
+
+def test_triplets_in_reads_only_numbered_train_and_reload_names() -> None:
+    assert triplets_in(package_names(1)) == 0  # the owner's run: labels A, C, B
+    assert triplets_in(["checks", "train-B12", "reload-A3", "watch-C", "score", "train-X4", "train-A0"]) == 12
