@@ -273,7 +273,10 @@ def isolate(scratch_dir: str, name: str, keep: Sequence[str], mode: str = "auto"
     """The isolation of package `name`: private folders under scratch/isolated/NAME; mode auto = namespace where
     the kernel allows, else scan. `keep`: the package's own folders (writable; the rest is read-only in the
     namespace). `protect`: more folders scan mode lists (orch's home). `surface`: the interpreter's startup
-    folders scan mode compares. `ending` (scan mode): auto = a cgroup where one can be made, else the token scan."""
+    folders scan mode compares. `ending` (scan mode): auto = a cgroup where one can be made, else the token scan;
+    mode "scan+ENDING" (as run.json records it) names both."""
+    if mode.startswith("scan+"):
+        mode, ending = "scan", mode.removeprefix("scan+")
     if mode == "auto":
         mode = "namespace" if namespaces_work() else "scan"
     if mode not in ("namespace", "scan"):

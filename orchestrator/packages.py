@@ -214,7 +214,8 @@ def _run_package(
         outcome = _run(spec, cmd, env, timeout_s, on_tick, started, t0, iso)
     finally:
         iso.finish()
-    outcome.extra["isolation"] = iso.mode
+    # run.json's isolation says which guarantee held: namespace (read-only root, PID namespace) or scan+ENDING
+    outcome.extra["isolation"] = iso.mode if iso.mode == "namespace" else f"scan+{iso.ending}"
     outcome.extra["ending"] = iso.ending
     if iso.survivors:
         outcome.extra["survivors"] = iso.survivors
