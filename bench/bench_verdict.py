@@ -31,14 +31,14 @@ SIM_OUT = REPO / "docs" / "validation" / "verdict_simulation.json"
 def provenance() -> dict[str, Any]:
     """The commit, whether the files that make these figures differ from it, and the command (relative paths)."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout
 
-    dirty = git("status", "--porcelain", "--", "bench/bench_verdict.py", "bench/verdict_sim.py",
-                "bench/verdict_real.py", "ledger/verdict/stats.py", "ledger/verdict/sequential.py",
-                "ledger/verdict/windows.py")
+    dirty = git("status", "--porcelain", "--untracked-files=all", "--", "bench/bench_verdict.py",
+                "bench/verdict_sim.py", "bench/verdict_real.py", "bench/bench_null.py", "ledger/verdict/stats.py",
+                "ledger/verdict/sequential.py", "ledger/verdict/windows.py", "ledger/verdict/evidence.py")
     argv = [os.path.relpath(sys.argv[0], REPO) if os.path.isabs(sys.argv[0]) else sys.argv[0], *sys.argv[1:]]
-    return {"commit": git("rev-parse", "HEAD"), "files_differ_from_commit": bool(dirty),
-            "command": "python " + shlex.join(argv)}
+    return {"commit": git("rev-parse", "HEAD").strip(),
+            "files_differ_from_commit": [ln[3:] for ln in dirty.splitlines()], "command": "python " + shlex.join(argv)}
 
 
 def _pct(x: float) -> str:
@@ -102,6 +102,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=520.0, help="--real: start no work that would end later")
     ap.add_argument("--calibration-repeats", type=int, default=5, help="--real: A/A triplets of each calibration")
     ap.add_argument("--small", action="store_true", help="--real: shorter rollouts (as bench_null --small)")
+    ap.add_argument("--kinds", default="null,slow25,slow10",
+                    help="--real, fewer than 3 streams: the launches each stream cycles through")
     opts = ap.parse_args()
     if opts.sim:
         run_sim(opts)

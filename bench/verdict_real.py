@@ -1,0 +1,299 @@
+"""`bench_verdict.py --real`: real `orch calibrate` / `orch launch` runs of r3-mini in parallel streams (each its own
+home, gpu-run lock dir and cores), the per-triplet window ratios read back from every run's recorded train results,
+and decisions formed from disjoint triplets by the audit's own statistics (ledger/verdict/stats.py, sequential.py).
+
+Streams: with 3 or more, the first half run nulls and the rest alternate the 25% and 10% slowdowns; with fewer,
+each stream cycles through --kinds (default null -> 25% -> 10%) launch by launch, the second one from the second
+kind. Every stream starts with `orch calibrate` of the null protocol: its A/A triplets are that stream's calibration
+(and give the baseline step the slowdowns sleep against).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench_null import env, null_protocol, orch, project, slowdown_protocol
+from verdict_sim import cp
+
+from ledger.verdict.evidence import collect_evidence
+from ledger.verdict.sequential import SequentialRule
+from ledger.verdict.stats import Spread, paired_interval, triplet_log_speedup
+from ledger.verdict.windows import speedup, step_times
+from protocol.home import resolve_home
+from protocol.plan import triplets
+
+KINDS = {"null": 0.0, "slow25": 0.25, "slow10": 0.10}  # the candidate sleeps this fraction of the baseline step
+MAX_REPEATS = 3  # triplets per launch (fewer when the budget is short)
+GRACE_S = 45.0  # a run still going this long past the budget is stopped (its triplets are not used)
+SEQ_MAX = 6
+
+
+@dataclass
+class Stream:
+    index: int
+    kinds: list[str]
+    cores: list[int] | None
+    work: Path
+    triplets: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    per_triplet_s: float | None = None
+    overhead_s: float | None = None
+
+
+def read_run(home: Path, run_id: str) -> tuple[list[dict[str, Any]], float, float]:
+    """Per-triplet window ratios from the run's recorded train results (the audit's evidence loader and the
+    owner's window functions); the seconds its train/reload packages took, and the median baseline step time in
+    the windows."""
+    ev = collect_evidence(resolve_home(home), run_id)
+    m = ev.protocol.measurement
+    times = {label: step_times(ranks, m.steps) for label, ranks in ev.steps.items()}
+    out, base_steps = [], []
+    for t in triplets(getattr(ev, "triplets", m.repeats)):
+        sp = speedup({role: times[label] for role, label in t.labels.items()}, steps=m.steps, warmup=m.warmup,
+                     window=m.window, drift_bound=m.drift_bound)
+        ratios = [w.ratio for w in sp.windows]
+        base_steps += [s for w in sp.windows for s in (*w.a_steps, *w.b_steps)]
+        out.append({"ratios": ratios, "d": triplet_log_speedup(ratios), "headline": sp.headline,
+                    "max_drift": sp.max_drift})
+    closes = [r for r in ev.records if r.status != "open" and r.wall_s is not None]
+    launches = sum(r.wall_s or 0.0 for r in closes if r.kind in ("train", "reload"))
+    return out, launches, float(statistics.median(base_steps))
+
+
+def _run(cmd: list[str], cwd: Path, s: Stream, timeout: float) -> tuple[str | None, str]:
+    """Run an orch command on the stream's cores; its run id (None when it did not complete) and a one-line why."""
+    prefix = ["taskset", "-c", ",".join(map(str, s.cores))] if s.cores and shutil.which("taskset") else []
+    pre = (lambda: os.sched_setaffinity(0, s.cores)) if s.cores and not prefix else None
+    try:
+        proc = subprocess.run([*prefix, *cmd], cwd=cwd, env=env(), capture_output=True, text=True,
+                              timeout=max(timeout, 1.0), preexec_fn=pre)
+    except subprocess.TimeoutExpired:
+        return None, "stopped at the budget"
+    try:
+        doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        return str(doc["run_id"]), f"exit {proc.returncode}"
+    except (IndexError, ValueError, KeyError):
+        return None, f"no JSON (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}"
+
+
+def stream_main(s: Stream, opts: argparse.Namespace, deadline: float, save: threading.Event) -> None:
+    # the slowdown edits its copy's trainer: the nulls keep a copy of their own, whose tree matches the manifest
+    proj = project(s.work / "null")
+    slow_proj: Path | None = None
+    home, locks = s.work / "home", s.work / "locks"
+    common = ["--home", str(home), "--lock-dir", str(locks), "--json"]
+    null = null_protocol(proj, opts.device, 1, opts.small)
+    t0 = time.monotonic()
+    run_id, why = _run(orch("calibrate", str(null), "--repeats", str(opts.calibration_repeats), *common), proj, s,
+                       deadline + GRACE_S - time.monotonic())
+    if run_id is None:
+        s.notes.append(f"calibration: {why}")
+        return
+    try:
+        trips, launches, base_step = read_run(home, run_id)
+    except Exception as err:  # an incomplete run: named, not used
+        s.notes.append(f"calibration: {type(err).__name__}: {str(err).splitlines()[0]}")
+        return
+    s.per_triplet_s, s.overhead_s = launches / len(trips), max(0.0, time.monotonic() - t0 - launches)
+    s.runs.append({"kind": "calibration", "triplets": len(trips), "wall_s": round(time.monotonic() - t0, 1),
+                   "why": why})
+    s.triplets += [{"kind": "calibration", "run": 0, **t} for t in trips]
+    save.set()
+    protocols: dict[tuple[str, int], Path] = {}
+    n = 0
+    while True:
+        kind = s.kinds[n % len(s.kinds)]
+        left = deadline - time.monotonic()
+        fits = [k for k in range(MAX_REPEATS, 0, -1) if s.overhead_s + 1.1 * k * s.per_triplet_s <= left]
+        if not fits:
+            break
+        k = fits[0]
+        if kind != "null" and slow_proj is None:
+            slow_proj = project(s.work / "slow")
+        where = proj if kind == "null" else slow_proj
+        assert where is not None
+        if (kind, k) not in protocols:
+            base = null_protocol(where, opts.device, k, opts.small)
+            if kind == "null":
+                protocols[(kind, k)] = base
+            else:
+                path = slowdown_protocol(where, base, k, KINDS[kind] * base_step)
+                protocols[(kind, k)] = path.rename(path.with_name(f"{kind}_k{k}.yaml"))
+        t1 = time.monotonic()
+        n += 1
+        run_id, why = _run(orch("launch", str(protocols[(kind, k)]), *common), where, s,
+                           deadline + GRACE_S - time.monotonic())
+        row = {"kind": kind, "triplets": k, "wall_s": round(time.monotonic() - t1, 1), "why": why}
+        if run_id is not None:
+            try:
+                trips, launches, _ = read_run(home, run_id)
+            except Exception as err:
+                row["why"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            else:
+                s.triplets += [{"kind": kind, "run": n, **t} for t in trips]
+                s.per_triplet_s = launches / len(trips)
+                s.overhead_s = max(0.0, time.monotonic() - t1 - launches)
+        s.runs.append(row)
+        save.set()
+
+
+# Decisions from disjoint triplets
+
+
+def decide(d: list[float], cal: Spread | None, rule: str) -> dict[str, Any]:
+    if rule == "seq":
+        seq = SequentialRule(SEQ_MAX)
+        iv = seq.interval(d, cal)
+        stop = seq.stop(iv)
+    else:
+        iv, stop = paired_interval(d, cal), "fixed"
+    verdict = "faster" if iv.low > 1.0 else "slower" if iv.high < 1.0 else "no difference"
+    return {"rule": rule, "triplets": len(d), "estimate": iv.estimate, "low": iv.low,
+            "high": iv.high if math.isfinite(iv.high) else None, "verdict": verdict, "stop": stop,
+            "variance_source": iv.variance_source}
+
+
+def decisions(streams: list[Stream]) -> list[dict[str, Any]]:
+    """Per stream and kind, its triplets in launch order consumed by rules in turn, none used twice: nulls by
+    K=1, K=2, K=3 and the sequential rule (<= 6), the 25% slowdown by K=1 and K=2, the 10% by the sequential rule;
+    all with the stream's calibration. A sequential trial the data end before is `incomplete`."""
+    turns = {"null": ["K=1", "K=2", "K=3", "seq"], "slow25": ["K=1", "K=2"], "slow10": ["seq"]}
+    out = []
+    for s in streams:
+        cal = Spread.of([t["d"] for t in s.triplets if t["kind"] == "calibration"])
+        for kind, rules in turns.items():
+            pool = [t["d"] for t in s.triplets if t["kind"] == kind]
+            i, turn = 0, s.index
+            while i < len(pool):
+                rule = rules[turn % len(rules)]
+                turn += 1
+                if rule == "seq":
+                    for j in range(i + 1, min(i + SEQ_MAX, len(pool)) + 1):
+                        dec = decide(pool[i:j], cal, "seq")
+                        if dec["stop"] is not None:
+                            break
+                    if dec["stop"] is None:
+                        dec["stop"] = "incomplete"
+                    i = j
+                else:
+                    k = int(rule[2])
+                    if i + k > len(pool):
+                        continue
+                    dec, i = decide(pool[i:i + k], cal, rule), i + k
+                out.append({"stream": s.index, "kind": kind, **dec})
+    return out
+
+
+def tally(decs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind in KINDS:
+        truth = 1.0 / (1.0 + KINDS[kind])
+        for rule in ("K=1", "K=2", "K=3", "seq"):
+            rows = [d for d in decs if d["kind"] == kind and d["rule"] == rule and d["stop"] != "incomplete"]
+            if not rows:
+                continue
+            n = len(rows)
+            accepted = sum(d["verdict"] != "no difference" for d in rows)
+            covers = sum(d["low"] <= truth <= (d["high"] if d["high"] is not None else math.inf) for d in rows)
+            fig: dict[str, Any] = {"decisions": n, "covers_true_ratio": covers,
+                                   "mean_triplets": statistics.fmean(d["triplets"] for d in rows),
+                                   "incomplete": sum(d["kind"] == kind and d["rule"] == rule
+                                                     and d["stop"] == "incomplete" for d in decs)}
+            if kind == "null":
+                fig |= {"false_accepts": accepted, "false_accept_ci95": cp(accepted, n)}
+            else:
+                slower = sum(d["verdict"] == "slower" for d in rows)
+                fig |= {"accepted_slower": slower, "power_ci95": cp(slower, n), "wrong_direction": accepted - slower}
+            out[f"{kind} {rule} + cal"] = fig
+    nulls = [d for d in decs if d["kind"] == "null" and d["stop"] != "incomplete"]
+    if nulls:
+        fa = sum(d["verdict"] != "no difference" for d in nulls)
+        out["null, all rules"] = {"decisions": len(nulls), "false_accepts": fa, "false_accept_ci95": cp(fa, len(nulls))}
+    return out
+
+
+def assign(opts: argparse.Namespace) -> list[tuple[list[str], list[int] | None]]:
+    n = opts.streams
+    cpus = sorted(os.sched_getaffinity(0))
+    cores: list[list[int] | None] = [None] * n
+    if n > 1:
+        c = opts.cores_per_stream
+        if n * c > len(cpus):
+            raise SystemExit(f"--streams {n} x --cores-per-stream {c} needs {n * c} cores; this host gives "
+                             f"{len(cpus)}: give fewer streams")
+        cores = [cpus[i * c:(i + 1) * c] for i in range(n)]
+    if n >= 3:
+        half = (n + 1) // 2
+        kinds = [["null"] if i < half else [("slow25", "slow10")[(i - half) % 2]] for i in range(n)]
+    else:
+        order = opts.kinds.split(",")
+        if not order or any(k not in KINDS for k in order):
+            raise SystemExit(f"--kinds {opts.kinds}: give a comma list of {', '.join(KINDS)}")
+        kinds = [order[i:] + order[:i] for i in range(n)]
+    return list(zip(kinds, cores, strict=True))
+
+
+def table(fig: dict[str, Any]) -> str:
+    lines = ["rule | decisions | false accepts / accepted slower (95% CP) | covers true ratio | mean triplets",
+             "--- | --- | --- | --- | ---"]
+    for name, f in fig.items():
+        if "false_accepts" in f:
+            got = f"{f['false_accepts']} [{f['false_accept_ci95'][0]:.3f}, {f['false_accept_ci95'][1]:.3f}]"
+        else:
+            got = f"{f['accepted_slower']} [{f['power_ci95'][0]:.3f}, {f['power_ci95'][1]:.3f}]"
+        cover = f.get("covers_true_ratio", "")
+        mean = f"{f['mean_triplets']:.2f}" if "mean_triplets" in f else ""
+        lines.append(f"{name} | {f['decisions']} | {got} | {cover} | {mean}")
+    return "\n".join(lines)
+
+
+def run_real(opts: argparse.Namespace, prov: dict[str, Any]) -> None:
+    out = opts.out or Path(os.environ.get("OUT") or ".orch/bench") / "bench_verdict_real.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    deadline = t0 + opts.budget_s
+    save = threading.Event()
+    with tempfile.TemporaryDirectory(prefix="orch-bench-verdict-") as tmp:
+        streams = [Stream(i, kinds, cores, Path(tmp) / f"s{i}") for i, (kinds, cores) in enumerate(assign(opts))]
+        for s in streams:
+            s.work.mkdir()
+        threads = [threading.Thread(target=stream_main, args=(s, opts, deadline, save), daemon=True)
+                   for s in streams]
+        for t in threads:
+            t.start()
+
+        def write() -> dict[str, Any]:
+            decs = decisions(streams)
+            fig = tally(decs)
+            doc = {"schema": "orch.bench-verdict-real/1", **prov, "device": opts.device, "streams": opts.streams,
+                   "cores_per_stream": opts.cores_per_stream if opts.streams > 1 else None,
+                   "budget_s": opts.budget_s, "small": opts.small, "calibration_repeats": opts.calibration_repeats,
+                   "wall_s": round(time.monotonic() - t0, 1), "figures": fig, "decisions": decs,
+                   "streams_detail": [{"index": s.index, "kinds": s.kinds, "runs": s.runs, "notes": s.notes,
+                                       "triplets": s.triplets} for s in streams]}
+            out.write_text(json.dumps(doc, indent=1) + "\n")
+            return fig
+
+        while any(t.is_alive() for t in threads):
+            if save.wait(5.0):
+                save.clear()
+                write()
+        fig = write()
+    for s in streams:
+        runs = ", ".join(f"{r['kind']} K={r['triplets']} {r['wall_s']:.0f}s ({r['why']})" for r in s.runs)
+        print(f"stream {s.index} {'/'.join(s.kinds)}: {runs or 'no run'}" + "".join(f"; {n}" for n in s.notes))
+    print(table(fig))
+    print(f"figures: {out}")
