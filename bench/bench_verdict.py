@@ -8,6 +8,7 @@ known slowdowns, for fixed K = 1 with a calibration, K = 2, K = 3 and the sequen
 
 Usage: python bench/bench_verdict.py --sim [--sequences N] [--seed S] [--check M] [--out FILE]
        python bench/bench_verdict.py --real [--device cpu|cuda] [--streams N] [--budget-s S] [--out FILE] ...
+       python bench/bench_verdict.py --merge A.json B.json ... --out ALL.json
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def main() -> None:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--sim", action="store_true", help="seeded Monte Carlo of step times")
     mode.add_argument("--real", action="store_true", help="real launches of r3-mini on this host")
+    mode.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                      help="decisions over the streams of several --real figures files of one device (to --out)")
     ap.add_argument("--out", type=Path, default=None, help="figures file (JSON)")
     ap.add_argument("--sequences", type=int, default=10_000, help="--sim: sequences per scenario")
     ap.add_argument("--seed", type=int, default=26, help="--sim: seed of the first scenario (then +1 each)")
@@ -107,6 +110,10 @@ def main() -> None:
     opts = ap.parse_args()
     if opts.sim:
         run_sim(opts)
+    elif opts.merge:
+        from verdict_real import merge
+
+        merge(opts.merge, opts.out or Path("bench_verdict_real_merged.json"), provenance())
     else:
         from verdict_real import run_real
 

@@ -297,3 +297,27 @@ def run_real(opts: argparse.Namespace, prov: dict[str, Any]) -> None:
         print(f"stream {s.index} {'/'.join(s.kinds)}: {runs or 'no run'}" + "".join(f"; {n}" for n in s.notes))
     print(table(fig))
     print(f"figures: {out}")
+
+
+def merge(files: list[Path], out: Path, prov: dict[str, Any]) -> None:
+    """Decisions over the streams of several --real calls on one host kind (each stream keeps its own calibration)."""
+    docs = [json.loads(f.read_text()) for f in files]
+    devices = {d["device"] for d in docs}
+    if len(devices) != 1:
+        raise SystemExit(f"--merge: the files come from devices {sorted(devices)}; merge one device's calls only")
+    streams: list[Stream] = []
+    for doc in docs:
+        for sd in doc["streams_detail"]:
+            s = Stream(len(streams), sd["kinds"], None, Path("."), triplets=sd["triplets"], runs=sd["runs"],
+                       notes=sd["notes"])
+            streams.append(s)
+    decs = decisions(streams)
+    fig = tally(decs)
+    doc = {"schema": "orch.bench-verdict-real/1", **prov, "device": devices.pop(), "merged": [
+        {k: d.get(k) for k in ("commit", "command", "files_differ_from_commit", "streams", "wall_s")} for d in docs],
+        "figures": fig, "decisions": decs,
+        "streams_detail": [{"index": s.index, "kinds": s.kinds, "runs": s.runs, "notes": s.notes,
+                            "triplets": s.triplets} for s in streams]}
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(table(fig))
+    print(f"figures: {out}")
