@@ -86,10 +86,19 @@ def _run(cmd: list[str], cwd: Path, s: Stream, timeout: float) -> tuple[str | No
         doc = json.loads(proc.stdout.strip().splitlines()[-1])
         return str(doc["run_id"]), f"exit {proc.returncode}"
     except (IndexError, ValueError, KeyError):
-        return None, f"no JSON (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}"
+        return None, f"no JSON (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1]}"
 
 
 def stream_main(s: Stream, opts: argparse.Namespace, deadline: float, save: threading.Event) -> None:
+    try:
+        stream_work(s, opts, deadline, save)
+    except BaseException as err:  # a stream that fails says why in the figures; the others go on
+        last = (str(err).strip().splitlines() or [""])[-1]
+        s.notes.append(f"stream stopped: {type(err).__name__}: {last}")
+        save.set()
+
+
+def stream_work(s: Stream, opts: argparse.Namespace, deadline: float, save: threading.Event) -> None:
     # the slowdown edits its copy's trainer: the nulls keep a copy of their own, whose tree matches the manifest
     proj = project(s.work / "null")
     slow_proj: Path | None = None
