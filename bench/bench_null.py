@@ -38,6 +38,7 @@ def project(work: Path) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__"))
     (proj / "protocol").mkdir()
     shutil.copytree(REPO / "manifests", proj / "manifests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "recipes", proj / "recipes")  # the frozen recipe file the protocols name
     for name in ("r3_mini_null.yaml", "r3_mini_cuda1_null.yaml"):
         shutil.copy(REPO / "protocol" / name, proj / "protocol" / name)
     subprocess.run(["git", "init", "-q", str(proj)], check=True)

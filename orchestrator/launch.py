@@ -35,6 +35,7 @@ from protocol.errors import FailedError, InterruptedRunError, OrchError, Refused
 from protocol.fileio import write_atomic
 from protocol.home import Home, resolve_home
 from protocol.plan import ARMS
+from protocol.recipe import RUN_COPY as RECIPE_RUN_COPY
 from protocol.run_record import ArmRecord, CalibrationOf, HostFingerprint, LockRecord, RunRecord, SlurmRecord
 from protocol.schema import Arm, LoadedProtocol, load_protocol
 from protocol.schema import canonical_json as protocol_canonical_json
@@ -122,12 +123,15 @@ def _signals_as_interrupt() -> Iterator[None]:
                 signal.signal(sig, previous)
 
 
-def _create_run_dir(run_dir: Path, protocol_json: bytes, record: RunRecord) -> None:
-    """The run folder appears complete (protocol.json and run.json) or not at all: staged, then renamed."""
+def _create_run_dir(run_dir: Path, protocol_json: bytes, record: RunRecord, recipe: bytes | None = None) -> None:
+    """The run folder appears complete (protocol.json, the recipe file it names, run.json) or not at all: staged,
+    then renamed."""
     staging = run_dir.with_name(STAGING_PREFIX + run_dir.name)
     try:
         staging.mkdir()
         write_atomic(staging / "protocol.json", protocol_json)
+        if recipe is not None:
+            write_atomic(staging / RECIPE_RUN_COPY, recipe)
         write_atomic(staging / "run.json", record.to_bytes())
         os.rename(staging, run_dir)
     except BaseException:
@@ -203,7 +207,8 @@ def open_run(
          for name, a in arms.items()},
         calibration_of,
     )
-    _create_run_dir(run_dir, protocol_canonical_json(loaded.protocol), ctx.run)
+    recipe = loaded.frozen_recipe().raw if loaded.protocol.recipe_file is not None else None  # /1: R3's, in orch
+    _create_run_dir(run_dir, protocol_canonical_json(loaded.protocol), ctx.run, recipe)
     scratch.mkdir(parents=True)
     say(f"run {run_id}")
     return ctx

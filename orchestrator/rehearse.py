@@ -23,6 +23,7 @@ from manifests.core import diff_manifests, hash_tree, load_manifest
 from orchestrator.launch import LaunchResult, launch
 from protocol.errors import FailedError, RefusedError
 from protocol.home import resolve_home
+from protocol.recipe_rules import overridable
 from protocol.rehearsal_inputs import JudgeCounts, JudgeReady, RehearsalInputs
 from protocol.schema import load_protocol
 
@@ -102,11 +103,16 @@ def derive_protocol(
     for flag, value in TINY_FLAGS.items():
         args = _set_flag(args, flag, value)
     overrides: dict[str, int] = {}
-    pgs = loaded.protocol.recipe.policy_group_size
-    if gpus % pgs:
-        overrides["policy_group_size"] = gpus if pgs % gpus == 0 else 1
-        data["recipe"]["policy_group_size"] = overrides["policy_group_size"]
-        args = _set_flag(args, "--policy_group_size", str(overrides["policy_group_size"]))
+    recipe = loaded.frozen_recipe().recipe
+    for key in overridable(recipe):  # keys the recipe file lets fewer ranks lower to a divisor of the ranks
+        size, carried = int(loaded.protocol.recipe[key]), recipe.keys[key].flag
+        if gpus % size:
+            overrides[key] = gpus if size % gpus == 0 else 1
+            data["recipe"][key] = overrides[key]
+            if carried is not None:
+                args = _set_flag(args, carried, str(overrides[key]))
+    if loaded.protocol.recipe_file is not None:
+        data["recipe_file"]["path"] = str(loaded.resolve(loaded.protocol.recipe_file.path))
     args = _set_flag(args, "--num_shard", str(gpus))
     args = _set_flag(args, "--reward_server_urls", "127.0.0.1")
     args = _set_flag(args, "--reward_server_port", ",".join(map(str, ports)))
@@ -129,7 +135,7 @@ def derive_protocol(
                      "min_params": None}
     data["rehearsal"] = {
         "upstream": root, "recipe_overrides": overrides,
-        "reason": f"{gpus} GPU(s): policy groups must divide the ranks" if overrides else "",
+        "reason": f"{gpus} GPU(s): {', '.join(overrides)} must divide the ranks" if overrides else "",
     }
     return data
 

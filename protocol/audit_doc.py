@@ -173,6 +173,9 @@ class AuditDocument(_Doc):
     scope: str
     measurement: dict[str, Any] = Field(description="the protocol's measurement section as recorded")
     precision: str
+    recipe: dict[str, Any] | None = Field(
+        None, description="the frozen recipe file (as the protocol names it), its sha256, name, trainer, the keys "
+        "the probe observed and those carried by flags only")
     speedup: Speedup
     interval: dict[str, Any] | None = Field(
         None, description="the speedup's confidence interval (ledger.verdict.interval_doc): estimate, low, high "

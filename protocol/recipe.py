@@ -17,6 +17,7 @@ from protocol.protocol_yaml import field_name, line_of, node_at, parse_yaml
 
 RECIPE_SCHEMA: Final = "orch.recipe/1"
 MAX_RECIPE_BYTES: Final = 1 << 16  # a recipe is a few kB
+RUN_COPY: Final = "recipe.yaml"  # the recipe file's bytes in a run folder, beside protocol.json
 ALLOWED_PRECISIONS: Final = ("fp32", "bf16")
 FORBIDDEN_PRECISIONS: Final = ("fp16", "fp8", "int8")
 # orch.protocol/1 documents name no recipe file: they were written under R3's, the first recipe file, pinned here

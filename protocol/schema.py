@@ -6,7 +6,6 @@ A protocol freezes one experiment; its id is the SHA256 of its canonical JSON. R
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,9 +15,10 @@ from protocol.errors import RefusedError
 from protocol.hashing import canonical_json as dumps_canonical
 from protocol.plan import DEFAULT_MAX_REPEATS, DEFAULT_TARGET_HALF_WIDTH, MAX_REPEATS
 from protocol.protocol_yaml import field_name, line_of, node_at, parse_yaml, read_text
-from protocol.recipe import ALLOWED_PRECISIONS, UPSTREAM_RECIPE, flag_value_equal
+from protocol.recipe import ALLOWED_PRECISIONS, LoadedRecipe, Value, load_recipe, v1_recipe
+from protocol.recipe_rules import check_recipe, normalized_values
 
-PROTOCOL_SCHEMA = "orch.protocol/1"
+PROTOCOL_SCHEMA = "orch.protocol/2"  # /2 names its frozen recipe file; /1 documents were written under R3's
 HostControl = Literal["pin_cpus", "gc_at_boundaries"]
 HOST_CONTROLS: tuple[HostControl, ...] = ("pin_cpus", "gc_at_boundaries")
 
@@ -27,23 +27,11 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Recipe(_Frozen):
-    group_size: int
-    policy_group_size: int
-    rounds: int
-    global_seed: int
-    data_seed: int
-    lr: float
-    warmup_steps: int
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    max_grad_norm: float
-    kl_weight_text: float
-    kl_weight_image: float
-    freeze_vit: bool
-    total_steps: int
+class RecipeFileRef(_Frozen):
+    """The frozen recipe file (docs/RECIPES.md) and the SHA256 of its bytes: part of the protocol's id."""
+
+    path: str = Field(description="relative to the protocol's base, e.g. recipes/r3_tree_rl_bagel7b.yaml")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA256 of the recipe file's bytes")
 
 
 class Sources(_Frozen):
@@ -207,7 +195,8 @@ class Rehearsal(_Frozen):
     upstream: str = Field(description="the upstream snapshot rehearsed (commit or manifest root)")
     recipe_overrides: dict[str, int] = Field(
         default_factory=dict,
-        description="recipe keys a smaller host forces (only policy_group_size: it must divide the ranks)",
+        description="recipe keys a smaller host forces (only those its recipe file marks `rehearsal: "
+        "divides_ranks`; each must divide the ranks)",
     )
     reason: str = ""
 
@@ -220,10 +209,11 @@ class Timeouts(_Frozen):
 
 
 class Protocol(_Frozen):
-    schema_: Literal["orch.protocol/1"] = Field("orch.protocol/1", alias="schema")
+    schema_: Literal["orch.protocol/1", "orch.protocol/2"] = Field("orch.protocol/1", alias="schema")
     name: str
     base: str = Field("..", description="directory the protocol's paths are relative to, from the protocol file")
-    recipe: Recipe
+    recipe_file: RecipeFileRef | None = Field(None, description="orch.protocol/2: the frozen recipe file it gives")
+    recipe: dict[str, Value] = Field(description="the frozen recipe's values, key for key (recipe_file)")
     precision: str
     sources: Sources
     arms: Arms
@@ -234,6 +224,15 @@ class Protocol(_Frozen):
     timeouts: Timeouts = Timeouts()
     model: Model | None = None
     rehearsal: Rehearsal | None = None
+
+    @model_validator(mode="after")
+    def _recipe_file_named(self) -> Protocol:
+        if self.schema_ == "orch.protocol/2" and self.recipe_file is None:
+            raise ValueError("orch.protocol/2 names its frozen recipe file: add recipe_file (path, sha256); "
+                             "see docs/RECIPES.md")
+        if self.schema_ == "orch.protocol/1" and self.recipe_file is not None:
+            raise ValueError("recipe_file needs schema: orch.protocol/2 (/1 protocols are read under R3's recipe)")
+        return self
 
     @field_validator("precision")
     @classmethod
@@ -251,10 +250,15 @@ class LoadedProtocol(BaseModel):
     protocol: Protocol
     path: Path
     base: Path
+    recipe: LoadedRecipe | None = None  # the frozen recipe file, as load_protocol read and checked it
 
     @property
     def id(self) -> str:
         return protocol_id(self.protocol)
+
+    def frozen_recipe(self) -> LoadedRecipe:
+        """The protocol's recipe file (R3's for orch.protocol/1), its digest checked again when read here."""
+        return self.recipe if self.recipe is not None else protocol_recipe(self.protocol, self.base)
 
     def resolve(self, relative: str) -> Path:
         return (self.base / relative).resolve()
@@ -262,7 +266,7 @@ class LoadedProtocol(BaseModel):
 
 # top-level fields added after orch.protocol/1 was first published: left out of the canonical JSON while
 # unset, so the id of every protocol written before them is unchanged
-LATER_FIELDS = ("model", "rehearsal")
+LATER_FIELDS = ("model", "rehearsal", "recipe_file")
 # fields added later inside a section: at their default they stay out of the canonical JSON likewise
 _LATER_DEFAULTS: dict[tuple[str, str], object] = {
     ("measurement", "repeats"): 1, ("launcher", "scheduler"): "local", ("launcher", "slurm"): None,
@@ -291,86 +295,13 @@ def protocol_id(protocol: Protocol) -> str:
     return hashlib.sha256(canonical_json(protocol)).hexdigest()
 
 
-REHEARSAL_OVERRIDABLE = ("policy_group_size",)
-# flags of the upstream trainer that shrink the model it trains (train/online_rl.py: debug mode sets
-# llm_config.num_hidden_layers = 1, skips FSDPCheckpoint.try_load_ckpt and swaps in stub rewards)
-SHRINKING_FLAGS = {"--debug": "upstream debug mode cuts the LLM to 1 layer, loads no weights and stubs the rewards"}
-
-
-def recipe_differences(recipe: Recipe, overrides: dict[str, int] | None = None) -> list[tuple[str, object, object]]:
-    """(key, given, upstream) for every recipe key that differs from the frozen upstream recipe (or its override)."""
-    given = recipe.model_dump()
-    expected = {**UPSTREAM_RECIPE, **(overrides or {})}
-    return [(k, given[k], v) for k, v in expected.items() if given[k] != v]
-
-
-def _truthy(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "y", "t", "on")
-
-
-def shrinking_flags(protocol: Protocol) -> list[str]:
-    """Launcher flags that would make a protocol that declares its model time a smaller one."""
-    args = list(protocol.launcher.args)
-    found = []
-    for flag, why in SHRINKING_FLAGS.items():
-        for i, a in enumerate(args):
-            key, eq, inline = a.partition("=")
-            if key != flag:
-                continue
-            value = inline if eq else (args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else "1")
-            if _truthy(value):
-                found.append(f"{flag} {value} ({why})")
-    return found
-
-
-def launch_flag_differences(protocol: Protocol) -> list[str]:
-    """Recipe keys whose `--key value` flag is missing from, or differs in, the launcher's arguments."""
-    args = list(protocol.launcher.args)
-    problems = []
-    for key, expected in protocol.recipe.model_dump().items():
-        flag = f"--{key}"
-        if flag not in args or args.index(flag) + 1 >= len(args):
-            problems.append(f"{flag} missing (recipe {key} = {expected})")
-            continue
-        given = args[args.index(flag) + 1]
-        if not flag_value_equal(expected, given):
-            problems.append(f"{flag} {given} (recipe {key} = {expected})")
-    return problems
-
-
-def _recipe_flag_named(token: str, flags: Sequence[str]) -> str | None:
-    """The recipe flag an argument sets, the way argparse reads it: `--key`, `--key=value` or an abbreviation."""
-    key = token.partition("=")[0]
-    if not key.startswith("--") or len(key) < 3:
-        return None
-    if key in flags:
-        return key
-    matches = [f for f in flags if f.startswith(key)]
-    return matches[0] if len(matches) == 1 else None
-
-
-def recipe_overrides(protocol: Protocol) -> list[str]:
-    """Arguments that would set a recipe value a second time, behind the one checked `--key value` (the trainer's
-    parser keeps the last): a repeated flag, a `--key=value` form, an abbreviation argparse accepts, or an arm's
-    `config` key (passed as `--key value` after the launcher's arguments)."""
-    flags = [f"--{key}" for key in protocol.recipe.model_dump()]
-    problems = []
-    seen: set[str] = set()
-    for token in protocol.launcher.args:
-        flag = _recipe_flag_named(token, flags)
-        if flag is None:
-            continue
-        if token != flag:
-            problems.append(f"launcher.args {token!r} sets {flag} (write it once as `{flag} VALUE`)")
-        elif flag in seen:
-            problems.append(f"launcher.args give {flag} twice (the trainer keeps the last)")
-        seen.add(flag)
-    for arm in ("baseline", "candidate"):
-        for key in getattr(protocol.arms, arm).config:
-            flag = _recipe_flag_named(f"--{key}", flags)
-            if flag is not None:
-                problems.append(f"arms.{arm}.config.{key} sets the recipe's {flag} after the launcher's arguments")
-    return problems
+def protocol_recipe(protocol: Protocol, base: Path) -> LoadedRecipe:
+    """The frozen recipe file a protocol gives (orch.protocol/1: R3's), refused when its SHA256 is not the one the
+    protocol commits to."""
+    ref = protocol.recipe_file
+    if ref is None:
+        return v1_recipe()
+    return load_recipe((base / ref.path).resolve(), ref.path, ref.sha256)
 
 
 def load_protocol(path: str | Path) -> LoadedProtocol:
@@ -388,46 +319,19 @@ def load_protocol(path: str | Path) -> LoadedProtocol:
         more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
         msg = first["msg"].removeprefix("Value error, ")
         raise RefusedError(f"{path}:{line}: {field_name(loc)}: {msg}{more}; see `orch schema`") from None
-    overrides = protocol.rehearsal.recipe_overrides if protocol.rehearsal is not None else {}
-    bad_override = sorted(set(overrides) - set(REHEARSAL_OVERRIDABLE))
-    if bad_override:
-        line = line_of(node_at(root_node, ("rehearsal", "recipe_overrides")))
-        raise RefusedError(
-            f"{path}:{line}: rehearsal.recipe_overrides: {', '.join(bad_override)} may not be overridden "
-            f"(only {', '.join(REHEARSAL_OVERRIDABLE)}); remove it"
-        )
-    if overrides.get("policy_group_size") and protocol.launcher.nproc % overrides["policy_group_size"]:
-        line = line_of(node_at(root_node, ("rehearsal", "recipe_overrides")))
-        raise RefusedError(f"{path}:{line}: rehearsal.recipe_overrides.policy_group_size must divide launcher.nproc")
-    diffs = recipe_differences(protocol.recipe, overrides)
-    if diffs:
-        line = line_of(node_at(root_node, ("recipe", diffs[0][0])))
-        listed = ", ".join(f"recipe.{k} = {g!r} (upstream {u!r})" for k, g, u in diffs)
-        raise RefusedError(f"{path}:{line}: recipe differs from the frozen upstream recipe: {listed}; restore it")
-    flags = launch_flag_differences(protocol)
-    if flags:
-        line = line_of(node_at(root_node, ("launcher", "args")))
-        raise RefusedError(
-            f"{path}:{line}: launcher.args do not carry the recipe: {'; '.join(flags)}; pass every recipe value"
-        )
-    again = recipe_overrides(protocol)
-    if again:
-        line = line_of(node_at(root_node, ("launcher", "args")))
-        raise RefusedError(f"{path}:{line}: the recipe is set again behind its checked flag: {'; '.join(again)}; "
-                           "remove the extra setting (the recipe is frozen)")
-    shrink = shrinking_flags(protocol) if protocol.model is not None else []
-    if shrink:
-        line = line_of(node_at(root_node, ("launcher", "args")))
-        raise RefusedError(
-            f"{path}:{line}: launcher.args shrink the declared model ({protocol.model.layers} layers): "  # type: ignore[union-attr]
-            f"{'; '.join(shrink)}; remove the flag (blinding covers the trainer's step-0 evaluation)"
-        )
+    base = (path.parent / protocol.base).resolve()
+    try:
+        recipe = protocol_recipe(protocol, base)
+    except RefusedError as err:
+        line = line_of(node_at(root_node, ("recipe_file", "sha256" if "sha256" in err.message else "path")))
+        raise RefusedError(f"{path}:{line}: {err.message}") from None
+    protocol = protocol.model_copy(update={"recipe": normalized_values(protocol.recipe, recipe.recipe)})
+    check_recipe(path, root_node, protocol, recipe.recipe, recipe.named)
     m = protocol.measurement
     if not (0 <= m.digest_first <= m.digest_last < m.steps and m.warmup < m.steps and m.window >= 1):
         line = line_of(node_at(root_node, ("measurement",)))
         raise RefusedError(f"{path}:{line}: measurement: inconsistent steps/warm-up/windows/digest range")
-    base = (path.parent / protocol.base).resolve()
-    return LoadedProtocol(protocol=protocol, path=path.resolve(), base=base)
+    return LoadedProtocol(protocol=protocol, path=path.resolve(), base=base, recipe=recipe)
 
 
 def json_schema() -> dict[str, Any]:

@@ -121,6 +121,12 @@ def discover(optimizer: Any, max_norm: float | None) -> TrainedModel:
     return TrainedModel(root, param_names, recipe)
 
 
+def warmup_steps(lrs: list[float], base: float) -> int | None:
+    """Warm-up of a linear or constant warm-up schedule: the first step whose lr (group 0, as the step ran) is the
+    base lr; None when no step reached it."""
+    return next((i for i, lr in enumerate(lrs) if lr == base), None)
+
+
 def named_tensors(root: Any, param_names: dict[int, str], optimizer: Any) -> dict[str, Any]:
     """param/<fqn> for every parameter of the trained module, optim/<fqn>/<key> for every state tensor."""
     import torch

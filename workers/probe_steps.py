@@ -17,7 +17,7 @@ from protocol.clock import CLOCK_FUNCTIONS
 from protocol.hashing import sha256_file
 from protocol.results import ObservedRecipe, ProbeSummary
 from workers.digest import combined_digest, digest_many
-from workers.probe_model import discover, named_tensors, save_checkpoint
+from workers.probe_model import discover, named_tensors, save_checkpoint, warmup_steps
 from workers.rank_end import arm_watchdog
 from workers.scalars import TrainerNumbers
 from workers.watch import WatchLog, inspect_compiled_graphs, make_watch
@@ -283,9 +283,7 @@ class Probe:
     def observed_recipe(self) -> dict[str, Any] | None:
         if self.recipe is None:
             return None
-        base = self.recipe["lr"]
-        warm = next((i for i, lr in enumerate(self.lr0) if lr == base), None)
-        return {**self.recipe, "warmup_steps": warm}
+        return {**self.recipe, "warmup_steps": warmup_steps(self.lr0, self.recipe["lr"])}
 
     def write_summary(self, complete: bool) -> None:
         compat = sys.modules.get("orch_torch_compat")  # the rehearsal's torch shim, when its folder is on the path

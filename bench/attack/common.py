@@ -134,6 +134,7 @@ def make_project(dest: Path) -> Path:
     (proj / "manifests").mkdir()
     shutil.copy(REPO / "protocol" / "r3_mini.yaml", proj / "protocol" / "r3_mini.yaml")
     shutil.copy(REPO / "manifests" / "r3_mini.json", proj / "manifests" / "r3_mini.json")
+    shutil.copytree(REPO / "recipes", proj / "recipes")  # the frozen recipe file the protocol names
     write_protocol(proj, "small.yaml", lambda d: None)
     return proj
 

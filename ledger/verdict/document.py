@@ -18,13 +18,15 @@ from ledger.verdict.exactness import Exactness, exactness
 from ledger.verdict.host_report import clock_doc, quiet_host_doc
 from ledger.verdict.host_watch import host_watch_doc
 from ledger.verdict.mismatch import Mismatch
+from ledger.verdict.recipe_check import recipe_doc
 from ledger.verdict.windows import Speedup, step_times
 from protocol.hashing import canonical_json
 from protocol.plan import ARMS, BASELINE_ROLES, KINDS, ROLES, launch_labels, replay_label, triplets
 
 AUDIT_SCHEMA = "orch.audit/1"
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
-ADDED_LATER = ("probe_cost", "host_watch")  # sections an audit.json recorded before them lacks: it stays as recorded
+# sections an audit.json recorded before them lacks: it stays as recorded
+ADDED_LATER = ("probe_cost", "host_watch", "recipe")
 # the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
 AUDIT_UNITS = {
     "speedup.windows[].A|C|B": "s: the window's time, the SUM of its steps' times",
@@ -242,7 +244,7 @@ def compute_audit(
         ev.steps,
         ev.trains,
         ev.reloads,
-        ev.protocol.recipe.model_dump(),
+        dict(ev.protocol.recipe),
         n_steps=m.steps,
         digest_first=m.digest_first,
         digest_last=m.digest_last,
@@ -251,6 +253,7 @@ def compute_audit(
         watch_steps=ev.watch_steps,
         labels=labels,
         replay_of=replay_label(ev.repeats, ev.sequential),
+        recipe_file=ev.recipe.recipe if ev.recipe is not None else None,
     )
     iv = run_interval(times, steps=m.steps, warmup=m.warmup, window=m.window)
     verdict, direction, sentence = decide(ex.exact, iv)
@@ -271,6 +274,7 @@ def compute_audit(
         "scope": scope_sentence(m.digest_first, m.digest_last, ex.ranks),
         "measurement": m.model_dump(exclude_unset=True),  # as recorded: fields added later stay out
         "precision": ev.protocol.precision,
+        "recipe": recipe_doc(ev.recipe),
         "speedup": _speedup_doc(sp, {role: times[label] for role, label in first.items()}),
         "interval": interval_doc(iv, ev.repeats),
         "replication": replication_doc(trips, sps),

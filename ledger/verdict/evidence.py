@@ -5,6 +5,7 @@ Nothing is computed or written here; an incomplete run raises IncompleteRunError
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,10 +17,12 @@ from pydantic import BaseModel, ValidationError
 from ledger.cost.record import LedgerRecord
 from ledger.cost.store import Ledger
 from ledger.verdict.sequential_doc import triplets_taken
-from protocol.errors import FailedError, UsageError
+from protocol.errors import FailedError, RefusedError, UsageError
 from protocol.hashing import sha256_file
 from protocol.home import Home
 from protocol.plan import launch_labels, package_names, replay_label
+from protocol.recipe import RUN_COPY as RECIPE_RUN_COPY
+from protocol.recipe import LoadedRecipe, parse_recipe, v1_recipe
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
 from protocol.run_record import OLD_RUN_SCHEMAS, RUN_SCHEMA, RunRecord
 from protocol.schema import Protocol
@@ -58,10 +61,33 @@ class RunEvidence:
     names: tuple[str, ...] = PACKAGES  # the plan's packages
     triplets: int = 1  # the triplets taken: measurement.repeats, or as many as a sequential run's rule took
     sequential: bool = False  # repeats: auto or --until-decided: labels numbered from A1 (protocol/plan.py)
+    recipe: LoadedRecipe | None = None  # the frozen recipe file (its copy in the run folder; R3's for protocol/1)
 
     @property
     def repeats(self) -> int:
         return self.triplets
+
+
+def _run_recipe(run_dir: Path, protocol: Protocol, problems: list[str]) -> LoadedRecipe | None:
+    """The run's frozen recipe: the copy beside protocol.json, whose sha256 must be the protocol's (orch.protocol/2),
+    or R3's recipe file for an orch.protocol/1 run."""
+    ref = protocol.recipe_file
+    try:
+        if ref is None:
+            return v1_recipe()
+        path = run_dir / RECIPE_RUN_COPY
+        if not path.is_file():
+            problems.append(f"{RECIPE_RUN_COPY}: missing (the copy of the protocol's recipe file {ref.path})")
+            return None
+        raw = path.read_bytes()
+        if hashlib.sha256(raw).hexdigest() != ref.sha256:
+            problems.append(f"{RECIPE_RUN_COPY}: its sha256 is not protocol.json's recipe_file.sha256 "
+                            "(the recipe copy was altered)")
+            return None
+        return parse_recipe(path, raw, ref.path)
+    except RefusedError as err:
+        problems.append(f"{RECIPE_RUN_COPY}: {err.message}")
+        return None
 
 
 def _first_error(err: ValidationError) -> str:
@@ -203,6 +229,7 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         protocol = _load_model(Protocol, proto_path, proto_problems, "protocol.json")
     else:
         proto_problems.append("protocol.json: missing")
+    recipe = _run_recipe(run_dir, protocol, proto_problems) if protocol is not None else None
     records = Ledger(home.ledger_path).records(run_id)
     repeats, sequential = (triplets_taken(protocol.measurement, run, (r.package for r in records)) if protocol
                            else (1, False))
@@ -276,6 +303,7 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         watch=watch,
         watch_steps=watch_steps,
         records=records,
+        recipe=recipe,
         closes=closes,
         result_sha256=result_sha,
         names=names,

@@ -13,6 +13,7 @@ from ledger.verdict.mismatch import Mismatch, Steps, by_step
 from ledger.verdict.recipe_check import model_differences, recipe_differences, structure_differences
 from ledger.verdict.trainer_numbers import first_scalar_mismatch, logged_nothing
 from protocol.plan import ROLES
+from protocol.recipe import RecipeFile
 from protocol.results import ReloadResult, StepRecord, TrainResult
 
 
@@ -217,6 +218,7 @@ def exactness(
     model: Mapping[str, Any] | None = None,
     watch: TrainResult | None = None,
     watch_steps: Mapping[int, Sequence[StepRecord]] | None = None,
+    recipe_file: RecipeFile | None = None,
 ) -> Exactness:
     """Every exactness check of DESIGN.md section 1 over one run's three train and three reload results, the
     trainer's own numbers, what the recipe fixes about parameters and optimizer, and the watched replay of C."""
@@ -246,7 +248,7 @@ def exactness(
         problems.append(rng_first.line())
     diffs: list[str] = []
     for label in labels:
-        diffs += recipe_differences(trains[label].observed_recipe, recipe, label)
+        diffs += recipe_differences(trains[label].observed_recipe, recipe, label, recipe_file)
         if model is not None:
             diffs += model_differences(trains[label].observed_recipe, model, label)
     diffs += structure_differences({label: trains[label].observed_recipe for label in labels}, labels[0])

@@ -73,6 +73,7 @@ def make_project(tmp_path: Path) -> Path:
     (proj / "manifests").mkdir()
     shutil.copy(REPO / "protocol" / "r3_mini.yaml", proj / "protocol" / "r3_mini.yaml")
     shutil.copy(REPO / "manifests" / "r3_mini.json", proj / "manifests" / "r3_mini.json")
+    shutil.copytree(REPO / "recipes", proj / "recipes")  # the frozen recipe file the protocol names
     return proj
 
 

@@ -11,7 +11,8 @@ from test_audit import RunSpec, make_run
 
 from ledger.verdict.audit import audit_run
 from ledger.verdict.evidence import IncompleteRunError
-from ledger.verdict.recipe_check import is_vit, structure_differences
+from ledger.verdict.recipe_check import structure_differences
+from protocol.recipe import ObserveFrozen, v1_recipe
 from protocol.results import ObservedRecipe, ParamGroup
 
 
@@ -54,8 +55,11 @@ def test_structure_differences_name_counts_and_groups() -> None:
         "arm C: optimizer_params 11, arm A 10",
         "arm C: optimizer parameter groups differ from arm A: 2 group(s) in arm C, 1 in arm A",
     ]
-    assert is_vit("vit_model.encoder.layers.0.mlp.fc1.weight") and is_vit("Bagel#0:vit_pos_embed.pos_embed")
-    assert not is_vit("language_model.model.layers.0.self_attn.q_proj.weight") and not is_vit("connector.fc1")
+    vit = v1_recipe().recipe.keys["freeze_vit"].observe  # R3's recipe file: the ViT by name
+    assert isinstance(vit, ObserveFrozen)
+    assert vit.matches("vit_model.encoder.layers.0.mlp.fc1.weight") and vit.matches("Bagel#0:vit_pos_embed.pos_embed")
+    assert not vit.matches("language_model.model.layers.0.self_attn.q_proj.weight")
+    assert not vit.matches("connector.fc1") and not vit.matches("navit.x") and vit.matches("a.VIT2.b")
 
 
 def test_a_differing_trainer_loss_is_named_by_step_rank_and_quantity(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def test_tables_keep_every_cell_in_an_80_column_terminal() -> None:
 def test_audit_json_is_one_document_and_launch_exit_follows_the_verdict(tmp_path: Path) -> None:
     from test_audit import TENSORS, RunSpec, make_run
 
-    make_run(tmp_path, "run1")
+    make_run(tmp_path, "run1", RunSpec(calibrated=True))  # one triplet, bounded by the host's A/A calibration
     make_run(tmp_path, "run2", RunSpec(diverge=("C", 3, 0, TENSORS[0])))  # the candidate's bits differ: not exact
     drift = RunSpec()
     drift.durations["B"] = [0.2] * 12 + [0.3] * 4  # a wide A/B spread: the interval covers 1
@@ -247,13 +247,16 @@ def test_launch_refuses_missing_worker_packages_before_any_record(tmp_path: Path
 
 
 def test_launch_json_refusal_is_one_document(tmp_path: Path) -> None:
-    bad = tmp_path / "p.yaml"
+    bad = tmp_path / "protocol" / "p.yaml"
+    bad.parent.mkdir()
     text = (REPO / "protocol" / "r3_mini.yaml").read_text().replace("lr: 5.0e-6", "lr: 1.0e-5")
     bad.write_text(text)
     shutil.copytree(REPO / "manifests", tmp_path / "manifests")
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes")  # the recipe file it names, under its base
     proc = orch("launch", str(bad), "--home", str(tmp_path / "h"), "--json", cwd=tmp_path)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 3 and doc["exit_code"] == 3 and doc["ok"] is False
+    assert "recipe.lr = 1e-05 (upstream 5e-06)" in doc["error"]
 
 
 @pytest.mark.parametrize("command", ["launch", "calibrate"])

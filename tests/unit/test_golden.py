@@ -26,8 +26,11 @@ from protocol.schema import Protocol, canonical_json, load_protocol, protocol_id
 
 REPO = Path(__file__).resolve().parents[2]
 ORCH = Path(sys.executable).parent / "orch"
+sys.path.insert(0, str(REPO / "tests"))
+from protocolutil import v1_text  # noqa: E402
 
-# protocol id of every shipped protocol (SHA256 of its canonical JSON)
+# protocol id of every shipped protocol in its orch.protocol/1 form (SHA256 of its canonical JSON): the ids of every
+# run recorded before protocols named their recipe file (v1_text: the file without its recipe_file)
 PROTOCOL_IDS = {
     "r3_bagel7b_8xh100.yaml": "24f3e6be910d027261cafb7b64ac76ef9b3cae3f43aae0d4fa86fbddbbd2c8ef",
     "r3_mini.yaml": "65f0dacd6393fa47bdf75f55fee32d8b88378632650c8ceaaeaa7c717e732cbe",
@@ -37,6 +40,17 @@ PROTOCOL_IDS = {
     "r3_mini_cuda2_null.yaml": "6e44fb873dd01e47329a56b968ff50845b8dafe75a576ddca97b5bee05a7fbd3",
     "r3_mini_null.yaml": "3564ce1c6ced159ee1ff4bdebe4f6827305ca1b28468ffdb0d355ac51d888699",
     "r3_mini_slurm2.yaml": "1d3a3e13268101b0ab72e4bedaf32d0d203d527c22cf6485deb3f12a36917e58",
+}
+# orch.protocol/2: the same protocols naming R3's recipe file and its SHA256 (recipes/r3_tree_rl_bagel7b.yaml)
+PROTOCOL_IDS_V2 = {
+    "r3_bagel7b_8xh100.yaml": "2f335b9daa1b6391ae010b6e1d291fa2cce28f1be5e6c252505af9f55ad315b9",
+    "r3_mini.yaml": "f7bdf1f9efa3a8598962d9f7540d90c64391ed4a311a8ccad8a4b4df6014e194",
+    "r3_mini_cuda1.yaml": "8ebe7586c7fc4bf65389754f589922b50fa96f3e215a665096b4c16ea3f8c2c8",
+    "r3_mini_cuda1_null.yaml": "db38ceb461acaf43b0b2d5b98b28deaf539fa38ad2e2e2528765de8663b744d2",
+    "r3_mini_cuda2.yaml": "d8bbf254ca1c841ac2bd13e3c5dd9be55c03f0bf95474de52af7cef3913d2860",
+    "r3_mini_cuda2_null.yaml": "51fb8509d36d22032ccb494d80ae024ade42fccafe8ede5f800886f22d9b2ac0",
+    "r3_mini_null.yaml": "051cdc904853096426287707b89b50d75c92f7cd65f280676b1bafdfa2403295",
+    "r3_mini_slurm2.yaml": "9851c90f93e6d4aa42ed3123a65d2d866af98f65d1294f1b49590ad20ee1be49",
 }
 MANIFEST_ROOTS = {
     "r3_mini.json": "e5b49d881858668caea6646bbf485da35e17489f1b42d7148acc1026c1284cfe",
@@ -51,15 +65,31 @@ def test_every_pinned_protocol_is_still_shipped() -> None:
     assert set(PROTOCOL_IDS) <= {p.name for p in (REPO / "protocol").glob("*.yaml")}
 
 
+def _v1(name: str, tmp_path: Path) -> Path:
+    path = tmp_path / "protocol" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(v1_text((REPO / "protocol" / name).read_text()))
+    return path
+
+
 @pytest.mark.parametrize("name", sorted(PROTOCOL_IDS))
-def test_protocol_id_is_unchanged(name: str) -> None:
-    loaded = load_protocol(REPO / "protocol" / name)
+def test_protocol_id_is_unchanged(name: str, tmp_path: Path) -> None:
+    loaded = load_protocol(_v1(name, tmp_path))
     assert protocol_id(loaded.protocol) == PROTOCOL_IDS[name]
     assert hashlib.sha256(canonical_json(loaded.protocol)).hexdigest() == PROTOCOL_IDS[name]
 
 
-def test_protocol_canonical_json_keeps_non_ascii_as_utf8() -> None:
-    p = load_protocol(REPO / "protocol" / "r3_mini.yaml").protocol.model_copy(update={"name": "r3-mini ünï ✓"})
+@pytest.mark.parametrize("name", sorted(PROTOCOL_IDS_V2))
+def test_protocol_id_naming_the_recipe_file_is_unchanged(name: str) -> None:
+    loaded = load_protocol(REPO / "protocol" / name)
+    assert protocol_id(loaded.protocol) == PROTOCOL_IDS_V2[name]
+    assert loaded.protocol.recipe_file is not None and loaded.recipe is not None
+    assert loaded.protocol.recipe_file.sha256 == loaded.recipe.sha256 == hashlib.sha256(
+        (REPO / loaded.protocol.recipe_file.path).read_bytes()).hexdigest()
+
+
+def test_protocol_canonical_json_keeps_non_ascii_as_utf8(tmp_path: Path) -> None:
+    p = load_protocol(_v1("r3_mini.yaml", tmp_path)).protocol.model_copy(update={"name": "r3-mini ünï ✓"})
     data = canonical_json(p)
     assert '"name":"r3-mini ünï ✓"'.encode() in data and b"\\u" not in data
     assert hashlib.sha256(data).hexdigest() == "16e7d618f6ab450be685687728406257b485b4f6192be9d8577f81c6e2ee0305"

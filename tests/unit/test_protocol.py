@@ -9,7 +9,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from protocolutil import BAGEL, bagel_variant
+from protocolutil import BAGEL, bagel_variant, v1_text, with_recipes
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -207,15 +207,21 @@ def test_protocol_is_parsed_once_with_the_c_loader(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(yaml, "compose", None)  # the old second parse: must not be called
     monkeypatch.setattr(yaml, "safe_load", None)
     load_protocol(BAGEL)
-    assert len(made) == 1
-def test_published_protocol_ids_do_not_change_with_measurement_repeats() -> None:
-    """repeats is absent from the canonical JSON at its default: the ids behind docs/validation still match."""
+    assert len([s for s in made if "name: r3-bagel7b-8xh100" in str(s)]) == 1  # the protocol; its recipe file apart
+def test_published_protocol_ids_do_not_change_with_measurement_repeats(tmp_path: Path) -> None:
+    """repeats is absent from the canonical JSON at its default: the ids behind docs/validation still match the
+    shipped protocols' orch.protocol/1 form (published before protocols named their recipe file)."""
     repo = BAGEL.parents[1]
     for evidence, shipped in (("h200x1_null.json", "r3_mini_cuda1_null.yaml"), ("h200x2.json", "r3_mini_cuda2.yaml")):
         published = json.loads((repo / "docs" / "validation" / evidence).read_text())["protocol_id"]
         loaded = load_protocol(repo / "protocol" / shipped)
         assert loaded.protocol.measurement.repeats == 1 and b"repeats" not in canonical_json(loaded.protocol)
-        assert loaded.id == published, shipped
+        v1 = tmp_path / "protocol" / shipped
+        v1.parent.mkdir(exist_ok=True)
+        v1.write_text(v1_text((repo / "protocol" / shipped).read_text()))
+        old = load_protocol(v1)
+        assert old.id == published != loaded.id, shipped
+        assert old.protocol == loaded.protocol.model_copy(update={"schema_": "orch.protocol/1", "recipe_file": None})
 
 
 def test_repeats_one_is_the_same_protocol_and_two_is_another(tmp_path: Path) -> None:
@@ -223,6 +229,7 @@ def test_repeats_one_is_the_same_protocol_and_two_is_another(tmp_path: Path) -> 
     old = "measurement: {steps: 16, warmup: 10, window: 2, drift_bound: 0.02, digest_first: 0, digest_last: 13}"
     assert old in text
     ids = {}
+    with_recipes(tmp_path)
     for repeats in (None, 1, 2):
         path = tmp_path / "protocol" / f"r{repeats}.yaml"
         path.parent.mkdir(exist_ok=True)

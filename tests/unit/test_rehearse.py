@@ -35,6 +35,7 @@ def _fake_upstream(tmp_path: Path) -> tuple[Path, Path]:
     protocol = tmp_path / "protocol" / "p.yaml"
     protocol.parent.mkdir()
     protocol.write_text(text)
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes")  # the recipe file it names, beside its base
     return up, protocol
 
 
@@ -77,7 +78,7 @@ def test_the_derived_protocol_is_a_valid_declared_null_rehearsal(tmp_path: Path)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     p = load_protocol(path).protocol
     args = p.launcher.args
-    assert p.launcher.nproc == 1 and p.recipe.policy_group_size == 1
+    assert p.launcher.nproc == 1 and p.recipe["policy_group_size"] == 1
     assert p.rehearsal is not None and p.rehearsal.recipe_overrides == {"policy_group_size": 1}
     assert p.model is not None and p.model.layers == 2  # the tiny model's depth is declared and checked
     assert args[args.index("--llm_path") + 1] == str(inputs_dir / "model/llm_config.json")
@@ -89,8 +90,12 @@ def test_the_derived_protocol_is_a_valid_declared_null_rehearsal(tmp_path: Path)
     assert p.launcher.env["PYTHONPATH"].split(":")[0].endswith("workers/rehearsal/shim")  # with its torch shim
     assert p.launcher.env["ORCH_TORCH_COMPAT"] == "fsdp_unshard_outside_inference_mode"
     # every recipe value other than the declared override is still the frozen one
-    frozen = load_protocol(BAGEL).protocol.recipe.model_dump()
-    assert {k: v for k, v in p.recipe.model_dump().items() if v != frozen[k]} == {"policy_group_size": 1}
+    frozen = load_protocol(BAGEL).protocol.recipe
+    assert {k: v for k, v in p.recipe.items() if v != frozen[k]} == {"policy_group_size": 1}
+    # the derived protocol names the same recipe file, by its absolute path (base "/"), and its digest
+    assert p.recipe_file is not None and p.recipe_file.path == str(tmp_path / "recipes" / "r3_tree_rl_bagel7b.yaml")
+    assert p.recipe_file.sha256 == load_protocol(BAGEL).protocol.recipe_file.sha256  # type: ignore[union-attr]
+    assert p.rehearsal.reason == "1 GPU(s): policy_group_size must divide the ranks"
 
 
 def test_an_override_of_anything_but_policy_groups_is_refused(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ recipe's flags in the launcher's arguments, and each refusal of load_protocol wi
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,25 +15,23 @@ import yaml
 from pydantic import ValidationError
 
 from protocol.errors import RefusedError
-from protocol.recipe import UPSTREAM_RECIPE
-from protocol.schema import (
-    Launcher,
-    Measurement,
-    Protocol,
-    Recipe,
+from protocol.recipe import v1_recipe
+from protocol.recipe_rules import (
     _recipe_flag_named,
     _truthy,
-    canonical_json,
     launch_flag_differences,
-    load_protocol,
-    protocol_id,
     recipe_differences,
     recipe_overrides,
     shrinking_flags,
 )
+from protocol.schema import Launcher, Measurement, Protocol, canonical_json, load_protocol, protocol_id
 
-MINI = Path(__file__).resolve().parents[2] / "protocol" / "r3_mini.yaml"
-FLAGS = [f"--{k}" for k in UPSTREAM_RECIPE]
+REPO = Path(__file__).resolve().parents[2]
+MINI = REPO / "protocol" / "r3_mini.yaml"
+R3 = v1_recipe().recipe  # R3's recipe file, the one every shipped protocol names
+UPSTREAM = R3.values()
+FLAGS = list(R3.flags().values())
+RECIPE = "recipes/r3_tree_rl_bagel7b.yaml"
 DEBUG_WHY = "upstream debug mode cuts the LLM to 1 layer, loads no weights and stubs the rewards"
 
 
@@ -50,11 +49,18 @@ def mini(**changes: Any) -> Protocol:
     return Protocol.model_validate(data)
 
 
+def with_recipes(root: Path) -> None:
+    """The recipe files beside a copied protocol's base, as in the repository."""
+    if not (root / "recipes").exists():
+        shutil.copytree(REPO / "recipes", root / "recipes")
+
+
 def variant(tmp_path: Path, old: str, new: str) -> Path:
     text = MINI.read_text()
     assert old in text
     path = tmp_path / "protocol" / "p.yaml"
     path.parent.mkdir(exist_ok=True)
+    with_recipes(tmp_path)
     path.write_text(text.replace(old, new, 1))
     return path
 
@@ -123,7 +129,8 @@ def test_the_id_is_the_sha256_of_the_canonical_json() -> None:
     assert protocol_id(p) == hashlib.sha256(canonical_json(p)).hexdigest()
     assert load_protocol(MINI).id == protocol_id(p)
     text = canonical_json(mini(name="r3-mini-é")).decode()
-    assert '"name":"r3-mini-é"' in text and '"schema":"orch.protocol/1"' in text and "schema_" not in text
+    assert '"name":"r3-mini-é"' in text and '"schema":"orch.protocol/2"' in text and "schema_" not in text
+    assert f'"recipe_file":{{"path":"{RECIPE}","sha256":"{v1_recipe().sha256}"}}' in text
 
 
 def test_later_fields_enter_the_canonical_json_only_when_set() -> None:
@@ -149,14 +156,18 @@ def test_later_fields_enter_the_canonical_json_only_when_set() -> None:
 # --- the recipe and the launcher's arguments -------------------------------------------------------------------------
 
 def test_recipe_differences_name_key_given_and_upstream_value_or_the_override() -> None:
-    upstream = Recipe.model_validate(dict(UPSTREAM_RECIPE))
-    assert recipe_differences(upstream) == []
-    changed = upstream.model_copy(update={"lr": 1e-5, "rounds": 3})
-    assert recipe_differences(changed) == [("rounds", 3, 2), ("lr", 1e-5, 5e-6)]
-    two = upstream.model_copy(update={"policy_group_size": 2})
-    assert recipe_differences(two, {"policy_group_size": 2}) == []
-    assert recipe_differences(upstream, {"policy_group_size": 2}) == [("policy_group_size", 4, 2)]
-    assert recipe_differences(two, None) == [("policy_group_size", 2, 4)]
+    upstream = dict(UPSTREAM)
+    assert recipe_differences(upstream, R3) == []
+    changed = {**upstream, "lr": 1e-5, "rounds": 3}
+    assert recipe_differences(changed, R3) == [("rounds", 3, 2), ("lr", 1e-5, 5e-6)]
+    two = {**upstream, "policy_group_size": 2}
+    assert recipe_differences(two, R3, {"policy_group_size": 2}) == []
+    assert recipe_differences(upstream, R3, {"policy_group_size": 2}) == [("policy_group_size", 4, 2)]
+    assert recipe_differences(two, R3, None) == [("policy_group_size", 2, 4)]
+    # a bool is not a number, a missing key and a key the file lacks are named
+    assert recipe_differences({**upstream, "freeze_vit": 1}, R3) == [("freeze_vit", 1, True)]
+    missing = {k: v for k, v in upstream.items() if k != "eps"}
+    assert [(k, f) for k, _, f in recipe_differences({**missing, "turbo": 1}, R3)] == [("eps", 1e-8), ("turbo", None)]
 
 
 @pytest.mark.parametrize(("value", "truth"), [
@@ -168,7 +179,7 @@ def test_a_flag_value_is_true_the_way_the_trainer_reads_it(value: str, truth: bo
 
 
 def _args(*extra: str) -> list[str]:
-    return [x for key, value in UPSTREAM_RECIPE.items() for x in (f"--{key}", str(value))] + list(extra)
+    return [x for key, value in UPSTREAM.items() for x in (f"--{key}", str(value))] + list(extra)
 
 
 @pytest.mark.parametrize(("extra", "found"), [
@@ -182,24 +193,26 @@ def _args(*extra: str) -> list[str]:
     (("--log", "--debug"), [f"--debug 1 ({DEBUG_WHY})"]),
 ])
 def test_a_shrinking_flag_is_found_with_its_value_in_each_form(extra: tuple[str, ...], found: list[str]) -> None:
-    assert shrinking_flags(mini(launcher={"args": _args(*extra)})) == found
+    assert shrinking_flags(_args(*extra), R3) == found
+
+
+def _flag_differences(args: list[str]) -> list[str]:
+    return launch_flag_differences(args, UPSTREAM, R3)
 
 
 def test_every_recipe_key_must_be_passed_with_its_value() -> None:
-    assert launch_flag_differences(mini()) == []
+    assert _flag_differences(mini().launcher.args) == []
     args = _args()
     i = args.index("--lr")
     missing = args[:i] + args[i + 2:]
-    assert launch_flag_differences(mini(launcher={"args": missing})) == ["--lr missing (recipe lr = 5e-06)"]
+    assert _flag_differences(missing) == ["--lr missing (recipe lr = 5e-06)"]
     last = args[:-1]  # --total_steps with no value after it
-    assert launch_flag_differences(mini(launcher={"args": last})) == [
-        "--total_steps missing (recipe total_steps = 1000)"]
+    assert _flag_differences(last) == ["--total_steps missing (recipe total_steps = 1000)"]
     j = missing.index("--eps")
     two = missing[:j] + missing[j + 2:]
-    assert launch_flag_differences(mini(launcher={"args": two})) == [
-        "--lr missing (recipe lr = 5e-06)", "--eps missing (recipe eps = 1e-08)"]
+    assert _flag_differences(two) == ["--lr missing (recipe lr = 5e-06)", "--eps missing (recipe eps = 1e-08)"]
     other = [*args[: i + 1], "1e-5", *args[i + 2:]]
-    assert launch_flag_differences(mini(launcher={"args": other})) == ["--lr 1e-5 (recipe lr = 5e-06)"]
+    assert _flag_differences(other) == ["--lr 1e-5 (recipe lr = 5e-06)"]
 
 
 @pytest.mark.parametrize(("token", "flag"), [
@@ -211,9 +224,13 @@ def test_a_token_names_a_recipe_flag_the_way_argparse_reads_it(token: str, flag:
     assert _recipe_flag_named(token, FLAGS) == flag
 
 
+def _again(p: Protocol) -> list[str]:
+    return recipe_overrides(p.launcher.args, {a: getattr(p.arms, a).config for a in ("baseline", "candidate")}, R3)
+
+
 def test_a_recipe_value_set_a_second_time_is_named_in_each_way() -> None:
     p = mini(launcher={"args": _args("--lr=1", "--group", "8", "--rounds", "2", "--eval_freq", "5")})
-    assert recipe_overrides(p) == [
+    assert _again(p) == [
         "launcher.args '--lr=1' sets --lr (write it once as `--lr VALUE`)",
         "launcher.args '--group' sets --group_size (write it once as `--group_size VALUE`)",
         "launcher.args give --rounds twice (the trainer keeps the last)",
@@ -221,9 +238,9 @@ def test_a_recipe_value_set_a_second_time_is_named_in_each_way() -> None:
     arms = mini_data()["arms"]
     arms["candidate"]["config"] = {"lr": "1", "reward_url": "http://x", "kl": "0"}
     arms["baseline"]["config"] = {"beta": "1"}  # --beta: beta1 or beta2, ambiguous
-    assert recipe_overrides(mini(arms=arms)) == [
+    assert _again(mini(arms=arms)) == [
         "arms.candidate.config.lr sets the recipe's --lr after the launcher's arguments"]
-    assert recipe_overrides(mini()) == []
+    assert _again(mini()) == []
 
 
 # --- load_protocol's refusals ----------------------------------------------------------------------------------------
@@ -263,10 +280,10 @@ def test_a_rehearsal_may_override_only_the_policy_group_size_and_it_must_divide_
                              "launcher.nproc")
     for size in ("1", "2"):
         loaded = load_protocol(_rehearsal(tmp_path, f"{{policy_group_size: {size}}}", size))
-        assert loaded.protocol.recipe.policy_group_size == int(size)
+        assert loaded.protocol.recipe["policy_group_size"] == int(size)
     path = _rehearsal(tmp_path, "{policy_group_size: 2}")  # the recipe still says 4: it must be the override
     assert refusal(path) == (f"{path}:{line_starting(path, 'policy_group_size:')}: recipe differs from the frozen "
-                             "upstream recipe: recipe.policy_group_size = 4 (upstream 2); restore it")
+                             f"upstream recipe ({RECIPE}): recipe.policy_group_size = 4 (upstream 2); restore it")
 
 
 def test_a_recipe_value_missing_from_the_arguments_is_refused_at_the_args_line(tmp_path: Path) -> None:
@@ -309,6 +326,7 @@ def test_the_measurement_must_fit_its_steps(tmp_path: Path, measurement: str, ok
 
 def test_a_loaded_protocol_knows_its_file_and_resolves_against_its_base(tmp_path: Path) -> None:
     path = variant(tmp_path, 'base: ".."', 'base: "../src"')
+    with_recipes(tmp_path / "src")
     loaded = load_protocol(path)
     assert loaded.path == path.resolve() and loaded.base == (tmp_path / "src").resolve()
     assert loaded.resolve("train/x.py") == (tmp_path / "src" / "train" / "x.py").resolve()
@@ -318,7 +336,8 @@ def test_the_published_json_schema_names_fields_as_a_protocol_file_writes_them()
     from protocol.schema import json_schema
 
     doc = json_schema()
-    assert doc["properties"]["schema"]["const"] == "orch.protocol/1" and "schema_" not in doc["properties"]
+    assert doc["properties"]["schema"]["enum"] == ["orch.protocol/1", "orch.protocol/2"]
+    assert "schema_" not in doc["properties"] and "recipe_file" in doc["properties"]
     assert {"name", "recipe", "precision", "sources", "arms", "launcher", "scorer"} <= set(doc["required"])
 
 
@@ -326,7 +345,8 @@ def test_several_problems_of_one_kind_are_listed_in_one_line(tmp_path: Path) -> 
     path = variant(tmp_path, "  rounds: 2\n", "  rounds: 3\n")
     path.write_text(path.read_text().replace("  eps: 1.0e-8", "  eps: 1.0e-6"))
     assert refusal(path) == (f"{path}:{line_starting(path, 'rounds:')}: recipe differs from the frozen upstream "
-                             "recipe: recipe.rounds = 3 (upstream 2), recipe.eps = 1e-06 (upstream 1e-08); restore it")
+                             f"recipe ({RECIPE}): recipe.rounds = 3 (upstream 2), recipe.eps = 1e-06 (upstream 1e-08); "
+                             "restore it")
     path = variant(tmp_path, '    --lr, "5e-6",\n', "")
     path.write_text(path.read_text().replace('    --eps, "1e-8",\n', ""))
     args = line_starting(path, "args:")
