@@ -1,8 +1,8 @@
 """The namespaces one package runs in, started as a script (`python -I -S ns_init.py CONFIG_JSON -- CMD...`).
 
-A read-only root with only the package's own folders writable, a /dev of the devices a trainer needs and a fresh
-/dev/shm; a PID namespace whose init (this file) ends every process still running when the command ends, naming
-them; the command in a user namespace below, so that it cannot undo the mounts even as root. Standard library only.
+A read-only root with only the package's own folders writable, a /dev of the devices a trainer needs, a fresh
+/dev/shm and IPC namespace; a PID namespace whose init (this file) ends every process still running when the command
+ends, naming them; the command in a user namespace below, so that it cannot undo the mounts even as root.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x08000000, 0x10000000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
@@ -214,7 +214,8 @@ def main(argv: list[str]) -> int:
     report_fd = int(cfg["report_fd"])
     os.set_inheritable(report_fd, False)  # the command never gets it
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWUSER if uid != 0 else 0)
+    # its own SysV IPC and POSIX message queues too: a segment it leaves ends with it
+    flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID | (CLONE_NEWUSER if uid != 0 else 0)
     try:
         _check(_libc.unshare(flags), "unshare")
         if uid != 0:

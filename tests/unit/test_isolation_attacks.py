@@ -5,6 +5,7 @@ scan mode."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import secrets
@@ -59,6 +60,13 @@ for target in [cache, os.path.dirname(cache), *[os.path.join(os.path.dirname(cac
     except OSError as exc:
         out[target] = exc.strerror
 open(sys.argv[2], "w").write(json.dumps(out))
+"""
+# a SysV shared memory segment outlives its creator: 1 GiB of it left behind would press on baseline B's memory
+SHM = """
+import ctypes, json, sys
+libc = ctypes.CDLL(None, use_errno=True)
+shmid = libc.shmget(int(sys.argv[1]), 4096, 0o1000 | 0o600)
+open(sys.argv[2], "w").write(json.dumps({"shmid": shmid}))
 """
 LIST_CACHE = """
 import json, os, sys
@@ -165,6 +173,20 @@ def test_a_candidate_cannot_poison_the_baselines_compile_cache(tmp_path: Path) -
     assert run_package(baseline, env, 120).status == "ok"
     assert _seen(baseline) == []  # nothing of the candidate's in the baseline's cache
     assert sorted(os.listdir(cache)) == ["baseline-unsealed", "candidate-unsealed"]
+
+
+@needs_ns
+def test_a_sysv_shared_memory_segment_ends_with_its_package(tmp_path: Path) -> None:
+    key = secrets.randbelow(2**30) + 1
+    spec = _spec(tmp_path, SHM, str(key))
+    outcome = run_package(spec, _env(), 120)
+    assert outcome.status == "ok", outcome.note
+    assert _seen(spec)["shmid"] >= 0  # type: ignore[index]
+    libc = ctypes.CDLL(None, use_errno=True)
+    left = libc.shmget(key, 0, 0)
+    if left >= 0:  # the host's IPC namespace holds it: remove it, then fail
+        libc.shmctl(left, 0, None)  # IPC_RMID
+    assert left == -1
 
 
 @pytest.mark.skipif(not namespaces_work() or shutil.which("setpriv") is None, reason="no namespaces or no setpriv")
