@@ -1,10 +1,11 @@
 """`make attack`: the reviewer's attacks of issue 17 re-run for real on r3-mini (CPU, 2 ranks) against this tree.
 
 Cheating candidates (patched files, bent protocols), faults (real signals, a real full disk, a real foreign lock),
-ledger and evidence tampers (real byte flips and rewrites, a witnessed head outside the home) and bad inputs.
+ledger and evidence tampers (real byte flips and rewrites, a witnessed head outside the home), bad inputs, and
+what a candidate leaves behind for baseline B (issue 27: a .pth, a poisoned compile cache, a double-forked process).
 Prints a table (attack, expected, observed, pass/fail) and writes an aggregate JSON summary with provenance.
 
-Usage: python bench/attack/battery.py [--only cheat,fault,tamper,input] [--out FILE] [--work DIR] [--keep]
+Usage: python bench/attack/battery.py [--only cheat,fault,tamper,input,isolation] [--out FILE] [--work DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from cheats import mix2_cheats, mix_cheats, preflight_cheats, separate_cheats
 from common import REPO, Launch, Reference, Row, Work, cli, make_project, orch_argv, remove_tree
 from faults import faults
 from inputs import inputs
+from isolation import isolation_attacks
 from tampers import tampers
 
-FAMILIES = ("input", "tamper", "cheat", "fault")
+FAMILIES = ("input", "tamper", "cheat", "fault", "isolation")
 SCHEMA = "orch.attack-battery/1"
 
 
@@ -174,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         step("cheat: failing launches", lambda: separate_cheats(work))
     if "fault" in only:
         step("fault: faults", lambda: faults(work))
+    if "isolation" in only:
+        step("isolation: left behind for baseline B", lambda: isolation_attacks(work))
     doc = document(rows, only, started, timings, opts.out if opts.update else None)
     print()
     print(table(doc_rows(doc)))

@@ -1,0 +1,125 @@
+"""Issue 27's attacks: what a candidate leaves behind for baseline B (a `.pth` in the interpreter's site-packages,
+a poisoned compile cache, a double-forked process in a new session with a cleared environment), each launched for
+real on r3-mini from rank 0 of train-C; orch must make it impossible or fail the package naming it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import site
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+from cheats import INIT, _in_package
+from common import TRAINER, Check, Launch, Row, Work, candidate_project, closes, lines, records
+
+CACHE_ENV = "{scratch}/compile-cache"
+
+
+def _launch(work: Work, tag: str, edits: list[Any], cache: bool = False) -> tuple[Path, Launch, int]:
+    base = work.fresh(tag)
+    proj, protocol = candidate_project(base, edits)
+    if cache:  # one compile cache declared for every arm, as `orch rehearse` declares it
+        data = yaml.safe_load(protocol.read_text())
+        data["launcher"]["env"] = {**(data["launcher"].get("env") or {}), "TRITON_CACHE_DIR": CACHE_ENV}
+        protocol.write_text(yaml.safe_dump(data, sort_keys=False))
+    launch = Launch(proj, protocol, base / "home", tag)
+    return base / "home", launch, launch.wait(timeout=1500)
+
+
+def _said(home: Path, run_id: str, tag: str) -> str:
+    seen = home / "runs" / run_id / "packages" / "train-C" / "trainer" / f"{tag}.txt"
+    return seen.read_text() if seen.exists() else "nothing"
+
+
+def leave_behind(work: Work) -> list[Row]:
+    """One launch: train-C writes a .pth into site-packages (first trying to make / writable again) and writes a
+    kernel into every compile cache folder it can reach; the run goes on (the candidate swallows the errors)."""
+    pth = Path(site.getsitepackages()[0]) / f"orch-attack-{secrets.token_hex(6)}.pth"
+    body = ("import subprocess as _sp\n"
+            "_seen.append('remount ' + str(_sp.run(['mount', '-o', 'remount,rw', '/'], capture_output=True)"
+            ".returncode))\n"
+            "try:\n"
+            f"    open({str(pth)!r}, 'w').write('# orch attack: a later Python would run an import line here\\n')\n"
+            "    _seen.append('pth written')\n"
+            "except OSError as exc:\n"
+            "    _seen.append(f'pth: {exc.strerror}')\n"
+            "_cache = os.environ['TRITON_CACHE_DIR']\n"
+            "_root = os.path.dirname(_cache)\n"
+            "for _t in [_cache, _root, *[os.path.join(_root, _d) for _d in os.listdir(_root)],"
+            " os.path.join(_root, 'baseline-next')]:\n"
+            "    try:\n"
+            "        os.makedirs(_t, exist_ok=True)\n"
+            "        open(os.path.join(_t, 'poisoned_kernel.so'), 'w').write('slow')\n"
+            "        _seen.append('cache ' + os.path.relpath(_t, _root) + ' written')\n"
+            "    except OSError as exc:\n"
+            "        _seen.append('cache ' + os.path.relpath(_t, _root) + f': {exc.strerror}')\n")
+    pth_row = Row("isolation", "candidate writes a .pth into the interpreter's site-packages at step 0 (as root, "
+                  "after trying to remount / writable)",
+                  "impossible: Read-only file system; site-packages unchanged after the run")
+    cache_row = Row("isolation", "candidate writes a kernel into every compile cache folder it can reach "
+                    "(TRITON_CACHE_DIR declared once for every arm)",
+                    "only its own arm's cache folder writable; the baseline's cache holds nothing of it")
+    try:
+        home, launch, rc = _launch(work, "leave", [_in_package("leave", body)], cache=True)
+        run_id = launch.run_id()
+        said = _said(home, run_id, "leave")
+        status = closes(home, run_id)
+        cache_root = home / "scratch" / run_id / "compile-cache"
+        poisoned = sorted(str(p.parent.relative_to(cache_root)) for p in cache_root.rglob("poisoned_kernel.so")) \
+            if cache_root.exists() else ["(scratch removed)"]
+        c = Check()
+        c.saw(f"in-package: {said}; launch exit {rc}; train-B {status.get('train-B')}")
+        c.that("pth: Read-only file system" in said, "the .pth write failed (read-only)")
+        c.that("remount 0" not in said, "root in the package could not remount /")
+        c.that(not pth.exists(), "site-packages unchanged (no .pth)")
+        c.that(status.get("train-B") == "ok", "baseline B ran")
+        pth_row.ok, pth_row.observed = not c.failed, work.scrub(c.observed())
+        c = Check()
+        c.saw(f"in-package: {'; '.join(s for s in said.split('; ') if s.startswith('cache'))}; "
+              f"poisoned folders left: {poisoned or 'none'}")
+        c.that(said.count(": Read-only file system") >= 3, "the shared root and the other arms' folders read-only")
+        c.that(all(p.startswith("candidate-") for p in poisoned), "nothing outside the candidate's own folder")
+        c.that(any(ln.startswith("cache candidate-") and ln.endswith("written") for ln in said.split("; ")),
+               "its own cache folder writable")
+        cache_row.ok, cache_row.observed = not c.failed, work.scrub(c.observed())
+    finally:
+        pth.unlink(missing_ok=True)
+    return [pth_row, cache_row]
+
+
+def survivor(work: Work) -> Row:
+    """train-C's rank 0 double-forks a process into a new session with only PATH, which waits and would burn CPU
+    beside baseline B: train-C fails naming it, and no process of it is alive after the launch."""
+    tag = f"orch-attack-survivor-{secrets.token_hex(6)}"
+    helper = ("import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True, "
+              "env={'PATH': '/usr/bin'}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, "
+              "stderr=subprocess.DEVNULL)")
+    code = "import time; time.sleep(600)"
+    edit = (TRAINER, INIT,
+            "    if rank == 0 and 'train-C' in str(training_args.log_dir):\n"
+            "        import subprocess as _sp, sys as _sys\n"
+            f"        _sp.run([_sys.executable, '-c', {helper!r}, _sys.executable, '-c', {code!r}, {tag!r}])\n")
+    row = Row("isolation", "candidate double-forks a process into a new session with a cleared environment at "
+              "step 0 (it would burn CPU beside B)", "train-C fails naming the process; none alive after the launch")
+    home, launch, rc = _launch(work, "survivor", [edit])
+    run_id = launch.run_id()
+    status = closes(home, run_id)
+    note = " ".join(str(r["note"]) for r in records(home) if r["run_id"] == run_id and r["package"] == "train-C")
+    alive = [p.pid for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
+    for pid in alive:
+        psutil.Process(pid).kill()
+    c = Check()
+    c.saw(f"launch exit {rc}; train-C {status.get('train-C')}; {lines(launch.stderr)[-1] if launch.stderr else ''}")
+    c.that(rc == 1 and status.get("train-C") == "failed", "train-C failed, exit 1")
+    c.that("running after its main process ended" in note and "python" in note, "the survivor named")
+    c.that(status.get("train-B") in (None, "not-run"), "baseline B did not run")
+    c.that(not alive, "no process of it alive after the launch")
+    row.ok, row.observed = not c.failed, work.scrub(c.observed())
+    return row
+
+
+def isolation_attacks(work: Work) -> list[Row]:
+    return [*leave_behind(work), survivor(work)]
