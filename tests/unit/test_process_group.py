@@ -79,3 +79,32 @@ def test_the_group_dies_with_the_process_that_spawned_it() -> None:
             proc.kill()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_on_exit_sees_what_the_leader_left_before_the_group_is_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    seen: list[bool] = []
+    proc = spawn_in_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; exit 0"])
+    assert wait_group(proc, timeout=30, on_exit=lambda p: seen.append(psutil.pid_exists(int(pidfile.read_text())))) == 0
+    assert seen == [True]  # named while alive, then ended with the group
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_a_child_joins_the_cgroup_before_it_runs(tmp_path: Path) -> None:
+    from orchestrator.cgroups import PackageCgroup, joiner
+    from orchestrator.isolation import cgroups_work
+
+    if not cgroups_work():
+        pytest.skip("no cgroup v2 with cgroup.kill writable here")
+    group = PackageCgroup.make(f"orch-test-{os.getpid()}")
+    assert group is not None
+    fd = joiner(group.procs_file())
+    try:
+        proc = spawn_in_group(["sh", "-c", "setsid sleep 60 </dev/null >/dev/null 2>&1 & exit 0"], cgroup_fd=fd)
+    finally:
+        os.close(fd)
+    wait_group(proc, timeout=30)
+    left = group.members()
+    assert [name for _, name in left] == ["sleep"]  # a new session does not leave the cgroup
+    group.kill_and_remove()
+    assert _gone(left[0][0]) and not group.path.exists()

@@ -50,3 +50,25 @@ def test_a_daemon_carrying_the_token_is_ended_and_nothing_else(tmp_path: Path) -
         assert end_stragglers(token) == []
     finally:
         end_stragglers(other, grace_s=2)
+
+
+def test_the_token_scan_mode_names_and_fails_what_the_package_left_in_its_group(tmp_path: Path) -> None:
+    """The last fallback (no namespaces, no cgroup): a process left in the package's group is named and ends it."""
+    from orchestrator.packages import package_env, run_package
+    from protocol.package import ChecksSpec
+
+    run_dir = tmp_path / "home" / "runs" / "r1"
+    (run_dir / "packages" / "checks").mkdir(parents=True)
+    (tmp_path / "home" / "scratch" / "r1").mkdir(parents=True)
+    pkg = run_dir / "packages" / "checks"
+    spec = ChecksSpec.model_validate({
+        "run_id": "r1", "name": "checks", "kind": "checks", "package_dir": str(pkg), "sealed_dir": str(tmp_path),
+        "scratch_dir": str(tmp_path / "home" / "scratch" / "r1"), "result_path": str(pkg / "result.json"),
+        "device": "cpu", "precision": "fp32",
+        "prepare": [{"name": "bg", "argv": ["sh", "-c", "sleep 60 </dev/null >/dev/null 2>&1 &"]}],
+    })
+    outcome = run_package(spec, package_env(os.environ, {}, {}, {}, "r1"), 120, isolation="scan+token-scan")
+    assert outcome.extra["isolation"] == "scan+token-scan"
+    assert outcome.status == "failed" and outcome.note is not None
+    assert outcome.note.startswith("left 1 process(es) running after its main process ended, ended by orch "
+                                   "(token-scan): sleep (pid ")
