@@ -216,3 +216,65 @@ def test_a_checkpoint_holds_each_ranks_local_shards_and_their_layout(tmp_path: P
 def test_is_module_reads_the_real_type() -> None:
     assert probe_model.is_module(torch.nn.Linear(1, 1), torch.nn.Module)
     assert not probe_model.is_module(object(), torch.nn.Module)
+
+
+class Tiny(torch.nn.Module):
+    """A Hugging Face-style causal LM in miniature: model.embed_tokens (frozen), model.layers.0, lm_head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = _frozen(torch.nn.Embedding(5, 2))
+        self.model.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+        self.lm_head = torch.nn.Linear(2, 5)
+
+
+def test_an_adamw_with_a_linear_warm_up_is_observed_by_a_second_recipes_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The optimizer a Hugging Face Trainer builds (AdamW, a decay and a no-decay group, LambdaLR linear warm-up),
+    observed by the probe's discovery and warm-up rule and checked by the observation specs of a recipe file."""
+    from ledger.verdict.recipe_check import recipe_differences
+    from protocol.recipe import parse_recipe
+    from protocol.results import ObservedRecipe
+    from workers.probe_model import warmup_steps
+
+    net = Tiny()
+    decay = [p for n, p in net.named_parameters() if p.requires_grad and n.endswith("weight")]
+    no_decay = [p for n, p in net.named_parameters() if p.requires_grad and n.endswith("bias")]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=1e-4, betas=(0.9, 0.99), eps=1e-8)
+    warm, total = 2, 8
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: s / max(1, warm) if s < warm else max(0.0, (total - s) / max(1, total - warm)))
+    lrs = []
+    for _ in range(4):  # the lr each step runs with, as the probe reads it at the step's optimizer hook
+        lrs.append(float(optimizer.param_groups[0]["lr"]))
+        optimizer.step()
+        scheduler.step()
+    _live(monkeypatch, [net, *net.modules()])
+    found = discover(optimizer, 1.0)
+    observed = ObservedRecipe.model_validate({**found.recipe, "warmup_steps": warmup_steps(lrs, found.recipe["lr"])})
+    assert observed.frozen == ["model.embed_tokens"] and observed.warmup_steps == warm and lrs[:3] == [0.0, 5e-5, 1e-4]
+    recipe = parse_recipe(Path("r.yaml"), b"""\
+schema: orch.recipe/1
+name: hf-tiny
+trainer: a Hugging Face Trainer script
+optimizer: AdamW
+keys:
+  learning_rate: {value: 1.0e-4, flag: --learning_rate, observe: {kind: optimizer, field: lr}}
+  adam_beta2: {value: 0.99, flag: --adam_beta2, observe: {kind: optimizer, field: betas, index: 1}}
+  adam_epsilon: {value: 1.0e-8, flag: --adam_epsilon, observe: {kind: optimizer, field: eps}}
+  weight_decay: {value: 0.01, flag: --weight_decay, observe: {kind: optimizer, field: weight_decay}}
+  no_decay_weight_decay: {value: 0.0, observe: {kind: optimizer, field: weight_decay, group: 1}}
+  warmup_steps: {value: 2, flag: --warmup_steps, observe: {kind: warmup}}
+  max_grad_norm: {value: 1.0, flag: --max_grad_norm, observe: {kind: grad_clip}}
+  freeze_embeddings: {value: true, observe: {kind: frozen, label: embeddings, patterns: ['embed_tokens']}}
+""", "r.yaml").recipe
+    assert recipe_differences(observed, recipe.values(), "A", recipe) == []
+    assert recipe_differences(observed, {**recipe.values(), "weight_decay": 0.1, "warmup_steps": 0}, "C", recipe) == [
+        "arm C: weight_decay observed 0.01, frozen 0.1", "arm C: warmup_steps observed 2, frozen 0"]
+    net.model.embed_tokens.weight.requires_grad_(True)  # unfrozen in code: named
+    found = discover(optimizer, 1.0)
+    unfrozen = ObservedRecipe.model_validate({**found.recipe, "warmup_steps": 2})
+    assert recipe_differences(unfrozen, recipe.values(), "C", recipe) == [
+        "arm C: freeze_embeddings is frozen true but no frozen embeddings was observed (frozen: [])"]
+    assert warmup_steps([1e-4, 1e-4], 1e-4) == 0 and warmup_steps([0.0, 5e-5], 1e-4) is None  # constant; never reached
