@@ -237,5 +237,8 @@ def flag_value_equal(expected: object, given: str) -> bool:
     return str(expected) == given
 
 
-# the orch.protocol/1 recipe's values (read from its file), while callers move to the recipe file
-UPSTREAM_RECIPE: Final = v1_recipe().recipe.values()
+def __getattr__(name: str) -> object:
+    """UPSTREAM_RECIPE: the orch.protocol/1 recipe's values, read from its file when asked (never at import)."""
+    if name == "UPSTREAM_RECIPE":
+        return v1_recipe().recipe.values()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
