@@ -175,6 +175,11 @@ def sequential_doc(
     ok, words = integrity(rule, taken, looks, rule.first_look(calibration))
     problems = [] if ok else [words]
     if recorded is not None:
+        settings = (recorded.max_triplets, recorded.target_half_width, recorded.level)
+        if settings != (rule.max_triplets, rule.target_half_width, rule.level):
+            problems.append(f"run.json's rule (at most {recorded.max_triplets} triplets, half-width "
+                            f"{recorded.target_half_width}, level {recorded.level}) is not the protocol's "
+                            f"({rule.max_triplets}, {rule.target_half_width}, {rule.level})")
         said = [(lk.triplets, lk.stop) for lk in recorded.looks]
         again = [(lk.triplets, lk.stop) for lk in looks]
         if said != again:

@@ -166,6 +166,9 @@ def test_the_audit_block_states_rule_looks_cost_and_checks_run_json() -> None:
     bad = sequential_doc(rule, "protocol", DECIDES_AT_3[:3], None, gpu, said_otherwise)
     assert not bad["integrity"]["ok"] and "differ from the replay" in bad["integrity"]["words"]
     assert "run.json says 2 triplet(s)" in bad["integrity"]["words"]
+    other_rule = recorded.model_copy(update={"max_triplets": 3})
+    worse = sequential_doc(rule, "protocol", DECIDES_AT_3[:3], None, gpu, other_rule)
+    assert not worse["integrity"]["ok"] and "is not the protocol's" in worse["integrity"]["words"]
 
 
 def _look(k: int, stop: str | None) -> SequentialLook:
