@@ -148,9 +148,10 @@ def audit(
     home: HomeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The verdict of one complete run, or exactly why there is none; then the DEV score, informational.
+    """The verdict of one complete run (the paired interval over its triplets, pooled with this host's A/A
+    calibration), or exactly why there is none; then the DEV score, informational.
 
-    Exit 0 when the verdict is accepted, 1 for any other verdict or when there is no audit (the same as launch).
+    Exit 0 for accepted or no difference shown, 1 for not exact or when there is no audit (the same as launch).
     """
     from ledger.verdict.audit import MIX_REFUSAL, audit_command
 
@@ -278,20 +279,22 @@ def rehearse_command(protocol: Path, upstream: Path, gpus: int, home: Path | Non
 
 @app.command(
     cls=OrchCommand,
-    epilog=examples("orch calibrate protocol/r3_mini.yaml --repeats 3",
+    epilog=examples("orch calibrate protocol/r3_mini.yaml",
+                    "orch calibrate protocol/r3_mini.yaml --repeats 8",
                     "orch calibrate protocol/r3_mini_cuda1.yaml --json | python -m json.tool"),
 )
 def calibrate(
     protocol: Annotated[Path, typer.Argument(help="protocol.yaml whose workload to calibrate", show_default=False)],
     repeats: Annotated[
-        int | None, typer.Option("--repeats", min=1, max=32, help="A/A triplets (default: the protocol's repeats)")
+        int | None, typer.Option("--repeats", min=1, max=32, help="A/A triplets, at least 2 (default 5)")
     ] = None,
     home: HomeOpt = None,
     json_out: JsonOpt = False,
     lock_timeout: LockTimeoutOpt = None,
     lock_dir: Annotated[Path | None, typer.Option("--lock-dir", help="host-wide lock directory of gpu-run")] = None,
 ) -> None:
-    """A/A run (candidate = baseline): this host's noise floor for the workload, recorded in the ledger."""
+    """A/A run (candidate = baseline): this host's spread between triplets for the workload, recorded in the ledger;
+    later audits of the protocol on this host pool it, so one triplet gets a bounded interval."""
     report(lambda: calibrate_command(protocol, repeats, home, lock_timeout, lock_dir), json_out)
 
 

@@ -158,7 +158,8 @@ class LedgerHead(_Doc):
 class AuditDocument(_Doc):
     """audit.json: the verdict of one complete run, from that run's packages only."""
 
-    schema_: str = Field(alias="schema", description="orch.audit/1")
+    schema_: str = Field(alias="schema", description="orch.audit/2 (the paired interval); orch.audit/1 documents, "
+                         "recorded before paired statistics, are shown as recorded")
     run_id: str
     protocol_id: str
     protocol_name: str
@@ -178,11 +179,19 @@ class AuditDocument(_Doc):
         "the probe observed and those carried by flags only")
     speedup: Speedup
     interval: dict[str, Any] | None = Field(
-        None, description="the speedup's confidence interval (ledger.verdict.interval_doc): estimate, low, high "
-        "(unitless ratios), level, method, df, launches per arm, covers_one, half_width (relative), variance "
-        "components (log scale), words")
+        None, description="orch.audit/2: the paired interval the verdict read (ledger.verdict.interval_doc): "
+        "estimate, low, high (unitless ratios; null when not bounded), level, nominal_level, method, triplets, "
+        "log_speedups (d per triplet, natural log), paired_speedups, headlines, bounded, covers_one, sd, df, "
+        "variance_source (pooled | run | calibration | none), spread_check, calibration_used, window_spread, "
+        "half_width (relative), triplets_for_5pct, outliers (triplets, windows), sequential (rule, triplets, stop, "
+        "GPU-seconds) or null, words. orch.audit/1: the unpaired launch-level interval with variance components")
+    sequential: dict[str, Any] | None = Field(
+        None, description="a run under a sequential rule (measurement.repeats: auto or --until-decided): the rule, "
+        "each look replayed from the triplets, the triplets taken, the stop, the GPU-seconds of the decision and "
+        "whether the run stopped where its rule stops (ledger.verdict.sequential_doc); null for a fixed design")
     replication: dict[str, Any] | None = Field(
-        None, description="the owner's headline of each triplet (ledger.verdict.replication_doc)")
+        None, description="the owner's headline of each triplet beside its paired speedup (ledger.verdict."
+        "replication_doc)")
     exactness: ExactnessDoc
     memory: Memory
     cost: Cost

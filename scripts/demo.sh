@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# `make demo`: the main job on the embedded default: launch the r3-mini protocol (CPU when there is no GPU),
-# then the audit of that run, then the ledger's accounting. Everything goes to ./.orch (or $ORCH_HOME).
+# `make demo`: the main job on the embedded default: launch r3-mini (CPU when there is no GPU; two triplets, so that the
+# paired interval is bounded without a calibration), then the audit of that run, then the ledger's accounting.
+# Everything goes to ./.orch (or $ORCH_HOME). The owner's one triplet is bounded by this host's A/A calibration:
+#   orch calibrate protocol/r3_mini.yaml && orch launch protocol/r3_mini.yaml
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ORCH=.venv/bin/orch
-default=protocol/r3_mini.yaml
+default=protocol/r3_mini_demo.yaml
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then default=protocol/r3_mini_cuda1.yaml; fi
 PROTOCOL=${PROTOCOL:-$default}
 echo "== orch verify: the working tree against the published commitment"

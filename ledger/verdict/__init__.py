@@ -5,6 +5,7 @@ replication_doc (the audit's interval and replication sections).
 
 from __future__ import annotations
 
-from ledger.verdict.decision import exit_code, interval_doc, replication_doc
+from ledger.verdict.decision import exit_code, replication_doc
+from ledger.verdict.interval_doc import interval_doc
 
 __all__ = ["exit_code", "interval_doc", "replication_doc"]

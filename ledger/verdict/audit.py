@@ -23,6 +23,8 @@ from ledger.verdict.decision import exit_code
 from ledger.verdict.document import (
     ADDED_LATER,
     AUDIT_UNITS,
+    AUDIT_V1,
+    STATISTICS_KEYS,
     AuditResult,
     DevScore,
     canonical_bytes,
@@ -31,6 +33,7 @@ from ledger.verdict.document import (
 )
 from ledger.verdict.evidence import IncompleteRunError, RunEvidence, collect_evidence
 from ledger.verdict.integrity import verify_integrity
+from ledger.verdict.interval_doc import audit_note
 from ledger.verdict.report import plot_step_times, render_markdown, render_terminal
 from protocol.errors import FailedError
 from protocol.fileio import write_atomic
@@ -82,7 +85,7 @@ def _append_audit_record(
         sources_root=doc["attribution"]["commitment_roots"].get("candidate"),
         result_digest=digest,
         exit_code=exit_code(doc["verdict"]),
-        note=f"verdict: {doc['verdict']}",
+        note=audit_note(doc),
     )
 
 
@@ -113,8 +116,11 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
     written = True
     if audit_path.exists():
         existing = json.loads(audit_path.read_bytes())
-        fresh = {k: v for k, v in evidence_part(doc).items() if k in existing or k not in ADDED_LATER}
-        differ = _differing_keys(evidence_part(existing), fresh)
+        # an audit recorded before paired statistics is compared on the parts whose computation did not change
+        skip = STATISTICS_KEYS if existing.get("schema") == AUDIT_V1 else ()
+        fresh = {k: v for k, v in evidence_part(doc).items()
+                 if k not in skip and (k in existing or k not in ADDED_LATER)}
+        differ = _differing_keys({k: v for k, v in evidence_part(existing).items() if k not in skip}, fresh)
         if differ:
             raise FailedError(
                 f"run {run_id}: the recorded audit.json differs from a recomputation in {', '.join(differ)}; "
@@ -122,7 +128,12 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
             )
         doc = existing
         written = False
-        notes.append("audit.json was already recorded; the recomputation equals it, shown unchanged")
+        if skip:
+            notes.append(f"audit.json was recorded as {AUDIT_V1}, before paired statistics: a recomputation equals "
+                         "it on every part but the statistics (verdict, interval, per-triplet figures, calibration, "
+                         "reasons, diagnostics), which are shown as recorded")
+        else:
+            notes.append("audit.json was already recorded; the recomputation equals it, shown unchanged")
     data = canonical_bytes(doc) if written else audit_path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if written:

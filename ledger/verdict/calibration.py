@@ -1,36 +1,82 @@
-"""A/A calibrations (`orch calibrate`): this host's noise floor for one workload, and finding it for an audit.
+"""A/A calibrations (`orch calibrate`): this host's spread between triplets for one workload, and finding it.
 
-A calibration is used only for the same protocol id on the same host (salted hash and fingerprint), never another.
+A calibration is used only for the same protocol id on the same host (salted hash and fingerprint), never another;
+one recorded before paired statistics (orch.calibration/1) is shown, never pooled.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.cost.record import LedgerRecord
+from ledger.verdict.stats import Spread
 
-CALIBRATION_SCHEMA = "orch.calibration/1"
+CALIBRATION_SCHEMA = "orch.calibration/2"
+CALIBRATION_V1 = "orch.calibration/1"
 CALIBRATION_FILE = "calibration.json"
 # fingerprint keys that must be equal for a calibration to speak for this host (versions change the noise too)
 FINGERPRINT_KEYS = ("host_hash", "gpu_model", "gpu_count", "driver", "cuda", "torch", "triton", "python")
+RERUN = "re-run `orch calibrate PROTOCOL` on this host"
 
 
 class Calibration(BaseModel):
-    """What an A/A run measured: the null's per-triplet headlines, its interval and its variance components."""
+    """What an A/A run measured (orch.calibration/2): the per-triplet paired log speedups of identical arms, their
+    SD and df (the between-triplet spread a later audit pools), the within-triplet window spread, and the A/A mean
+    (a position-bias diagnostic: identical arms should read 1)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    schema_: str = Field(CALIBRATION_SCHEMA, alias="schema")
+    schema_: Literal["orch.calibration/2"] = Field("orch.calibration/2", alias="schema")
     run_id: str  # the A/A run
     of_protocol_id: str  # the workload it calibrates (the protocol as given to `orch calibrate`)
     of_protocol_name: str
     aa_protocol_id: str  # the protocol that ran: candidate arm replaced by the baseline
     host: dict[str, str]  # the host fingerprint of the A/A run (salted host hash, versions)
+    repeats: int = Field(ge=2)
+    headlines: list[float]  # the owner's headline of each A/A triplet
+    log_speedups: list[float]  # d of each A/A triplet (natural log)
+    sd: float = Field(ge=0)  # SD of the log speedups between triplets
+    df: int = Field(ge=1)
+    window_sd: float | None = Field(None, ge=0)  # within-triplet SD between windows (log scale)
+    window_df: int = Field(0, ge=0)
+    mean_log_speedup: float  # the A/A mean of d: near 0 unless the position in the triplet matters
+    estimate: float  # exp(mean d) with the A/A run's own interval
+    low: float | None
+    high: float | None
+    level: float
+    triplets_for_5pct: int | None
+    recorded_at: str
+
+    @property
+    def spread(self) -> Spread:
+        return Spread(self.sd, self.df)
+
+    @property
+    def window_spread(self) -> Spread | None:
+        return Spread(self.window_sd, self.window_df) if self.window_sd is not None and self.window_df else None
+
+    @property
+    def covers_one(self) -> bool:
+        return (self.low is None or self.low <= 1.0) and (self.high is None or 1.0 <= self.high)
+
+
+class CalibrationV1(BaseModel):
+    """orch.calibration/1 (unpaired launch-level statistics, before main b90d406): read to be shown, never pooled."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_: Literal["orch.calibration/1"] = Field("orch.calibration/1", alias="schema")
+    run_id: str
+    of_protocol_id: str
+    of_protocol_name: str
+    aa_protocol_id: str
+    host: dict[str, str]
     repeats: int
     headlines: list[float]
     estimate: float
@@ -43,13 +89,26 @@ class Calibration(BaseModel):
     triplets_for_5pct: int | None
     recorded_at: str
 
-    @property
-    def covers_one(self) -> bool:
-        return (self.low is None or self.low <= 1.0) and (self.high is None or 1.0 <= self.high)
-
 
 def fingerprint(host: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(host[k]) for k in FINGERPRINT_KEYS if k in host}
+
+
+def read_calibration(data: bytes) -> Calibration | CalibrationV1:
+    """Either schema; ValueError (pydantic's ValidationError included) when it is neither."""
+    schema = json.loads(data).get("schema")
+    if schema == CALIBRATION_V1:
+        return CalibrationV1.model_validate_json(data)
+    return Calibration.model_validate_json(data)
+
+
+def calibration_spreads(block: Mapping[str, Any] | None) -> tuple[Spread | None, Spread | None]:
+    """(between-triplet, within-triplet window) spreads of an audit's calibration block; None where not usable."""
+    if not block or not block.get("usable"):
+        return None, None
+    ws = block.get("window_sd")
+    window = Spread(float(ws), int(block["window_df"])) if ws is not None and block.get("window_df") else None
+    return Spread(float(block["sd"]), int(block["df"])), window
 
 
 def find_calibration(
@@ -59,7 +118,7 @@ def find_calibration(
 
     Only ledger records count (kind calibration, this protocol id, this host hash); the file must hash to the
     record's digest and its fingerprint must equal this run's. A calibration of another host or protocol is
-    never used; the block says why none is shown.
+    never used; the block says why none is shown. `usable`: an orch.calibration/2 whose spread the audit pools.
     """
     wanted = fingerprint(host)
     stale: list[str] = []
@@ -73,8 +132,8 @@ def find_calibration(
         path = runs_dir / rec.run_id / CALIBRATION_FILE
         try:
             data = path.read_bytes()
-            cal = Calibration.model_validate_json(data)
-        except (OSError, ValidationError):
+            cal = read_calibration(data)
+        except (OSError, ValueError):
             stale.append(f"run {rec.run_id}: calibration.json missing or malformed")
             continue
         if hashlib.sha256(data).hexdigest() != rec.result_digest:
@@ -84,12 +143,52 @@ def find_calibration(
             changed = sorted(k for k in set(wanted) | set(cal.host) if wanted.get(k) != cal.host.get(k))
             stale.append(f"run {rec.run_id}: host fingerprint differs ({', '.join(changed)})")
             continue
-        return {"found": True, "run_id": cal.run_id, "seq": rec.seq, **_summary(cal), "words": _words(cal)}
+        if isinstance(cal, CalibrationV1):
+            return {"found": True, "usable": False, "schema": CALIBRATION_V1, "run_id": cal.run_id, "seq": rec.seq,
+                    **_summary_v1(cal), "words": _words_v1(cal)}
+        return {"found": True, "usable": True, "schema": CALIBRATION_SCHEMA, "run_id": cal.run_id, "seq": rec.seq,
+                **_summary(cal), "words": calibration_words(cal)}
     why = "; ".join(stale) if stale else "none recorded for this protocol on this host before this run"
-    return {"found": False, "words": f"no A/A calibration ({why}); run `orch calibrate` to measure this host"}
+    return {"found": False, "usable": False,
+            "words": f"no A/A calibration ({why}); run `orch calibrate PROTOCOL` to measure this host"}
 
 
 def _summary(cal: Calibration) -> dict[str, Any]:
+    return {
+        "repeats": cal.repeats,
+        "headlines": cal.headlines,
+        "log_speedups": cal.log_speedups,
+        "sd": cal.sd,
+        "df": cal.df,
+        "window_sd": cal.window_sd,
+        "window_df": cal.window_df,
+        "mean_log_speedup": cal.mean_log_speedup,
+        "estimate": cal.estimate,
+        "low": cal.low,
+        "high": cal.high,
+        "level": cal.level,
+        "covers_one": cal.covers_one,
+        "recorded_at": cal.recorded_at,
+    }
+
+
+def _span(low: float | None, high: float | None) -> str:
+    return f"[{'0' if low is None else f'{low:.4f}'}, {'inf' if high is None else f'{high:.4f}'}]"
+
+
+def calibration_words(cal: Calibration) -> str:
+    heads = " / ".join(f"{h:.4f}" for h in cal.headlines)
+    bias = ("covers 1" if cal.covers_one else
+            "EXCLUDES 1: identical arms read as different on this host (a position or warm-up effect)")
+    window = "" if cal.window_sd is None else f", within-triplet window SD {cal.window_sd:.4f} (df {cal.window_df})"
+    return (
+        f"A/A run {cal.run_id} on this host ({cal.repeats} triplets): null headlines {heads}; between-triplet SD "
+        f"{cal.sd:.4f} of the paired log speedup (df {cal.df}){window}; A/A mean {cal.estimate:.4f}x in "
+        f"{_span(cal.low, cal.high)} ({cal.level:.0%}), which {bias}"
+    )
+
+
+def _summary_v1(cal: CalibrationV1) -> dict[str, Any]:
     return {
         "repeats": cal.repeats,
         "headlines": cal.headlines,
@@ -97,21 +196,14 @@ def _summary(cal: Calibration) -> dict[str, Any]:
         "low": cal.low,
         "high": cal.high,
         "level": cal.level,
-        "launch_sd": cal.launch_sd,
-        "launch_level_sd": cal.launch_level_sd,
-        "window_level_sd": cal.window_level_sd,
-        "covers_one": cal.covers_one,
         "recorded_at": cal.recorded_at,
     }
 
 
-def _words(cal: Calibration) -> str:
+def _words_v1(cal: CalibrationV1) -> str:
     heads = " / ".join(f"{h:.4f}" for h in cal.headlines)
-    low = "0" if cal.low is None else f"{cal.low:.4f}"
-    high = "inf" if cal.high is None else f"{cal.high:.4f}"
-    bias = "covers 1" if cal.covers_one else "EXCLUDES 1: this host shows a difference between identical arms"
     return (
         f"A/A run {cal.run_id} on this host ({cal.repeats} triplet(s)): null headlines {heads}, speedup "
-        f"{cal.estimate:.4f}x in [{low}, {high}] ({cal.level:.0%}), which {bias}; launch-level SD "
-        f"{cal.launch_level_sd:.4f}, window-level SD {cal.window_level_sd:.4f} (log scale)"
+        f"{cal.estimate:.4f}x in {_span(cal.low, cal.high)} ({cal.level:.0%}); recorded before paired statistics "
+        f"({CALIBRATION_V1}): shown, not pooled; {RERUN}"
     )

@@ -1,33 +1,31 @@
-"""The verdict of a run (ours, DESIGN.md section 5): the owner's headline per triplet, bracketed by an interval.
+"""The verdict of a run (ours, DESIGN.md section 5): the owner's headline per triplet, beside the paired interval.
 
-accepted (exact, the interval excludes 1), no difference shown (exact, it covers 1), not exact; exit codes here.
+accepted (exact, bounded, the interval excludes 1, no busy window, no outlier decides), no difference shown, not
+exact; exit codes here. The interval: ledger/verdict/stats.py (fixed design) or sequential.py (repeats: auto).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
 
-from ledger.verdict.legacy_stats import Interval, speedup_interval
-from ledger.verdict.windows import Speedup, speedup, window_steps
-from protocol.plan import Triplet, arm_of
+from ledger.verdict.sequential import SequentialRule
+from ledger.verdict.stats import Interval, Outlier, Spread, paired_interval, triplet_log_speedup
+from ledger.verdict.windows import Speedup, speedup
+from protocol.plan import Triplet
 
 ACCEPTED, NO_DIFFERENCE, NOT_EXACT = "accepted", "no difference shown", "not exact"
 VERDICTS = (ACCEPTED, NO_DIFFERENCE, NOT_EXACT)
+HOW_TO_BOUND = (
+    "run `orch calibrate PROTOCOL` on this host (A/A triplets measure the spread between triplets), or set "
+    "measurement.repeats >= 2 (or auto)"
+)
 
 
 def exit_code(verdict: str) -> int:
     """The same for `orch launch` and `orch audit`: only `not exact` (or no verdict) is a failure (exit 1)."""
     return 0 if verdict in (ACCEPTED, NO_DIFFERENCE) else 1
-
-
-def launch_windows(
-    times: Mapping[str, Sequence[float]], *, steps: int, warmup: int, window: int
-) -> dict[str, list[float]]:
-    """Launch label -> its window times (sum of the window's step times, max over ranks: the owner's A_w)."""
-    ws = window_steps(steps, warmup, window)
-    return {label: [math.fsum(t[s] for s in w) for w in ws] for label, t in times.items()}
 
 
 def triplet_speedups(
@@ -42,51 +40,79 @@ def triplet_speedups(
     ]
 
 
+def window_ratios(sps: Sequence[Speedup]) -> list[list[float]]:
+    """Each triplet's window ratios (the owner's ratio_w), in window order."""
+    return [[w.ratio for w in sp.windows] for sp in sps]
+
+
+def log_speedups(sps: Sequence[Speedup]) -> list[float]:
+    """d of each triplet: the mean over its windows of log(ratio_w) (ledger.verdict.stats.triplet_log_speedup)."""
+    return [triplet_log_speedup(r) for r in window_ratios(sps)]
+
+
+def verdict_interval(d: Sequence[float], calibration: Spread | None, rule: SequentialRule | None) -> Interval:
+    """The interval the verdict reads: the sequential rule's repeated interval at this look, else the fixed one."""
+    return rule.interval(d, calibration) if rule is not None else paired_interval(d, calibration)
+
+
+@dataclass(frozen=True)
+class OutlierEffect:
+    """A flagged triplet and the interval of the same rule without it."""
+
+    outlier: Outlier
+    without: Interval
+
+
+def outlier_effects(d: Sequence[float], flagged: Sequence[Outlier], calibration: Spread | None,
+                    rule: SequentialRule | None) -> list[OutlierEffect]:
+    return [OutlierEffect(o, verdict_interval([x for i, x in enumerate(d) if i != o.triplet], calibration, rule))
+            for o in flagged]
+
+
 def _fmt(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.4f}"
 
 
-def interval_doc(iv: Interval, repeats: int) -> dict[str, Any]:
-    words = (
-        f"speedup {_fmt(iv.estimate)}x, {iv.level:.0%} interval [{_fmt(iv.low)}, {_fmt(iv.high)}] "
-        f"({iv.baseline_launches} baseline and {iv.candidate_launches} candidate launches, df {iv.df})"
-    )
-    if iv.df == 0:
-        width = "no launch-level spread can be estimated from one launch per arm: the interval is unbounded"
-    elif repeats == 1:
-        width = (
-            f"one triplet: the interval rests on the spread of the two baseline launches alone (df {iv.df}), so it "
-            f"is wide (half-width {iv.half_width:.1%}); set measurement.repeats to narrow it"
-        )
-    else:
-        width = f"half-width {iv.half_width:.1%} from {repeats} triplets"
-    if iv.triplets_for_target is None:
-        need = "a +-5% interval is out of reach on this host at this launch-to-launch spread"
-    else:
-        need = f"about {iv.triplets_for_target} triplet(s) would give a +-5% interval on this host"
-    return {
-        "estimate": iv.estimate,
-        "low": iv.low if math.isfinite(iv.low) else None,
-        "high": iv.high if math.isfinite(iv.high) else None,
-        "level": iv.level,
-        "method": iv.method,
-        "df": iv.df,
-        "baseline_launches": iv.baseline_launches,
-        "candidate_launches": iv.candidate_launches,
-        "covers_one": iv.covers_one,
-        "half_width": iv.half_width if math.isfinite(iv.half_width) else None,
-        "variance": {
-            "launch_sd": iv.launch_sd,
-            "launch_level_sd": iv.launch_level_sd,
-            "window_level_sd": iv.window_level_sd,
-            "scale": "natural log of window time",
-        },
-        "triplets_for_5pct": iv.triplets_for_target,
-        "words": f"{words}; {width}; {need}",
-    }
+def _call(iv: Interval) -> str | None:
+    """faster | slower | None (unbounded or covers 1): what the interval alone decides."""
+    if not iv.bounded or iv.covers_one:
+        return None
+    return "faster" if iv.low > 1.0 else "slower"
 
 
-def replication_doc(trips: Sequence[Triplet], sps: Sequence[Speedup]) -> dict[str, Any]:
+def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequence[OutlierEffect] = (),
+           triplet_names: Sequence[str] | None = None, stopping: str | None = None) -> tuple[str, str | None, str]:
+    """(verdict, direction, one sentence). triplet_names: how the sentence names triplet i (default its 1-based
+    position); stopping: why a sequential run did not stop where its rule stops (its error rate is then not held)."""
+    span = f"{iv.level:.0%} interval [{_fmt(iv.low)}, {_fmt(iv.high)}]"
+    if not exact:
+        return NOT_EXACT, None, "the candidate does not compute the same bits; its speed is not judged"
+    if not iv.bounded:
+        return NO_DIFFERENCE, None, (
+            f"the speedup cannot be bounded yet: {iv.triplets} triplet and no usable A/A calibration of this protocol "
+            f"on this host; {HOW_TO_BOUND}")
+    direction = _call(iv)
+    if direction is None:
+        return NO_DIFFERENCE, None, f"the {span} of the speedup covers 1: no speed difference is shown"
+    if busy:
+        return NO_DIFFERENCE, None, (
+            f"the {span} excludes 1, but the host watch names busy window(s): {'; '.join(busy)}; not accepted "
+            "from a busy host: re-run when it is quiet")
+    if stopping:
+        return NO_DIFFERENCE, None, f"the {span} excludes 1, but {stopping}"
+    for eff in outliers:
+        if _call(eff.without) != direction:
+            i = eff.outlier.triplet
+            name = triplet_names[i] if triplet_names is not None else str(i + 1)
+            return NO_DIFFERENCE, None, (
+                f"the {span} excludes 1 only with triplet {name}, an outlier (z = {eff.outlier.z:.2f}): without it "
+                f"the interval is [{_fmt(eff.without.low)}, {_fmt(eff.without.high)}]; one triplet does not decide")
+    return ACCEPTED, direction, f"the candidate is {direction}: the {span} of the speedup excludes 1"
+
+
+def replication_doc(trips: Sequence[Triplet], sps: Sequence[Speedup]) -> dict[str, object]:
+    """The owner's headline of each triplet, untouched, beside its paired speedup exp(d)."""
+    ds = log_speedups(sps)
     return {
         "repeats": len(trips),
         "triplets": [
@@ -99,10 +125,13 @@ def replication_doc(trips: Sequence[Triplet], sps: Sequence[Speedup]) -> dict[st
                 "ratios": [w.ratio for w in sp.windows],
                 "drifts": [w.drift for w in sp.windows],
                 "max_drift": sp.max_drift,
+                "log_speedup": d,
+                "paired_speedup": math.exp(d),
             }
-            for t, sp in zip(trips, sps, strict=True)
+            for t, sp, d in zip(trips, sps, ds, strict=True)
         ],
         "headlines": [sp.headline for sp in sps],
+        "paired_speedups": [math.exp(d) for d in ds],
     }
 
 
@@ -115,60 +144,20 @@ def drift_notes(trips: Sequence[Triplet], sps: Sequence[Speedup], bound: float) 
             where = f"triplet {t.index} " if len(trips) > 1 else ""
             out.append(
                 f"drift above the protocol's bound: {where}window {worst.name} A/B drift {worst.drift:.4f} > "
-                f"{bound} (the two baseline launches disagree; it enters the interval as launch-level variance)"
+                f"{bound} (the two baseline launches disagree; the paired ratio uses their mean, and drift that "
+                "differs between triplets widens the interval)"
             )
     return out
 
 
-def decide(exact: bool, iv: Interval) -> tuple[str, str | None, str]:
-    """(verdict, direction, one sentence)."""
-    span = f"{iv.level:.0%} interval [{_fmt(iv.low)}, {_fmt(iv.high)}]"
-    if not exact:
-        return NOT_EXACT, None, "the candidate does not compute the same bits; its speed is not judged"
-    if iv.covers_one:
-        return NO_DIFFERENCE, None, f"the {span} of the speedup covers 1: no speed difference is shown"
-    direction = "faster" if iv.low > 1.0 else "slower"
-    return ACCEPTED, direction, f"the candidate is {direction}: the {span} of the speedup excludes 1"
-
-
-def run_interval(times: Mapping[str, Sequence[float]], *, steps: int, warmup: int, window: int) -> Interval:
-    wins = launch_windows(times, steps=steps, warmup=warmup, window=window)
-    return speedup_interval(wins, {label: arm_of(label) for label in wins})
-
-
-def verdict_lines(doc: Mapping[str, Any]) -> list[str]:
-    """What the audit says beside the owner's headline: interval, per-triplet headlines, diagnostics, context."""
-    lines: list[str] = []
-    iv = doc.get("interval")
-    if isinstance(iv, dict):
-        lines.append(f"interval: {iv['words']}")
-        lines.append(f"method: {iv['method']}")
-        var = iv["variance"]
-        lines.append(
-            f"variance components (log scale): launch level SD {var['launch_level_sd']:.4f}, window level SD "
-            f"{var['window_level_sd']:.4f}, SD of a launch's mean {var['launch_sd']:.4f}"
-        )
-    rep = doc.get("replication")
-    if isinstance(rep, dict):
-        for t in rep["triplets"]:
-            ratios = " / ".join(f"{r:.4f}" for r in t["ratios"])
-            lines.append(
-                f"triplet {t['index']} ({' '.join(t['order'])}): headline {t['headline']:.4f}x "
-                f"({t['headline_window']}; window ratios {ratios}), max A/B drift {t['max_drift']:.4f}"
-            )
-    lines += [str(d) for d in doc.get("diagnostics") or []]
-    for key in ("calibration", "clock", "quiet_host"):
-        block = doc.get(key)
-        if isinstance(block, dict) and block.get("words"):
-            lines.append(f"{key.replace('_', ' ')}: {block['words']}")
-    return lines
-
-
-def interval_text(doc: Mapping[str, Any]) -> str:
-    """' in [low, high] (95%)' beside the headline; empty for an audit written before intervals existed."""
-    iv = doc.get("interval")
-    if not isinstance(iv, dict):
-        return ""
-    low = "0" if iv["low"] is None else f"{iv['low']:.4f}"
-    high = "inf" if iv["high"] is None else f"{iv['high']:.4f}"
-    return f", speedup {iv['estimate']:.4f}x in [{low}, {high}] ({iv['level']:.0%})"
+def outlier_notes(trips: Sequence[Triplet], triplets: Sequence[Outlier], windows: Sequence[Outlier],
+                  window_names: Sequence[str]) -> list[str]:
+    """Outlier triplets and windows, named (diagnostics; a deciding outlier triplet is in the verdict itself)."""
+    out = [f"outlier triplet {trips[o.triplet].index}: its paired log speedup stands apart from the others "
+           f"(z = {o.z:.2f}, df {o.df}, p = {o.p_value:.2g} before the Bonferroni correction)" for o in triplets]
+    for o in windows:
+        where = f"triplet {trips[o.triplet].index} " if len(trips) > 1 else ""
+        name = window_names[o.window] if o.window is not None and o.window < len(window_names) else str(o.window)
+        out.append(f"outlier window: {where}window {name} stands apart from its triplet's other windows "
+                   f"(z = {o.z:.2f}, df {o.df}, p = {o.p_value:.2g} before the Bonferroni correction)")
+    return out

@@ -1,4 +1,4 @@
-"""The audit document (orch.audit/1) of one verified, complete run, its canonical bytes, and the audit's result.
+"""The audit document (orch.audit/2) of one verified, complete run, its canonical bytes, and the audit's result.
 
 Pure: computed from the loaded evidence (ledger/verdict/evidence.py); written and recorded by the command
 (ledger/verdict/audit.py).
@@ -12,18 +12,36 @@ from pathlib import Path
 from typing import Any
 
 from ledger.probe_cost import probe_cost_doc
-from ledger.verdict.decision import decide, drift_notes, interval_doc, replication_doc, run_interval, triplet_speedups
+from ledger.verdict.calibration import calibration_spreads
+from ledger.verdict.decision import (
+    decide,
+    drift_notes,
+    log_speedups,
+    outlier_effects,
+    outlier_notes,
+    replication_doc,
+    triplet_speedups,
+    verdict_interval,
+    window_ratios,
+)
 from ledger.verdict.evidence import RunEvidence
 from ledger.verdict.exactness import Exactness, exactness
 from ledger.verdict.host_report import clock_doc, quiet_host_doc
-from ledger.verdict.host_watch import host_watch_doc
+from ledger.verdict.host_watch import busy_windows, host_watch_doc
+from ledger.verdict.interval_doc import interval_doc
 from ledger.verdict.mismatch import Mismatch
 from ledger.verdict.recipe_check import recipe_doc
+from ledger.verdict.sequential_doc import run_rule, sequential_doc
+from ledger.verdict.stats import outlier_triplets, outlier_windows, window_spread
 from ledger.verdict.windows import Speedup, step_times
 from protocol.hashing import canonical_json
 from protocol.plan import ARMS, BASELINE_ROLES, KINDS, ROLES, launch_labels, replay_label, triplets
 
-AUDIT_SCHEMA = "orch.audit/1"
+AUDIT_SCHEMA = "orch.audit/2"  # /2: the paired per-triplet interval (ledger/verdict/stats.py); /1 stays as recorded
+AUDIT_V1 = "orch.audit/1"
+# what /2 computes anew from the same evidence: a recorded /1 audit is compared with a recomputation on the rest
+STATISTICS_KEYS = ("schema", "verdict", "direction", "verdict_words", "reasons", "diagnostics", "interval",
+                   "replication", "calibration", "sequential")
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 # sections an audit.json recorded before them lacks: it stays as recorded
 ADDED_LATER = ("probe_cost", "host_watch", "recipe")
@@ -231,9 +249,10 @@ def scope_sentence(first: int, last: int, ranks: int) -> str:
 def compute_audit(
     ev: RunEvidence, head: tuple[int, str], audited_at: str, calibration: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The audit document (orch.audit/1) of one verified, complete run; calibration: the block of
-    ledger.verdict.calibration."""
+    """The audit document (orch.audit/2) of one verified, complete run; calibration: the block of
+    ledger.verdict.calibration (its spread is pooled when usable)."""
     m = ev.protocol.measurement
+    rule = run_rule(m, ev.run.sequential)  # repeats: auto, or the rule `orch launch --until-decided` recorded
     labels = launch_labels(ev.repeats, ev.sequential)
     trips = triplets(ev.repeats, ev.sequential)
     times = {label: step_times(ev.steps[label], m.steps) for label in labels}
@@ -255,9 +274,27 @@ def compute_audit(
         replay_of=replay_label(ev.repeats, ev.sequential),
         recipe_file=ev.recipe.recipe if ev.recipe is not None else None,
     )
-    iv = run_interval(times, steps=m.steps, warmup=m.warmup, window=m.window)
-    verdict, direction, sentence = decide(ex.exact, iv)
+    cal_spread, cal_window = calibration_spreads(calibration)
+    d = log_speedups(sps)
+    iv = verdict_interval(d, cal_spread, rule)
+    flagged = outlier_effects(d, outlier_triplets(d, cal_spread), cal_spread, rule)
+    ratios = window_ratios(sps)
+    win_out = outlier_windows(ratios, cal_window)
+    watch = host_watch_doc(ev, labels)
+    busy = busy_windows(watch) if watch else []
+    cost = _cost_doc(ev)
+    seq = None if rule is None else sequential_doc(
+        rule, ev.run.sequential.asked if ev.run.sequential is not None else "protocol", d, cal_spread,
+        cost["gpu_seconds"], ev.run.sequential, cost["wall_s"])
+    stopping = None if seq is None or seq["integrity"]["ok"] else seq["integrity"]["words"]
+    verdict, direction, sentence = decide(ex.exact, iv, busy, flagged, [str(t.index) for t in trips], stopping)
     reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
+    diagnostics = (drift_notes(trips, sps, m.drift_bound)
+                   + outlier_notes(trips, [e.outlier for e in flagged], win_out, [w.name for w in sp.windows]))
+    interval = interval_doc(
+        iv, headlines=[s.headline for s in sps], calibration_run=(calibration or {}).get("run_id"),
+        window_spread=window_spread(ratios), outlier_triplets=flagged, outlier_windows=win_out,
+        triplet_index=[t.index for t in trips], rule=rule, calibration=cal_spread, sequential=seq)
     return {
         "schema": AUDIT_SCHEMA,
         "run_id": ev.run_id,
@@ -270,17 +307,18 @@ def compute_audit(
         "exact": ex.exact,
         "noisy": sp.noisy,
         "reasons": reasons,
-        "diagnostics": drift_notes(trips, sps, m.drift_bound),
+        "diagnostics": diagnostics,
         "scope": scope_sentence(m.digest_first, m.digest_last, ex.ranks),
         "measurement": m.model_dump(exclude_unset=True),  # as recorded: fields added later stay out
         "precision": ev.protocol.precision,
         "recipe": recipe_doc(ev.recipe),
         "speedup": _speedup_doc(sp, {role: times[label] for role, label in first.items()}),
-        "interval": interval_doc(iv, ev.repeats),
+        "interval": interval,
+        "sequential": seq,
         "replication": replication_doc(trips, sps),
         "exactness": _exactness_doc(ex),
         "memory": _memory_doc(ev, first),
-        "cost": _cost_doc(ev),
+        "cost": cost,
         "attribution": _attribution_doc(ev),
         "integrity": {
             "seals_verified": list(ARMS),
@@ -291,7 +329,7 @@ def compute_audit(
         "host_hash": ev.run.host.host_hash,
         "calibration": calibration,
         "quiet_host": quiet_host_doc(ev.trains, labels),
-        "host_watch": host_watch_doc(ev, labels),
+        "host_watch": watch,
         "clock": clock_doc(ev.trains, labels),
         "probe_cost": probe_cost_doc({label: ev.steps[label] for label in labels}, m.steps, m.warmup),
         "calibration_of": None if ev.run.calibration_of is None else ev.run.calibration_of.model_dump(),

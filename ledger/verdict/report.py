@@ -1,6 +1,7 @@
 """Renderings of an audit document: the rich terminal report, audit.md and the step-time plot (PNG).
 
-All three read only the orch.audit/1 document; the DEV score appears in the terminal only, as informational.
+All three read only the audit document (orch.audit/2, or /1 as recorded); the DEV score appears in the terminal only,
+as informational.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from ledger.render import print_whole, whole_table
-from ledger.verdict.decision import interval_text, verdict_lines
+from ledger.verdict.interval_doc import interval_text, verdict_lines
 from protocol.plan import ROLES
 
 if TYPE_CHECKING:
@@ -301,17 +302,49 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def plot_paired(ax: Any, iv: Mapping[str, Any]) -> None:
+    """Each triplet's paired speedup exp(d) and the owner's headline, with the interval of the verdict (a band)."""
+    k = list(range(1, len(iv["paired_speedups"]) + 1))
+    ax.axhline(1.0, color="0.4", ls="--", lw=1, label="no difference (1)")
+    if iv["bounded"]:
+        high = iv["high"] if iv["high"] is not None else max(iv["paired_speedups"]) * 2
+        ax.axhspan(iv["low"], high, color="#ff7f0e", alpha=0.2,
+                   label=f"{iv['level']:.0%} interval [{iv['low']:.3f}, {high:.3f}]")
+    else:
+        ax.text(0.5, 0.05, "not bounded yet: one triplet, no calibration", transform=ax.transAxes, ha="center",
+                fontsize=8)
+    ax.axhline(iv["estimate"], color="#ff7f0e", lw=1.5, label=f"estimate {iv['estimate']:.3f}x")
+    ax.plot(k, iv["paired_speedups"], "o", ms=7, color="#d62728", label="paired speedup exp(d)")
+    ax.plot(k, iv["headlines"], "x", ms=7, color="0.2", label="owner's headline (min window)")
+    ax.set_xticks(k)
+    ax.set_xlim(0.5, len(k) + 0.5)
+    ax.set_xlabel("triplet")
+    ax.set_ylabel("speedup (baseline / candidate)")
+    source = iv["variance_source"] + (f", df {iv['df']}" if iv["bounded"] else "")
+    ax.set_title(f"per triplet, with the verdict's interval ({source})", fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    ax.margins(y=0.2)
+
+
 def plot_step_times(doc: Mapping[str, Any], path: Path) -> None:
     """Two panels (PNG, CPU backend): every step of each arm (log scale: the first steps are slow), and the
-    measured windows alone, each window's mean step time per arm with its spread (min-max of its steps)."""
+    measured windows alone, each window's mean step time per arm with its spread (min-max of its steps); a paired
+    audit (orch.audit/2) adds a third: each triplet's paired speedup and headline with the verdict's interval."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a server; must precede pyplot
     import matplotlib.pyplot as plt
 
     sp = doc["speedup"]
-    fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=100, gridspec_kw={"width_ratios": [1, 1.3]})
+    iv = doc.get("interval")
+    paired = isinstance(iv, dict) and "paired_speedups" in iv
+    ratios = [1, 1.3, 0.9] if paired else [1, 1.3]
+    fig, axes = plt.subplots(1, len(ratios), figsize=(16 if paired else 11, 4.5), dpi=100,
+                             gridspec_kw={"width_ratios": ratios})
+    full, zoom = axes[0], axes[1]
     try:
+        if paired:
+            plot_paired(axes[2], iv)  # type: ignore[arg-type]
         first = sp["windows"][0]["steps"][0] if sp["windows"] else 0
         for label in ROLES:  # launch order
             times = [t * 1000 for t in sp["step_times"][label]]

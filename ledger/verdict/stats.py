@@ -244,6 +244,3 @@ def outlier_windows(ratios_by_triplet: Sequence[Sequence[float]], window_sd: Spr
                 out.append(Outlier(i, w, z, p, spread.df))
     return out
 
-
-# TRANSITION (removed when decision.py moves to paired_interval): the unpaired launch-level interval of main c30390d
-from ledger.verdict.legacy_stats import speedup_interval, t_cdf, t_quantile  # noqa: E402,F401

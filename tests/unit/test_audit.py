@@ -21,6 +21,7 @@ import pytest
 
 from ledger.cost.store import Ledger
 from ledger.verdict.audit import audit_run
+from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
 from ledger.verdict.document import AUDIT_SCHEMA, canonical_bytes
 from ledger.verdict.evidence import IncompleteRunError
 from manifests.core import hash_tree
@@ -85,6 +86,7 @@ class RunSpec:
     watch_forbidden: tuple[int, str, str] | None = None  # (step, op, dtype) seen by watch-C only
     watch_differs: int | None = None  # step from which watch-C's digests differ from train-C's
     repeats: int = 1  # measurement.repeats: labels A1, C1, B1, B2, C2, A2, ... when >= 2
+    calibrated: bool = False  # a usable A/A calibration of the protocol (SD 0.05, df 4) recorded before the run
 
     def times(self, label: str) -> list[float]:
         """Step durations of a launch: its own entry, else its arm letter's (A1 -> A)."""
@@ -173,6 +175,41 @@ def _result(path: Path, model: Any) -> str:
     return _sha(_write_json(path, model.model_dump(mode="json", by_alias=True)))
 
 
+def aa_log_speedups(sd: float, df: int) -> list[float]:
+    """df + 1 values of mean 0 whose sample SD is exactly sd (+-a alternating, a 0 added when their number is odd)."""
+    n = df + 1
+    a = sd if n % 2 else sd * ((n - 1) / n) ** 0.5
+    return [(a if i % 2 else -a) for i in range(n - n % 2)] + [0.0] * (n % 2)
+
+
+def record_calibration(home: Path, run_id: str, protocol_id: str, host: dict[str, str] | None = None,
+                       sd: float = 0.05, df: int = 4, **over: Any) -> Path:
+    """An orch.calibration/2 file and its ledger record, as `orch calibrate` writes them (by default for make_run's
+    protocol and host fingerprint)."""
+    host = host or {k: str(v) for k, v in HOST_FINGERPRINT.items()}
+    d = aa_log_speedups(sd, df)
+    cal = Calibration(
+        run_id=run_id, of_protocol_id=protocol_id, of_protocol_name="synthetic", aa_protocol_id="0" * 64, host=host,
+        repeats=df + 1, headlines=[float(np.exp(x)) for x in d], log_speedups=d, sd=sd, df=df, window_sd=0.02,
+        window_df=2 * (df + 1), mean_log_speedup=0.0, estimate=1.0, low=0.95, high=1.05, level=0.95,
+        triplets_for_5pct=4, recorded_at=TS,
+    ).model_copy(update=over)
+    h = resolve_home(home)
+    run_dir = h.run_dir(run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = (cal.model_dump_json(by_alias=True, indent=1) + "\n").encode()
+    (run_dir / CALIBRATION_FILE).write_bytes(data)
+    h.ledger_dir.mkdir(parents=True, exist_ok=True)
+    Ledger(h.ledger_path).append(run_id=run_id, package="calibration", kind="calibration", status="ok", gpus=0,
+                                 host=host["host_hash"], protocol_id=protocol_id, result_digest=_sha(data),
+                                 note="A/A calibration")
+    return run_dir
+
+
+def synthetic_protocol_id(repeats: int = 1) -> str:
+    return _sha(canonical_json(_protocol(repeats)))
+
+
 def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> Path:
     """Fabricate one run directory and its ledger records under `home`; returns the run directory."""
     spec = spec or RunSpec()
@@ -183,6 +220,8 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
     protocol = _protocol(spec.repeats)
     proto_bytes = canonical_json(protocol)
     common = {"host": HOST, "protocol_id": _sha(proto_bytes)}
+    if spec.calibrated:
+        record_calibration(home, f"cal-{run_id}", _sha(proto_bytes))
     (run_dir / "packages").mkdir(parents=True)
     (run_dir / "protocol.json").write_bytes(proto_bytes)
     arms: dict[str, Any] = {}
@@ -360,7 +399,7 @@ WRITTEN = ("audit.json", "audit.md", "step_times.png")
 
 
 def test_complete_exact_run_is_accepted_written_recorded_then_unsealed(tmp_path: Path) -> None:
-    run_dir = make_run(tmp_path)
+    run_dir = make_run(tmp_path, spec=RunSpec(calibrated=True))  # one triplet, bounded by the host's calibration
     before = len(Ledger(resolve_home(tmp_path).ledger_path).records())
     result = audit_run(tmp_path, "run1")
     doc = result.document
@@ -384,6 +423,13 @@ def test_complete_exact_run_is_accepted_written_recorded_then_unsealed(tmp_path:
     assert pc["worst_median_with_digests"] == pytest.approx(0.001 / 0.097)
     assert "lower bound" in pc["words"]  # these lines carry no prev_boundary_s
     assert pc["goal_met"] is False and "without digests 1.03%" in pc["words"]  # 1 ms of a 97 ms step: over 1%
+    # d = ln 2 exactly; the calibration's SD 0.05 (df 4) alone: ln 2 +- t(0.975, 4) x 0.05 / sqrt(1)
+    iv = doc["interval"]
+    half = 2.7764451051977987 * 0.05
+    assert (iv["variance_source"], iv["df"], iv["triplets"], iv["bounded"]) == ("calibration", 4, 1, True)
+    assert iv["low"] == pytest.approx(2 * np.exp(-half)) and iv["high"] == pytest.approx(2 * np.exp(half))
+    assert iv["paired_speedups"] == [pytest.approx(2.0)] and iv["headlines"] == [pytest.approx(2.0)]
+    assert iv["calibration_used"] == {"run_id": "cal-run1", "sd": 0.05, "df": 4} and doc["calibration"]["usable"]
     assert doc["ledger_head"]["size"] == before
     data = (run_dir / "audit.json").read_bytes()
     assert json.loads(data) == doc
@@ -461,7 +507,7 @@ def test_fp16_op_is_named(tmp_path: Path) -> None:
 def test_what_the_watch_let_through_and_could_not_inspect_is_shown(tmp_path: Path) -> None:
     from ledger.verdict.report import exactness_lines
 
-    make_run(tmp_path, spec=RunSpec(watch=True))
+    make_run(tmp_path, spec=RunSpec(watch=True, calibrated=True))
     doc = audit_run(tmp_path, "run1").document
     watch = doc["exactness"]["watch"]
     assert doc["verdict"] == "accepted"  # letting a region through is reported, not a failure
@@ -480,24 +526,31 @@ def test_recipe_observed_differently_is_not_exact(tmp_path: Path) -> None:
     assert "arm A: lr observed 1e-05, frozen 5e-06" in doc["exactness"]["recipe_differences"]
 
 
-def test_drift_above_bound_is_named_and_widens_the_one_triplet_interval(tmp_path: Path) -> None:
+def test_one_triplet_without_a_calibration_cannot_be_bounded_and_says_what_to_run(tmp_path: Path) -> None:
     spec = RunSpec()
     spec.durations["B"] = [0.2] * 12 + [0.3] * 4
     make_run(tmp_path, spec=spec)
     doc = audit_run(tmp_path, "run1").document
-    # the headline (2x) is reported; the interval from two baseline launches (df 1) is wide and covers 1
+    # every window shows the candidate faster (2x, 2.5x, 2.5x) but one triplet has no spread to bound it with
     assert doc["verdict"] == "no difference shown" and doc["noisy"] and doc["exact"] and doc["direction"] is None
     assert doc["speedup"]["windows"][1]["drift"] == pytest.approx(0.2 / 0.5)
     iv = doc["interval"]
-    assert iv["df"] == 1 and iv["baseline_launches"] == 2 and iv["candidate_launches"] == 1
-    assert iv["low"] < 1.0 < 2.0 < iv["high"] and iv["covers_one"]
-    assert "one triplet" in iv["words"] and "wide" in iv["words"]
+    assert (iv["bounded"], iv["low"], iv["high"], iv["sd"], iv["df"], iv["variance_source"]) == (
+        False, None, None, None, 0, "none")
+    assert iv["estimate"] == pytest.approx(np.exp((np.log(2.0) + 2 * np.log(2.5)) / 3))
+    assert doc["reasons"] == [
+        "the speedup cannot be bounded yet: 1 triplet and no usable A/A calibration of this protocol on this host; "
+        "run `orch calibrate PROTOCOL` on this host (A/A triplets measure the spread between triplets), or set "
+        "measurement.repeats >= 2 (or auto)"]
     assert doc["diagnostics"] == [
         "drift above the protocol's bound: window w2 A/B drift 0.4000 > 0.02 (the two baseline launches "
-        "disagree; it enters the interval as launch-level variance)"
+        "disagree; the paired ratio uses their mean, and drift that differs between triplets widens the interval)"
     ]
-    assert doc["reasons"][0].startswith("the 95% interval [") and "covers 1" in doc["reasons"][0]
-    assert "no difference shown" in (tmp_path / "runs" / "run1" / "audit.md").read_text()
+    assert doc["calibration"]["found"] is False
+    md = (tmp_path / "runs" / "run1" / "audit.md").read_text()
+    assert "no difference shown" in md and "not bounded yet" in md and "orch calibrate PROTOCOL" in md
+    assert Ledger(resolve_home(tmp_path).ledger_path).records()[-1].note == (
+        "verdict: no difference shown; speedup 2.3208x not bounded (1 triplet, no calibration)")
 
 
 def _noisy(base: float, seed: int, sd: float = 0.03) -> list[float]:
@@ -527,12 +580,16 @@ def test_repeats_give_per_triplet_headlines_and_an_accepted_direction(
         ratios = [((sum(a[s:s + 2]) + sum(b[s:s + 2])) / 2) / sum(c[s:s + 2]) for s in (10, 12, 14)]
         assert t["headline"] == pytest.approx(min(ratios)) and t["ratios"] == pytest.approx(ratios)
     assert doc["speedup"]["headline"] == rep["headlines"][0]  # the first triplet is launched A -> C -> B
-    iv = doc["interval"]
-    assert iv["df"] == 7 and (iv["low"] > 1.0 if direction == "faster" else iv["high"] < 1.0)
+    iv = doc["interval"]  # paired over the 3 triplets, the run's own spread: df 2
+    assert iv["df"] == 2 and iv["variance_source"] == "run" and (iv["low"] > 1.0 if direction == "faster"
+                                                                 else iv["high"] < 1.0)
     assert iv["low"] < iv["estimate"] < iv["high"] and iv["estimate"] == pytest.approx(1 / factor, rel=0.1)
+    d = [float(np.mean(np.log(t["ratios"]))) for t in rep["triplets"]]
+    assert iv["log_speedups"] == pytest.approx(d) and iv["sd"] == pytest.approx(float(np.std(d, ddof=1)))
+    assert iv["estimate"] == pytest.approx(float(np.exp(np.mean(d))))
     assert set(doc["cost"]["gpu_seconds"]) == set(package_names(3)) and len(doc["cost"]["gpu_seconds"]) == 21
     # with --json the human report is on stderr
-    assert f"verdict: accepted ({direction})" in proc.stderr and "triplet 2 (B2 C2 A2): headline" in proc.stderr
+    assert f"verdict: accepted ({direction})" in proc.stderr and "triplet 2 (B2 C2 A2): paired speedup" in proc.stderr
 
 
 def test_configuration_change_is_named_not_training_code_only(tmp_path: Path) -> None:
@@ -620,7 +677,7 @@ def test_reload_that_recomputes_other_digests_is_not_exact(tmp_path: Path) -> No
 
 
 def test_cli_report_puts_the_verdict_first_and_the_score_after_the_record(tmp_path: Path, repo: Path) -> None:
-    make_run(tmp_path)
+    make_run(tmp_path, spec=RunSpec(calibrated=True))
     proc = _orch("audit", "run1", "--home", str(tmp_path), "--json", cwd=repo)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout)  # with --json stdout is exactly one JSON document

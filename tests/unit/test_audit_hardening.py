@@ -75,7 +75,7 @@ def test_a_differing_trainer_loss_is_named_by_step_rank_and_quantity(tmp_path: P
 
 
 def test_equal_trainer_numbers_are_reported_compared(tmp_path: Path) -> None:
-    doc, _ = _reasons(tmp_path, RunSpec())
+    doc, _ = _reasons(tmp_path, RunSpec(calibrated=True))
     ex = doc["exactness"]
     assert doc["verdict"] == "accepted" and ex["scalars_equal"] is True
     assert ex["scalars_compared"] == 15 * 2 * 3  # steps 0-14, 2 ranks, loss + grad norm + one logged number

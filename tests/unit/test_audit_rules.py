@@ -14,8 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_audit import SCORE, WRITTEN, RunSpec, make_run
-from test_calibrate import RECORDED_HOST, _record_calibration, _synthetic_protocol_id
+from test_audit import SCORE, WRITTEN, RunSpec, make_run, record_calibration, synthetic_protocol_id
 
 from ledger.cost.store import Ledger
 from ledger.cost.witness import WITNESS_FILE
@@ -104,7 +103,7 @@ class _Clock:
 def test_the_audit_is_recorded_in_the_ledger_with_its_verdict_digest_and_times(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_dir = make_run(tmp_path)
+    run_dir = make_run(tmp_path, spec=RunSpec(calibrated=True))
     make_run(tmp_path, "run2", RunSpec(diverge=("C", 5, 1, "w.step")))
     head = _ledger(tmp_path).head()
     # 1 700 000 000 s is 2023-11-14 22:13:20 UTC; the audit took 12.5 s
@@ -119,7 +118,10 @@ def test_the_audit_is_recorded_in_the_ledger_with_its_verdict_digest_and_times(
     assert rec.protocol_id == recorded["protocol_id"]
     assert rec.sources_root == recorded["arms"]["candidate"]["commitment_root"]
     assert rec.sources_root != recorded["arms"]["baseline"]["commitment_root"]
-    assert (rec.result_digest, rec.exit_code, rec.note) == (_sha(data), 0, "verdict: accepted")
+    # d = ln 2, calibration SD 0.05 df 4: 2 exp(+-2.7764 x 0.05) = [1.7408, 2.2978]
+    assert (rec.result_digest, rec.exit_code, rec.note) == (
+        _sha(data), 0, "verdict: accepted (faster); speedup 2.0000x [1.7408, 2.2978] 95%, K=1, df 4, SD of A/A run "
+        "cal-run1")
     assert result.ledger_seq == rec.seq == head.size  # the first record after the head the audit saw
     assert result.document["ledger_head"] == {"size": head.size, "root": head.root}
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", result.document["audited_at"])
@@ -137,7 +139,7 @@ def test_the_audit_is_recorded_in_the_ledger_with_its_verdict_digest_and_times(
 
 
 def test_a_re_audit_records_nothing_twice_and_writes_back_only_missing_renderings(tmp_path: Path) -> None:
-    run_dir = make_run(tmp_path)
+    run_dir = make_run(tmp_path, spec=RunSpec(calibrated=True))
     first = audit_run(tmp_path, "run1")
     data = (run_dir / "audit.json").read_bytes()
     size = len(_ledger(tmp_path).records())
@@ -186,15 +188,16 @@ def test_a_recorded_audit_differing_in_two_sections_names_both_sorted(tmp_path: 
 def test_a_re_audit_after_a_later_calibration_is_unchanged(tmp_path: Path) -> None:
     # the calibration counts only when recorded before the run's FIRST record: the run's own audit record, appended
     # after the calibration, does not let it in on a re-audit
-    pid = _synthetic_protocol_id(tmp_path)
     make_run(tmp_path, "run1")
-    _record_calibration(tmp_path, "cal1", pid, RECORDED_HOST)
-    assert audit_run(tmp_path, "run1").document["calibration"]["found"] is False
+    record_calibration(tmp_path, "cal1", synthetic_protocol_id())
+    first = audit_run(tmp_path, "run1").document
+    assert first["calibration"]["found"] is False and first["interval"]["bounded"] is False
     again = audit_run(tmp_path, "run1")
     assert not again.written and again.document["calibration"]["found"] is False
     make_run(tmp_path, "run2")
-    block = audit_run(tmp_path, "run2").document["calibration"]
-    assert block["found"] is True and block["run_id"] == "cal1"
+    doc = audit_run(tmp_path, "run2").document
+    assert doc["calibration"]["found"] is True and doc["calibration"]["run_id"] == "cal1"
+    assert doc["interval"]["variance_source"] == "calibration" and doc["verdict"] == "accepted"
 
 
 # --- audit_command ---------------------------------------------------------------------------------------------------
@@ -203,7 +206,7 @@ def test_a_re_audit_after_a_later_calibration_is_unchanged(tmp_path: Path) -> No
 def test_the_command_prints_the_report_and_returns_the_document(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_dir = make_run(tmp_path)
+    run_dir = make_run(tmp_path, spec=RunSpec(calibrated=True))
     out = audit_command("run1", tmp_path)
     doc = json.loads((run_dir / "audit.json").read_bytes())
     rec = _ledger(tmp_path).records()[-1]
@@ -213,7 +216,8 @@ def test_the_command_prints_the_report_and_returns_the_document(
                       "sha256": _sha((run_dir / "score.sealed.json").read_bytes()), "metrics": SCORE},
     }
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("verdict: accepted (faster)  run run1  headline 2.0000x (w1)")
+    assert printed[0].startswith("verdict: accepted (faster)  run run1  headline 2.0000x (w1), speedup 2.0000x in "
+                                 "[1.7408, 2.2978] (95%)")
     assert not any("missing or failed" in line for line in printed)
     assert audit_command("run1", tmp_path)["written"] is False
 
@@ -256,7 +260,7 @@ def test_the_command_fails_a_run_that_is_not_exact_with_its_first_reason(tmp_pat
 
 def test_no_difference_shown_is_not_a_failure_of_the_command(tmp_path: Path) -> None:
     spec = RunSpec()
-    spec.durations["B"] = [0.2] * 12 + [0.3] * 4  # the drift of test_audit's worked case: the interval covers 1
+    spec.durations["B"] = [0.2] * 12 + [0.3] * 4  # test_audit's worked case: one triplet, not bounded
     make_run(tmp_path, spec=spec)
     out = audit_command("run1", tmp_path)
     assert out["audit"]["verdict"] == "no difference shown" and out["exit_code"] == 0
@@ -265,7 +269,7 @@ def test_no_difference_shown_is_not_a_failure_of_the_command(tmp_path: Path) -> 
 def test_a_sealed_score_changed_after_the_checks_is_refused_after_the_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_dir = make_run(tmp_path)
+    run_dir = make_run(tmp_path, spec=RunSpec(calibrated=True))
     sealed = run_dir / "score.sealed.json"
     plot = audit.plot_step_times
 
@@ -322,5 +326,35 @@ def test_a_run_published_from_another_ledger_is_refused_before_anything_is_read(
         "replaced since; no audit: restore the ledger from a copy"
     )
     assert not any((run_dir / name).exists() for name in WRITTEN)
-    make_run(tmp_path / "home", "run2")  # another run of this ledger is not refused by it
+    make_run(tmp_path / "home", "run2", RunSpec(calibrated=True))  # another run of this ledger is not refused by it
     assert audit_run(tmp_path / "home", "run2").verdict == "accepted"
+
+
+def test_an_audit_recorded_before_paired_statistics_is_shown_compared_only_where_nothing_changed(
+    tmp_path: Path,
+) -> None:
+    run_dir = make_run(tmp_path)
+    audit_run(tmp_path, "run1")
+    doc = json.loads((run_dir / "audit.json").read_bytes())
+    # what orch.audit/1 recorded for the same evidence: the unpaired interval, its verdict and words
+    v1 = {**doc, "schema": "orch.audit/1", "verdict": "no difference shown", "direction": None,
+          "reasons": ["the 95% interval [0.6875, 18.5979] of the speedup covers 1: no speed difference is shown"],
+          "interval": {"estimate": 2.0, "low": 0.6875, "high": 18.5979, "level": 0.95, "method": "unpaired", "df": 1,
+                       "words": "w", "variance": {"launch_sd": 0.1, "launch_level_sd": 0.1, "window_level_sd": 0.0}},
+          "replication": {"repeats": 1, "headlines": [2.0], "triplets": []},
+          "calibration": {"found": False, "words": "no A/A calibration"}, "diagnostics": []}
+    (run_dir / "audit.json").write_bytes(canonical_bytes(v1))
+    again = audit_run(tmp_path, "run1")
+    assert not again.written and again.document == v1 and again.verdict == "no difference shown"
+    assert again.notes == [
+        "audit.json was recorded as orch.audit/1, before paired statistics: a recomputation equals it on every part "
+        "but the statistics (verdict, interval, per-triplet figures, calibration, reasons, diagnostics), which are "
+        "shown as recorded"]
+    # a part whose computation did not change is still compared: a /1 audit that differs there is refused
+    (run_dir / "audit.json").write_bytes(canonical_bytes({**v1, "exact": False}))
+    with pytest.raises(FailedError, match="differs from a recomputation in exact;"):
+        audit_run(tmp_path, "run1")
+    # and a /2 audit is compared on its statistics too
+    (run_dir / "audit.json").write_bytes(canonical_bytes({**doc, "interval": v1["interval"]}))
+    with pytest.raises(FailedError, match="differs from a recomputation in interval;"):
+        audit_run(tmp_path, "run1")

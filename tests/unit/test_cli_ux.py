@@ -124,11 +124,11 @@ def test_tables_keep_every_cell_in_an_80_column_terminal() -> None:
 def test_audit_json_is_one_document_and_launch_exit_follows_the_verdict(tmp_path: Path) -> None:
     from test_audit import TENSORS, RunSpec, make_run
 
+    drift = RunSpec()
+    drift.durations["B"] = [0.2] * 12 + [0.3] * 4  # one triplet recorded before any calibration: not bounded
+    make_run(tmp_path, "run3", drift)
     make_run(tmp_path, "run1", RunSpec(calibrated=True))  # one triplet, bounded by the host's A/A calibration
     make_run(tmp_path, "run2", RunSpec(diverge=("C", 3, 0, TENSORS[0])))  # the candidate's bits differ: not exact
-    drift = RunSpec()
-    drift.durations["B"] = [0.2] * 12 + [0.3] * 4  # a wide A/B spread: the interval covers 1
-    make_run(tmp_path, "run3", drift)
     ok = orch("audit", "run1", "--home", str(tmp_path), "--json", cwd=tmp_path)
     tool = subprocess.run([sys.executable, "-m", "json.tool"], input=ok.stdout, capture_output=True, text=True)
     assert ok.returncode == 0 and tool.returncode == 0

@@ -35,7 +35,7 @@ def _evidence(tmp_path: Path, name: str = "e.json") -> Path:
 
 def test_publish_writes_aggregate_evidence_that_passes_hygiene(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    make_run(home)
+    make_run(home, spec=RunSpec(calibrated=True))  # one triplet, bounded by the host's A/A calibration
     audit = audit_run(home, "run1").document
     out = _evidence(tmp_path, "synthetic.json")
     publish_run(home, "run1", out, repo=tmp_path)
@@ -70,7 +70,7 @@ def test_evidence_failing_hygiene_is_refused_and_not_written(tmp_path: Path) -> 
 
 
 def test_altered_audit_or_existing_evidence_is_refused(tmp_path: Path) -> None:
-    run_dir = make_run(tmp_path)
+    run_dir = make_run(tmp_path, spec=RunSpec(calibrated=True))  # accepted: one triplet, bounded by a calibration
     audit_run(tmp_path, "run1")
     out = _evidence(tmp_path)
     out.write_text("{}\n")

@@ -116,7 +116,7 @@ def test_published_evidence_is_a_witness(tmp_path: Path, monkeypatch: pytest.Mon
 def test_honest_growth_passes_and_every_head_is_checked(tmp_path: Path) -> None:
     home = tmp_path / "home"
     _honest_history(home)
-    make_run(home, "run2")
+    make_run(home, "run2", RunSpec(calibrated=True))  # one triplet, bounded by the host's A/A calibration
     h = resolve_home(home)
     ledger = Ledger(h.ledger_path)
     assert check_witnessed(h, ledger, None) == 2

@@ -1,0 +1,196 @@
+"""The interval block of audit.json (orch.audit/2) and the lines the reports print beside the owner's headline.
+
+Audits recorded as orch.audit/1 (the unpaired interval of main c30390d) are shown as recorded: verdict_lines reads
+both shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ledger.verdict.decision import HOW_TO_BOUND, OutlierEffect
+from ledger.verdict.sequential import SequentialRule
+from ledger.verdict.stats import Interval, Outlier, Spread, SpreadCheck
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.4f}"
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _spread(s: Spread | None) -> dict[str, Any] | None:
+    return None if s is None else {"sd": s.sd, "df": s.df}
+
+
+def _check_doc(c: SpreadCheck | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    words = c.words + ("; the interval falls back to the run's own spread" if c.larger else
+                       "; the run is pooled with the calibration")
+    return {"run": _spread(c.run), "calibration": _spread(c.calibration), "f": _finite(c.f),
+            "p_value": c.p_value, "larger": c.larger, "words": words}
+
+
+def _source_words(iv: Interval, cal_run: str | None) -> str:
+    if iv.variance_source == "pooled":
+        return f"the run's triplets pooled with A/A calibration run {cal_run}"
+    if iv.variance_source == "calibration":
+        return f"A/A calibration run {cal_run} alone (one triplet has no spread of its own)"
+    if iv.check is not None and iv.check.larger:
+        return "the run's own triplets (their spread is larger than the calibration's, which is not used)"
+    return "the run's own triplets (no usable calibration)"
+
+
+def _sequential_summary(block: Mapping[str, Any]) -> dict[str, Any]:
+    """The stop in brief (the audit's "sequential" block, ledger/verdict/sequential_doc.py, has every look)."""
+    return {
+        "rule": block["rule"],
+        "max_triplets": block["max_triplets"],
+        "target_half_width": block["target_half_width"],
+        "first_look": block["first_look"],
+        "triplets": block["triplets"],
+        "stop": block["stop"],
+        "gpu_seconds": block["gpu_seconds"]["decision"],
+        "integrity": block["integrity"]["ok"],
+    }
+
+
+def interval_doc(
+    iv: Interval, *, headlines: Sequence[float], calibration_run: str | None, window_spread: Spread | None,
+    outlier_triplets: Sequence[OutlierEffect], outlier_windows: Sequence[Outlier], triplet_index: Sequence[int],
+    rule: SequentialRule | None = None, calibration: Spread | None = None,
+    sequential: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything the verdict read (orch.audit/2 'interval'); triplet_index: the plan's index of triplet i;
+    sequential: the audit's "sequential" block of a run under a rule."""
+    uses_cal = iv.variance_source in ("pooled", "calibration")
+    if iv.bounded:
+        words = (f"speedup {_fmt(iv.estimate)}x, {iv.level:.0%} interval [{_fmt(iv.low)}, {_fmt(iv.high)}] (paired "
+                 f"over {iv.triplets} triplet(s); SD {iv.sd:.4f} of the per-triplet log speedup, df {iv.df}, from "
+                 f"{_source_words(iv, calibration_run)}); half-width {iv.half_width:.1%}")
+        need = ("a +-5% interval is out of reach at this spread" if iv.triplets_for_target is None else
+                f"about {iv.triplets_for_target} triplet(s) would give a +-5% interval at this spread")
+        words += f"; {need}"
+    else:
+        words = (f"speedup {_fmt(iv.estimate)}x, not bounded: {iv.triplets} triplet and no usable A/A calibration "
+                 f"of this protocol on this host; {HOW_TO_BOUND}")
+    if rule is not None:
+        words += (f"; repeated interval at look {iv.triplets} of at most {rule.max_triplets} (nominal level "
+                  f"{iv.nominal_level:.4%} at this look)")
+    return {
+        "estimate": iv.estimate,
+        "low": iv.low if iv.bounded else None,
+        "high": _finite(iv.high),
+        "level": iv.level,
+        "nominal_level": iv.nominal_level,
+        "method": iv.method if rule is None else f"{iv.method}; {rule.words}",
+        "scale": "natural log of the window ratio mean(A_w, B_w) / C_w",
+        "triplets": iv.triplets,
+        "log_speedups": list(iv.log_speedups),
+        "paired_speedups": list(iv.per_triplet),
+        "headlines": list(headlines),
+        "bounded": iv.bounded,
+        "covers_one": iv.covers_one,
+        "sd": iv.sd,
+        "df": iv.df,
+        "variance_source": iv.variance_source,
+        "critical": iv.critical,
+        "spread_check": _check_doc(iv.check),
+        "calibration_used": {"run_id": calibration_run, **(_spread(calibration) or {})} if uses_cal else None,
+        "window_spread": _spread(window_spread),
+        "half_width": _finite(iv.half_width),
+        "triplets_for_5pct": iv.triplets_for_target,
+        "outliers": {
+            "triplets": [{"triplet": triplet_index[e.outlier.triplet], "z": e.outlier.z, "p_value": e.outlier.p_value,
+                          "df": e.outlier.df, "without": [e.without.low if e.without.bounded else None,
+                                                          _finite(e.without.high)]}
+                         for e in outlier_triplets],
+            "windows": [{"triplet": triplet_index[o.triplet], "window": o.window, "z": o.z, "p_value": o.p_value,
+                         "df": o.df} for o in outlier_windows],
+        },
+        "sequential": None if sequential is None else _sequential_summary(sequential),
+        "words": words,
+    }
+
+
+def _legacy_lines(iv: Mapping[str, Any]) -> list[str]:
+    """An orch.audit/1 interval (unpaired, as recorded)."""
+    var = iv["variance"]
+    return [
+        f"interval: {iv['words']}",
+        f"method: {iv['method']}",
+        f"variance components (log scale): launch level SD {var['launch_level_sd']:.4f}, window level SD "
+        f"{var['window_level_sd']:.4f}, SD of a launch's mean {var['launch_sd']:.4f}",
+    ]
+
+
+def _paired_lines(iv: Mapping[str, Any]) -> list[str]:
+    lines = [f"interval: {iv['words']}", f"method: {iv['method']}"]
+    if iv.get("spread_check"):
+        lines.append(f"spread check: {iv['spread_check']['words']}")
+    ws = iv.get("window_spread")
+    if ws:
+        lines.append(f"within-triplet SD between windows (log scale): {ws['sd']:.4f} (df {ws['df']})")
+    return lines
+
+
+def verdict_lines(doc: Mapping[str, Any]) -> list[str]:
+    """What the audit says beside the owner's headline: interval, per-triplet speedups, diagnostics, context."""
+    lines: list[str] = []
+    iv = doc.get("interval")
+    if isinstance(iv, dict):
+        lines += _legacy_lines(iv) if "variance" in iv else _paired_lines(iv)
+    rep = doc.get("replication")
+    if isinstance(rep, dict):
+        for t in rep["triplets"]:
+            ratios = " / ".join(f"{r:.4f}" for r in t["ratios"])
+            paired = f"paired speedup {t['paired_speedup']:.4f}x, " if "paired_speedup" in t else ""
+            lines.append(
+                f"triplet {t['index']} ({' '.join(t['order'])}): {paired}headline {t['headline']:.4f}x "
+                f"({t['headline_window']}; window ratios {ratios}), max A/B drift {t['max_drift']:.4f}"
+            )
+    seq = doc.get("sequential")
+    if isinstance(seq, dict):
+        lines.append(f"sequential: {seq['words']}")
+        lines += [f"  {look['words']}" for look in seq.get("looks") or []]
+    lines += [str(d) for d in doc.get("diagnostics") or []]
+    for key in ("calibration", "clock", "quiet_host", "host_watch"):
+        block = doc.get(key)
+        if isinstance(block, dict) and block.get("words"):
+            lines.append(f"{key.replace('_', ' ')}: {block['words']}")
+    return lines
+
+
+def interval_text(doc: Mapping[str, Any]) -> str:
+    """' in [low, high] (95%)' beside the headline; empty for an audit written before intervals existed."""
+    iv = doc.get("interval")
+    if not isinstance(iv, dict):
+        return ""
+    if iv.get("bounded") is False:
+        return f", speedup {iv['estimate']:.4f}x, not bounded yet"
+    low = "0" if iv["low"] is None else f"{iv['low']:.4f}"
+    high = "inf" if iv["high"] is None else f"{iv['high']:.4f}"
+    return f", speedup {iv['estimate']:.4f}x in [{low}, {high}] ({iv['level']:.0%})"
+
+
+def audit_note(doc: Mapping[str, Any]) -> str:
+    """The audit's ledger note (at most 200 characters): verdict, interval, triplets, variance source."""
+    verdict = f"verdict: {doc['verdict']}" + (f" ({doc['direction']})" if doc.get("direction") else "")
+    iv = doc.get("interval")
+    if not isinstance(iv, dict) or "variance" in iv or doc["verdict"] == "not exact":  # speed not judged
+        return verdict
+    if not iv["bounded"]:
+        return f"{verdict}; speedup {iv['estimate']:.4f}x not bounded (1 triplet, no calibration)"
+    cal = (iv.get("calibration_used") or {}).get("run_id")
+    source = {"pooled": f"SD pooled with A/A run {cal}", "calibration": f"SD of A/A run {cal}"}.get(
+        iv["variance_source"], "SD of the run's triplets")
+    seq = iv.get("sequential")
+    stop = f", {seq['stop'] or 'no stop'} at K={seq['triplets']}, {seq['gpu_seconds']:.0f} GPU-s" if seq else ""
+    high = "inf" if iv["high"] is None else f"{iv['high']:.4f}"
+    return (f"{verdict}; speedup {iv['estimate']:.4f}x [{iv['low']:.4f}, {high}] {iv['level']:.0%}, "
+            f"K={iv['triplets']}, df {iv['df']}, {source}{stop}")[:200]
