@@ -15,15 +15,13 @@ import yaml
 from cheats import INIT, _in_package
 from common import TRAINER, Check, Launch, Row, Work, candidate_project, closes, lines, records
 
-CACHE_ENV = "{scratch}/compile-cache"
-
 
 def _launch(work: Work, tag: str, edits: list[Any], cache: bool = False) -> tuple[Path, Launch, int]:
     base = work.fresh(tag)
     proj, protocol = candidate_project(base, edits)
-    if cache:  # one compile cache declared for every arm, as `orch rehearse` declares it
+    if cache:  # one compile cache for every arm, kept after the run, as `orch rehearse --compile-cache DIR` declares
         data = yaml.safe_load(protocol.read_text())
-        data["launcher"]["env"] = {**(data["launcher"].get("env") or {}), "TRITON_CACHE_DIR": CACHE_ENV}
+        data["launcher"]["env"] = {**(data["launcher"].get("env") or {}), "TRITON_CACHE_DIR": str(base / "cache")}
         protocol.write_text(yaml.safe_dump(data, sort_keys=False))
     launch = Launch(proj, protocol, base / "home", tag)
     return base / "home", launch, launch.wait(timeout=1500)
@@ -67,9 +65,8 @@ def leave_behind(work: Work) -> list[Row]:
         run_id = launch.run_id()
         said = _said(home, run_id, "leave")
         status = closes(home, run_id)
-        cache_root = home / "scratch" / run_id / "compile-cache"
-        poisoned = sorted(str(p.parent.relative_to(cache_root)) for p in cache_root.rglob("poisoned_kernel.so")) \
-            if cache_root.exists() else ["(scratch removed)"]
+        cache_root = home.parent / "cache"
+        poisoned = sorted(str(p.parent.relative_to(cache_root)) for p in cache_root.rglob("poisoned_kernel.so"))
         c = Check()
         c.saw(f"in-package: {said}; launch exit {rc}; train-B {status.get('train-B')}")
         c.that("pth: Read-only file system" in said, "the .pth write failed (read-only)")
@@ -81,7 +78,9 @@ def leave_behind(work: Work) -> list[Row]:
         c.saw(f"in-package: {'; '.join(s for s in said.split('; ') if s.startswith('cache'))}; "
               f"poisoned folders left: {poisoned or 'none'}")
         c.that(said.count(": Read-only file system") >= 3, "the shared root and the other arms' folders read-only")
-        c.that(all(p.startswith("candidate-") for p in poisoned), "nothing outside the candidate's own folder")
+        c.that(bool(poisoned) and all(p.startswith("candidate-") for p in poisoned),
+               "nothing outside the candidate's own folder")
+        c.that(any(d.name.startswith("baseline-") for d in cache_root.iterdir()), "the baseline had its own folder")
         c.that(any(ln.startswith("cache candidate-") and ln.endswith("written") for ln in said.split("; ")),
                "its own cache folder writable")
         cache_row.ok, cache_row.observed = not c.failed, work.scrub(c.observed())
