@@ -175,16 +175,27 @@ def decide(d: list[float], cal: Spread | None, rule: str) -> dict[str, Any]:
             "variance_source": iv.variance_source}
 
 
-def decisions(streams: list[Stream]) -> list[dict[str, Any]]:
+CALIBRATIONS = ("own", "others")
+
+
+def decisions(streams: list[Stream], calibration: str = "own") -> list[dict[str, Any]]:
     """Per stream and kind, its triplets in launch order consumed by rules in turn, none used twice: nulls by
-    K=1, K=2, K=3 and the sequential rule (<= 6), the 25% slowdown by K=1 and K=2, the 10% by the sequential rule;
-    all with the stream's calibration. A sequential trial the data end before is `incomplete`."""
+    K=1, K=2, K=3 and the sequential rule (<= 6), the 25% slowdown by K=1 and K=2, the 10% by the sequential rule.
+    calibration "own": the stream's `orch calibrate` triplets; "others": every A/A and null triplet of the other
+    streams (for the slowdowns, of every stream), and the stream's own A/A triplets become null decisions too.
+    A sequential trial the data end before is `incomplete`."""
     turns = {"null": ["K=1", "K=2", "K=3", "seq"], "slow25": ["K=1", "K=2"], "slow10": ["seq"]}
+    nullish = ("calibration", "null")
     out = []
     for s in streams:
-        cal = Spread.of([t["d"] for t in s.triplets if t["kind"] == "calibration"])
         for kind, rules in turns.items():
-            pool = [t["d"] for t in s.triplets if t["kind"] == kind]
+            if calibration == "own":
+                cal = Spread.of([t["d"] for t in s.triplets if t["kind"] == "calibration"])
+                pool = [t["d"] for t in s.triplets if t["kind"] == kind]
+            else:
+                cal = Spread.of([t["d"] for o in streams if o is not s or kind != "null"
+                                 for t in o.triplets if t["kind"] in nullish])
+                pool = [t["d"] for t in s.triplets if t["kind"] in ((kind,) if kind != "null" else nullish)]
             i, turn = 0, s.index
             while i < len(pool):
                 rule = rules[turn % len(rules)]
@@ -202,7 +213,8 @@ def decisions(streams: list[Stream]) -> list[dict[str, Any]]:
                     if i + k > len(pool):
                         continue
                     dec, i = decide(pool[i:i + k], cal, rule), i + k
-                out.append({"stream": s.index, "kind": kind, **dec})
+                out.append({"stream": s.index, "kind": kind, "calibration": calibration,
+                            "calibration_df": cal.df if cal else 0, **dec})
     return out
 
 
@@ -255,17 +267,18 @@ def assign(opts: argparse.Namespace) -> list[tuple[list[str], list[int] | None]]
     return list(zip(kinds, cores, strict=True))
 
 
-def table(fig: dict[str, Any]) -> str:
-    lines = ["rule | decisions | false accepts / accepted slower (95% CP) | covers true ratio | mean triplets",
-             "--- | --- | --- | --- | ---"]
-    for name, f in fig.items():
-        if "false_accepts" in f:
-            got = f"{f['false_accepts']} [{f['false_accept_ci95'][0]:.3f}, {f['false_accept_ci95'][1]:.3f}]"
-        else:
-            got = f"{f['accepted_slower']} [{f['power_ci95'][0]:.3f}, {f['power_ci95'][1]:.3f}]"
-        cover = f.get("covers_true_ratio", "")
-        mean = f"{f['mean_triplets']:.2f}" if "mean_triplets" in f else ""
-        lines.append(f"{name} | {f['decisions']} | {got} | {cover} | {mean}")
+def table(figs: dict[str, Any]) -> str:
+    lines = ["calibration | rule | decisions | false accepts / accepted slower (95% CP) | covers true ratio | "
+             "mean triplets", "--- | --- | --- | --- | --- | ---"]
+    for cal, fig in figs.items():
+        for name, f in fig.items():
+            if "false_accepts" in f:
+                got = f"{f['false_accepts']} [{f['false_accept_ci95'][0]:.3f}, {f['false_accept_ci95'][1]:.3f}]"
+            else:
+                got = f"{f['accepted_slower']} [{f['power_ci95'][0]:.3f}, {f['power_ci95'][1]:.3f}]"
+            cover = f.get("covers_true_ratio", "")
+            mean = f"{f['mean_triplets']:.2f}" if "mean_triplets" in f else ""
+            lines.append(f"{cal} | {name} | {f['decisions']} | {got} | {cover} | {mean}")
     return "\n".join(lines)
 
 
@@ -285,8 +298,8 @@ def run_real(opts: argparse.Namespace, prov: dict[str, Any]) -> None:
             t.start()
 
         def write() -> dict[str, Any]:
-            decs = decisions(streams)
-            fig = tally(decs)
+            decs = [d for c in CALIBRATIONS for d in decisions(streams, c)]
+            fig = {c: tally([d for d in decs if d["calibration"] == c]) for c in CALIBRATIONS}
             doc = {"schema": "orch.bench-verdict-real/1", **prov, "device": opts.device, "streams": opts.streams,
                    "cores_per_stream": opts.cores_per_stream if opts.streams > 1 else None,
                    "budget_s": opts.budget_s, "small": opts.small, "calibration_repeats": opts.calibration_repeats,
@@ -320,8 +333,8 @@ def merge(files: list[Path], out: Path, prov: dict[str, Any]) -> None:
             s = Stream(len(streams), sd["kinds"], None, Path("."), triplets=sd["triplets"], runs=sd["runs"],
                        notes=sd["notes"])
             streams.append(s)
-    decs = decisions(streams)
-    fig = tally(decs)
+    decs = [d for c in CALIBRATIONS for d in decisions(streams, c)]
+    fig = {c: tally([d for d in decs if d["calibration"] == c]) for c in CALIBRATIONS}
     doc = {"schema": "orch.bench-verdict-real/1", **prov, "device": devices.pop(), "merged": [
         {k: d.get(k) for k in ("commit", "command", "files_differ_from_commit", "streams", "wall_s")} for d in docs],
         "figures": fig, "decisions": decs,
