@@ -37,9 +37,15 @@ def provenance() -> dict[str, Any]:
     dirty = git("status", "--porcelain", "--untracked-files=all", "--", "bench/bench_verdict.py",
                 "bench/verdict_sim.py", "bench/verdict_real.py", "bench/bench_null.py", "ledger/verdict/stats.py",
                 "ledger/verdict/sequential.py", "ledger/verdict/windows.py", "ledger/verdict/evidence.py")
-    argv = [os.path.relpath(sys.argv[0], REPO) if os.path.isabs(sys.argv[0]) else sys.argv[0], *sys.argv[1:]]
+    argv = [os.path.relpath(sys.argv[0], REPO) if os.path.isabs(sys.argv[0]) else sys.argv[0],
+            *(no_paths(a) for a in sys.argv[1:])]
     return {"commit": git("rev-parse", "HEAD").strip(),
             "files_differ_from_commit": [ln[3:] for ln in dirty.splitlines()], "command": "python " + shlex.join(argv)}
+
+
+def no_paths(arg: str) -> str:
+    """An argument as published: an absolute path (this machine's) shortened to its file name."""
+    return os.path.basename(arg) if os.path.isabs(arg) else arg
 
 
 def _pct(x: float) -> str:
@@ -105,8 +111,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=520.0, help="--real: start no work that would end later")
     ap.add_argument("--calibration-repeats", type=int, default=5, help="--real: A/A triplets of each calibration")
     ap.add_argument("--small", action="store_true", help="--real: shorter rollouts (as bench_null --small)")
-    ap.add_argument("--kinds", default="null,slow25,slow10",
-                    help="--real, fewer than 3 streams: the launches each stream cycles through")
+    ap.add_argument("--kinds", default=None,
+                    help="--real: comma list of null, slow25, slow10; with 3+ streams stream i runs the i-th "
+                         "(cyclically), with fewer each stream cycles through them (default null,slow25,slow10)")
     opts = ap.parse_args()
     if opts.sim:
         run_sim(opts)

@@ -2,10 +2,11 @@
 home, gpu-run lock dir and cores), the per-triplet window ratios read back from every run's recorded train results,
 and decisions formed from disjoint triplets by the audit's own statistics (ledger/verdict/stats.py, sequential.py).
 
-Streams: with 3 or more, the first half run nulls and the rest alternate the 25% and 10% slowdowns; with fewer,
-each stream cycles through --kinds (default null -> 25% -> 10%) launch by launch, the second one from the second
-kind. Every stream starts with `orch calibrate` of the null protocol: its A/A triplets are that stream's calibration
-(and give the baseline step the slowdowns sleep against).
+Streams: with 3 or more, the first half run nulls and the rest alternate the 25% and 10% slowdowns (with --kinds,
+stream i runs the i-th kind of the list, cyclically); with fewer, each stream cycles through --kinds (default
+null -> 25% -> 10%) launch by launch, the second one from the second kind. Every stream starts with
+`orch calibrate` of the null protocol: its A/A triplets are that stream's calibration (and give the baseline step
+the slowdowns sleep against).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_null import env, null_protocol, orch, project, slowdown_protocol
+from bench_verdict import no_paths
 from verdict_sim import cp
 
 from ledger.verdict.evidence import collect_evidence
@@ -256,13 +258,15 @@ def assign(opts: argparse.Namespace) -> list[tuple[list[str], list[int] | None]]
             raise SystemExit(f"--streams {n} x --cores-per-stream {c} needs {n * c} cores; this host gives "
                              f"{len(cpus)}: give fewer streams")
         cores = [cpus[i * c:(i + 1) * c] for i in range(n)]
-    if n >= 3:
+    order = (opts.kinds or "null,slow25,slow10").split(",")
+    if any(k not in KINDS for k in order):
+        raise SystemExit(f"--kinds {opts.kinds}: give a comma list of {', '.join(KINDS)}")
+    if n >= 3 and opts.kinds:
+        kinds = [[order[i % len(order)]] for i in range(n)]
+    elif n >= 3:
         half = (n + 1) // 2
         kinds = [["null"] if i < half else [("slow25", "slow10")[(i - half) % 2]] for i in range(n)]
     else:
-        order = opts.kinds.split(",")
-        if not order or any(k not in KINDS for k in order):
-            raise SystemExit(f"--kinds {opts.kinds}: give a comma list of {', '.join(KINDS)}")
         kinds = [order[i:] + order[:i] for i in range(n)]
     return list(zip(kinds, cores, strict=True))
 
@@ -336,7 +340,8 @@ def merge(files: list[Path], out: Path, prov: dict[str, Any]) -> None:
     decs = [d for c in CALIBRATIONS for d in decisions(streams, c)]
     fig = {c: tally([d for d in decs if d["calibration"] == c]) for c in CALIBRATIONS}
     doc = {"schema": "orch.bench-verdict-real/1", **prov, "device": devices.pop(), "merged": [
-        {k: d.get(k) for k in ("commit", "command", "files_differ_from_commit", "streams", "wall_s")} for d in docs],
+        {k: d.get(k) for k in ("commit", "files_differ_from_commit", "streams", "budget_s", "wall_s")}
+        | {"command": " ".join(no_paths(a) for a in str(d.get("command", "")).split(" "))} for d in docs],
         "figures": fig, "decisions": decs,
         "streams_detail": [{"index": s.index, "kinds": s.kinds, "runs": s.runs, "notes": s.notes,
                             "triplets": s.triplets} for s in streams]}
