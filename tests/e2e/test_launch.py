@@ -138,3 +138,34 @@ def test_refused_protocol_costs_no_gpu_time(tmp_path: Path) -> None:
     proc = subprocess.run(launch_cmd(proj, proj / "protocol" / "r3_mini.yaml", home), cwd=proj, env=env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3 and "1 changed (train/train_utils.py)" in proc.stderr
+
+
+def test_every_train_launch_is_watched_and_an_altered_watch_file_is_refused(
+    complete_run: CompleteRun, tmp_path: Path
+) -> None:
+    """Orch sampled the host through train-A, train-C and train-B (issue 27): each host_watch.json hashes to what
+    run.json recorded, the audit summarises every window; an altered file fails `orch audit`, naming it."""
+    import hashlib
+    import shutil
+
+    run = json.loads((complete_run.run_dir / "run.json").read_text())
+    refs = {p["name"]: p.get("host_watch") for p in run["packages"]}
+    for name in ("train-A", "train-C", "train-B"):
+        path = complete_run.run_dir / "packages" / name / "host_watch.json"
+        assert refs[name] is not None and hashlib.sha256(path.read_bytes()).hexdigest() == refs[name]["sha256"]
+        assert refs[name]["samples"] > 3, refs[name]
+    assert refs["reload-A"] is None and refs["watch-C"] is None  # train launches only
+    block = json.loads((complete_run.run_dir / "audit.json").read_text())["host_watch"]
+    assert block["unwatched"] == [] and block["threshold"]["cpu_share"] == 0.5
+    for label in ("A", "C", "B"):
+        windows = block["launches"][label]["windows"]
+        assert list(windows) == ["w1", "w2", "w3"] and all(w["intervals"] >= 1 for w in windows.values()), windows
+    home = tmp_path / "home"
+    shutil.copytree(complete_run.home, home, symlinks=True)
+    altered = home / "runs" / complete_run.run_dir.name / "packages" / "train-B" / "host_watch.json"
+    altered.chmod(0o644)
+    altered.write_bytes(altered.read_bytes().replace(b'"steps_done":', b'"steps_done": '))
+    shown = subprocess.run(orch("audit", complete_run.run_dir.name, "--home", str(home), cwd=complete_run.proj),
+                           cwd=complete_run.proj, env=env(), capture_output=True, text=True, timeout=120)
+    assert shown.returncode != 0 and "packages/train-B/host_watch.json: sha256 is not the one run.json recorded" in (
+        shown.stdout + shown.stderr), shown.stderr[-2000:]
