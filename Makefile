@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test slurm-packages test-fast test-e2e test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null bench-verdict attack mutation clean
+.PHONY: all install lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null bench-verdict attack mutation clean
 
 all: test
 
@@ -47,6 +47,12 @@ test-fast: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(BIN)/pytest -q tests/e2e --timeout=600
+
+# TRL GRPO (examples/trl_grpo, docs/TRL_GRPO.md): installs the `trl` extra, then its end-to-end test (skipped by
+# make test while the extra is missing)
+test-trl: $(STAMP)
+	$(BIN)/pip install $(CONSTRAINTS) -e '.[trl]'
+	$(BIN)/pytest -q -p no:cacheprovider --timeout=900 tests/e2e/test_trl_grpo.py
 
 # all seven Slurm tests on a real local Slurm cluster, the two-node run on the shipped protocol (Debian's slurm-wlm,
 # slurmdbd, mariadb-server, munge installed, as root; README "On a Slurm cluster"); installs nothing
