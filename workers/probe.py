@@ -42,12 +42,18 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, name: str, then: Any) -> None:
         self.name = name
         self.then = then
+        self.busy = False
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != self.name:
+        # every spec asked for is wrapped: a library's availability check (transformers calls
+        # importlib.util.find_spec("torch")) gets one that is never executed; the import that runs ends the finder
+        if name != self.name or self.busy:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy = False
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
@@ -55,6 +61,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         then = self.then
 
         def exec_module(module: Any) -> None:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             original(module)
             then(module)
 

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import torch
-
 from tiny_task import addition_reward, build_model, build_tokenizer, prompts
 
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from tiny_task import addition_reward, build_dataset, build_model, build_tokenizer
 from transformers import HfArgumentParser
 from trl import GRPOConfig, GRPOTrainer
-
-from tiny_task import addition_reward, build_dataset, build_model, build_tokenizer
 
 
 @dataclass
