@@ -49,10 +49,10 @@ test-e2e: $(STAMP)
 	$(BIN)/pytest -q tests/e2e --timeout=600
 
 # TRL GRPO (examples/trl_grpo, docs/TRL_GRPO.md): installs the `trl` extra, then its end-to-end test (skipped by
-# make test while the extra is missing)
+# make test: it runs only with ORCH_TRL_TESTS=1)
 test-trl: $(STAMP)
 	$(BIN)/pip install $(CONSTRAINTS) -e '.[trl]'
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=900 tests/e2e/test_trl_grpo.py
+	ORCH_TRL_TESTS=1 $(BIN)/pytest -q -p no:cacheprovider --timeout=1800 tests/e2e/test_trl_grpo.py
 
 # all seven Slurm tests on a real local Slurm cluster, the two-node run on the shipped protocol (Debian's slurm-wlm,
 # slurmdbd, mariadb-server, munge installed, as root; README "On a Slurm cluster"); installs nothing
