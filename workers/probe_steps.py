@@ -98,6 +98,18 @@ class Probe:
 
         torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
         torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+        # the two-part public form (accelerate clips with get_total_norm + clip_grads_with_norm_); clip_grad_norm_
+        # calls the private _clip_grads_with_norm_, so one clipping is observed once
+        two_part = getattr(torch.nn.utils, "clip_grads_with_norm_", None)
+        if two_part is not None:
+
+            @functools.wraps(two_part)
+            def clip_grads_with_norm_(parameters: Any, max_norm: Any, total_norm: Any, *args: Any, **kw: Any) -> Any:
+                self.max_norm = float(max_norm)  # observed only; the call is unchanged
+                self.numbers.on_grad_norm(total_norm)
+                return two_part(parameters, max_norm, total_norm, *args, **kw)
+
+            torch.nn.utils.clip_grads_with_norm_ = clip_grads_with_norm_
         self.numbers.install_torch()
         self.numbers.install_logging()
         if self.watch_steps:

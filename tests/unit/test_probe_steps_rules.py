@@ -63,6 +63,7 @@ def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.setattr(OPTIMIZER, "_global_optimizer_post_hooks", OrderedDict())
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", torch.nn.utils.clip_grad_norm_)
     monkeypatch.setattr(torch.nn.utils.clip_grad, "clip_grad_norm_", torch.nn.utils.clip_grad.clip_grad_norm_)
+    monkeypatch.setattr(torch.nn.utils, "clip_grads_with_norm_", torch.nn.utils.clip_grads_with_norm_)
     monkeypatch.setattr(probe_steps, "arm_watchdog", lambda: seen.__setitem__("watchdog", seen["watchdog"] + 1))
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -228,6 +229,22 @@ def test_clip_grad_norm_is_observed_and_unchanged(tmp_path: Path, env: dict[str,
     assert float(wrapped([w], 10.0, 1.0)) == 7.0  # positional arguments pass through too (and 7 < 10: no scaling)
     assert torch.equal(w.grad, torch.tensor([3.0, 4.0])) and probe.max_norm == 10.0
     assert list(probe.numbers.take()) == ["grad_norm[0]", "grad_norm[1]"]
+
+
+def test_two_part_clipping_is_observed_once(tmp_path: Path, env: dict[str, Any]) -> None:
+    """accelerate clips with get_total_norm + clip_grads_with_norm_ (the TRL run): the max_norm is observed there,
+    and clip_grad_norm_ (which clips through the private form) still counts one grad norm per call."""
+    probe = Probe(tmp_path, steps=5, digest_steps=set(), watch_steps=set(), ckpt_dir=None)
+    _quiet(probe)
+    probe.install()
+    w = torch.nn.Parameter(torch.zeros(2))
+    w.grad = torch.tensor([3.0, 4.0])
+    total = torch.nn.utils.get_total_norm([w.grad])
+    torch.nn.utils.clip_grads_with_norm_([w], 1.0, total)
+    assert probe.max_norm == 1.0 and torch.allclose(w.grad, torch.tensor([0.6, 0.8]), atol=1e-5)
+    w.grad = torch.tensor([3.0, 4.0])
+    torch.nn.utils.clip_grad_norm_([w], 2.0)
+    assert probe.max_norm == 2.0 and list(probe.numbers.take()) == ["grad_norm[0]", "grad_norm[1]"]
 
 
 def test_gc_runs_only_at_boundaries_when_the_host_control_asks(tmp_path: Path, env: dict[str, Any]) -> None:
