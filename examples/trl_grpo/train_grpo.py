@@ -23,7 +23,15 @@ class TaskArguments:
     num_prompts: int = 512
 
 
+class LogMetrics(TrainerCallback):
+    """The trainer's metrics to Python logging (the console printer only prints), one line per logging step."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
+        logging.getLogger("train_grpo").info("step %d: %s", state.global_step, logs)
+
+
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     task, args = HfArgumentParser((TaskArguments, GRPOConfig)).parse_args_into_dataclasses()
     tokenizer = build_tokenizer()
     # TRL builds its frozen reference model (beta > 0) from the policy's path: the initial model is saved once
@@ -37,6 +45,7 @@ def main() -> None:
         args=args,
         train_dataset=build_dataset(task.num_prompts, args.data_seed if args.data_seed is not None else args.seed),
         processing_class=tokenizer,
+        callbacks=[LogMetrics()],
     )
     trainer.train()
 
