@@ -7,11 +7,12 @@ Every GRPOConfig field is a flag (HfArgumentParser); the model sizes and prompt 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 from tiny_task import addition_reward, build_dataset, build_model, build_tokenizer
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 
