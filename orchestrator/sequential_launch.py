@@ -11,10 +11,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from ledger.cost.store import Ledger
 from ledger.verdict.calibration import find_calibration
 from ledger.verdict.evidence import read_steps
 from ledger.verdict.sequential import SequentialRule
@@ -22,13 +23,29 @@ from ledger.verdict.sequential_doc import Look, asked_record, calibration_spread
 from ledger.verdict.stats import Spread, triplet_log_speedup
 from ledger.verdict.windows import speedup, step_times
 from protocol.errors import FailedError
+from protocol.home import Home
 from protocol.plan import Triplet, triplets
 from protocol.results import TrainResult
-from protocol.schema import Measurement
+from protocol.run_record import HostFingerprint
+from protocol.schema import LoadedProtocol, Measurement, baseline_workload_id
 from protocol.sequential_run import SequentialRecord
 
-if TYPE_CHECKING:
-    from orchestrator.run_plan import RunContext
+
+class RunContext(Protocol):
+    """What a sequential look reads and writes of orchestrator.run_plan.RunContext (typed here structurally, so
+    that this module does not import run_plan, which imports it)."""
+
+    loaded: LoadedProtocol
+    home: Home
+    run_id: str
+    run_dir: Path
+    ledger: Ledger
+    host: HostFingerprint
+    sequential: SequentialState | None
+
+    def update_run(self, **fields: Any) -> None: ...
+
+    def write_run_json(self) -> None: ...
 
 
 @dataclass
@@ -78,10 +95,12 @@ def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> float:
 
 
 def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
-    """As the audit finds it: this protocol id on this host, recorded before the run's first ledger record."""
+    """As the audit finds it: this protocol id or baseline workload on this host, recorded before the run's first
+    ledger record."""
     first_seq = min((r.seq for r in ctx.ledger.records(ctx.run_id)), default=None)
     block: dict[str, Any] = find_calibration(ctx.home.runs, ctx.ledger.records(), ctx.loaded.id,
-                                             ctx.host.model_dump(), first_seq)
+                                             ctx.host.model_dump(), first_seq,
+                                             baseline_workload_id(ctx.loaded.protocol))
     state.calibration = calibration_spread(block)
     if state.calibration is not None:
         state.record = state.record.model_copy(update={"calibration_run": block.get("run_id")})

@@ -5,15 +5,13 @@ that set them again or shrink the declared model, and the rehearsal's overrides.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol.errors import RefusedError
 from protocol.protocol_yaml import line_of, node_at
 from protocol.recipe import RecipeFile, Value, flag_value_equal, normalized, same_value
-
-if TYPE_CHECKING:
-    from protocol.schema import Protocol
 
 _MISSING = object()
 
@@ -120,10 +118,22 @@ def shrinking_flags(args: Sequence[str], recipe: RecipeFile) -> list[str]:
     return found
 
 
-def check_recipe(path: Path, root_node: Any, protocol: Protocol, recipe: RecipeFile, named: str) -> None:
+@dataclass(frozen=True)
+class Checked:
+    """The parts of a protocol its recipe file checks (schema.py builds it; this module never imports the schema)."""
+
+    recipe: Mapping[str, Value]
+    args: Sequence[str]
+    nproc: int
+    overrides: Mapping[str, int]
+    configs: Mapping[str, Mapping[str, str]]
+    model_layers: int | None
+
+
+def check_recipe(path: Path, root_node: Any, protocol: Checked, recipe: RecipeFile, named: str) -> None:
     """Every refusal of a protocol against its frozen recipe file, in order: rehearsal overrides, values, flags,
     values set again, flags that shrink the declared model. RefusedError (exit 3) names file, line and keys."""
-    overrides = protocol.rehearsal.recipe_overrides if protocol.rehearsal is not None else {}
+    overrides = protocol.overrides
     allowed = overridable(recipe)
     bad_override = sorted(set(overrides) - set(allowed))
     if bad_override:
@@ -133,7 +143,7 @@ def check_recipe(path: Path, root_node: Any, protocol: Protocol, recipe: RecipeF
             f"(only {', '.join(allowed) or 'none'}); remove it"
         )
     for key, value in overrides.items():
-        if value < 1 or protocol.launcher.nproc % value:
+        if value < 1 or protocol.nproc % value:
             line = line_of(node_at(root_node, ("rehearsal", "recipe_overrides")))
             raise RefusedError(f"{path}:{line}: rehearsal.recipe_overrides.{key} must divide launcher.nproc")
     diffs = recipe_differences(protocol.recipe, recipe, overrides)
@@ -143,23 +153,23 @@ def check_recipe(path: Path, root_node: Any, protocol: Protocol, recipe: RecipeF
         listed = ", ".join(_shown(k, g, u) for k, g, u in diffs)
         raise RefusedError(f"{path}:{line}: recipe differs from the frozen upstream recipe ({named}): {listed}; "
                            "restore it")
-    args = protocol.launcher.args
+    args = protocol.args
     flags = launch_flag_differences(args, protocol.recipe, recipe)
     if flags:
         line = line_of(node_at(root_node, ("launcher", "args")))
         raise RefusedError(
             f"{path}:{line}: launcher.args do not carry the recipe: {'; '.join(flags)}; pass every recipe value"
         )
-    configs = {arm: getattr(protocol.arms, arm).config for arm in ("baseline", "candidate")}
+    configs = protocol.configs
     again = recipe_overrides(args, configs, recipe)
     if again:
         line = line_of(node_at(root_node, ("launcher", "args")))
         raise RefusedError(f"{path}:{line}: the recipe is set again behind its checked flag: {'; '.join(again)}; "
                            "remove the extra setting (the recipe is frozen)")
-    shrink = shrinking_flags(args, recipe) if protocol.model is not None else []
+    shrink = shrinking_flags(args, recipe) if protocol.model_layers is not None else []
     if shrink:
         line = line_of(node_at(root_node, ("launcher", "args")))
         raise RefusedError(
-            f"{path}:{line}: launcher.args shrink the declared model ({protocol.model.layers} layers): "  # type: ignore[union-attr]
+            f"{path}:{line}: launcher.args shrink the declared model ({protocol.model_layers} layers): "
             f"{'; '.join(shrink)}; remove the flag (blinding covers the trainer's step-0 evaluation)"
         )

@@ -6,6 +6,7 @@ A protocol freezes one experiment; its id is the SHA256 of its canonical JSON. R
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from protocol.hashing import canonical_json as dumps_canonical
 from protocol.plan import DEFAULT_MAX_REPEATS, DEFAULT_TARGET_HALF_WIDTH, MAX_REPEATS
 from protocol.protocol_yaml import field_name, line_of, node_at, parse_yaml, read_text
 from protocol.recipe import ALLOWED_PRECISIONS, LoadedRecipe, Value, load_recipe, v1_recipe
-from protocol.recipe_rules import check_recipe, normalized_values
+from protocol.recipe_rules import Checked, check_recipe, normalized_values
 
 PROTOCOL_SCHEMA = "orch.protocol/2"  # /2 names its frozen recipe file; /1 documents were written under R3's
 HostControl = Literal["pin_cpus", "gc_at_boundaries"]
@@ -295,6 +296,24 @@ def protocol_id(protocol: Protocol) -> str:
     return hashlib.sha256(canonical_json(protocol)).hexdigest()
 
 
+# parts of a protocol a triplet's baseline timing does not depend on: its name, the candidate arm, the DEV scorer,
+# the timeouts and how many triplets it asks for
+_NOT_BASELINE = ("name", "scorer", "timeouts")
+
+
+def baseline_workload_id(protocol: Protocol) -> str:
+    """SHA256 of what the baseline arm runs and how it is measured (the canonical JSON less _NOT_BASELINE, the
+    candidate arm and the repeats): protocols that share it share an A/A calibration on one host (orch calibrate),
+    e.g. a candidate's protocol and its null, whose baselines are the same."""
+    data = json.loads(canonical_json(protocol))
+    for key in _NOT_BASELINE:
+        data.pop(key, None)
+    data["arms"].pop("candidate", None)
+    for key in ("repeats", *_SEQUENTIAL_KEYS):
+        data["measurement"].pop(key, None)
+    return hashlib.sha256(dumps_canonical(data, ensure_ascii=False).encode()).hexdigest()
+
+
 def protocol_recipe(protocol: Protocol, base: Path) -> LoadedRecipe:
     """The frozen recipe file a protocol gives (orch.protocol/1: R3's), refused when its SHA256 is not the one the
     protocol commits to."""
@@ -326,7 +345,13 @@ def load_protocol(path: str | Path) -> LoadedProtocol:
         line = line_of(node_at(root_node, ("recipe_file", "sha256" if "sha256" in err.message else "path")))
         raise RefusedError(f"{path}:{line}: {err.message}") from None
     protocol = protocol.model_copy(update={"recipe": normalized_values(protocol.recipe, recipe.recipe)})
-    check_recipe(path, root_node, protocol, recipe.recipe, recipe.named)
+    checked = Checked(
+        recipe=protocol.recipe, args=protocol.launcher.args, nproc=protocol.launcher.nproc,
+        overrides=protocol.rehearsal.recipe_overrides if protocol.rehearsal is not None else {},
+        configs={arm: getattr(protocol.arms, arm).config for arm in ("baseline", "candidate")},
+        model_layers=protocol.model.layers if protocol.model is not None else None,
+    )
+    check_recipe(path, root_node, checked, recipe.recipe, recipe.named)
     m = protocol.measurement
     if not (0 <= m.digest_first <= m.digest_last < m.steps and m.warmup < m.steps and m.window >= 1):
         line = line_of(node_at(root_node, ("measurement",)))
