@@ -22,7 +22,7 @@ from protocol.errors import FailedError, UsageError
 from protocol.fileio import write_atomic
 from protocol.home import resolve_home
 from protocol.run_record import CalibrationOf, RunRecord
-from protocol.schema import LoadedProtocol, Protocol, load_protocol, protocol_id
+from protocol.schema import LoadedProtocol, Protocol, baseline_workload_id, load_protocol, protocol_id
 
 DEFAULT_REPEATS = 5  # A/A triplets: df 4 for the spread between triplets (t multiplier 2.78 at K = 1 pooled)
 
@@ -74,7 +74,8 @@ def calibrate(
     host = audit_host(result)
     cal = Calibration(
         run_id=result.run_id, of_protocol_id=loaded.id, of_protocol_name=loaded.protocol.name,
-        aa_protocol_id=protocol_id(aa.protocol), host=fingerprint(host), repeats=len(d),
+        aa_protocol_id=protocol_id(aa.protocol), workload_id=baseline_workload_id(loaded.protocol),
+        host=fingerprint(host), repeats=len(d),
         headlines=list(rep["headlines"]), log_speedups=d, sd=spread.sd, df=spread.df,
         window_sd=window.get("sd"), window_df=int(window.get("df") or 0), mean_log_speedup=math.fsum(d) / len(d),
         estimate=iv["estimate"], low=iv["low"], high=iv["high"], level=iv["level"],

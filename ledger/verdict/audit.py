@@ -38,6 +38,7 @@ from ledger.verdict.report import plot_step_times, render_markdown, render_termi
 from protocol.errors import FailedError
 from protocol.fileio import write_atomic
 from protocol.home import resolve_home
+from protocol.schema import baseline_workload_id
 
 MIX_REFUSAL = (
     "the audit reads one run's packages only: ratios from different runs, hosts, GPU counts or configurations "
@@ -106,7 +107,8 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
         )
     tree_head = ledger.head()
     first_seq = min((r.seq for r in ev.records), default=None)
-    calibration = find_calibration(h.runs, ledger.records(), ev.run.protocol_id, ev.run.host.model_dump(), first_seq)
+    calibration = find_calibration(h.runs, ledger.records(), ev.run.protocol_id, ev.run.host.model_dump(), first_seq,
+                                   baseline_workload_id(ev.protocol))
     doc = compute_audit(ev, (tree_head.size, tree_head.root), datetime.now(UTC).isoformat(timespec="seconds"),
                         calibration)
     audit_path = ev.run_dir / "audit.json"

@@ -1,7 +1,8 @@
 """A/A calibrations (`orch calibrate`): this host's spread between triplets for one workload, and finding it.
 
-A calibration is used only for the same protocol id on the same host (salted hash and fingerprint), never another;
-one recorded before paired statistics (orch.calibration/1) is shown, never pooled.
+A calibration is used only on the same host (salted hash and fingerprint) for the same protocol id, or for a protocol
+with the same baseline workload (protocol.schema.baseline_workload_id: a candidate and its null share one); never
+another. One recorded before paired statistics (orch.calibration/1) is shown, never pooled.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Calibration(BaseModel):
     of_protocol_id: str  # the workload it calibrates (the protocol as given to `orch calibrate`)
     of_protocol_name: str
     aa_protocol_id: str  # the protocol that ran: candidate arm replaced by the baseline
+    workload_id: str | None = None  # its baseline workload (baseline_workload_id); None: recorded before it was
     host: dict[str, str]  # the host fingerprint of the A/A run (salted host hash, versions)
     repeats: int = Field(ge=2)
     headlines: list[float]  # the owner's headline of each A/A triplet
@@ -112,18 +114,23 @@ def calibration_spreads(block: Mapping[str, Any] | None) -> tuple[Spread | None,
 
 
 def find_calibration(
-    runs_dir: Path, records: Sequence[LedgerRecord], protocol_id: str, host: Mapping[str, Any], before_seq: int | None
+    runs_dir: Path, records: Sequence[LedgerRecord], protocol_id: str, host: Mapping[str, Any], before_seq: int | None,
+    workload_id: str | None = None,
 ) -> dict[str, Any]:
-    """The latest calibration of this protocol id on this host recorded before `before_seq`, as an audit block.
+    """The latest calibration of this protocol id, or of this baseline workload, on this host recorded before
+    `before_seq`, as an audit block.
 
-    Only ledger records count (kind calibration, this protocol id, this host hash); the file must hash to the
-    record's digest and its fingerprint must equal this run's. A calibration of another host or protocol is
-    never used; the block says why none is shown. `usable`: an orch.calibration/2 whose spread the audit pools.
+    Only ledger records count (kind calibration, this host hash, this protocol id or a calibration file naming
+    `workload_id`); the file must hash to the record's digest and its fingerprint must equal this run's. A
+    calibration of another host or baseline is never used; the block says why none is shown. `usable`: an
+    orch.calibration/2 whose spread the audit pools.
     """
     wanted = fingerprint(host)
     stale: list[str] = []
     for rec in reversed(records):
-        if rec.kind != "calibration" or rec.status != "ok" or rec.protocol_id != protocol_id:
+        if rec.kind != "calibration" or rec.status != "ok":
+            continue
+        if rec.protocol_id != protocol_id and workload_id is None:
             continue
         if before_seq is not None and rec.seq >= before_seq:
             continue
@@ -139,15 +146,22 @@ def find_calibration(
         if hashlib.sha256(data).hexdigest() != rec.result_digest:
             stale.append(f"run {rec.run_id}: calibration.json does not hash to its ledger record")
             continue
-        if cal.of_protocol_id != protocol_id or fingerprint(cal.host) != wanted:
+        same_workload = workload_id is not None and getattr(cal, "workload_id", None) == workload_id
+        if cal.of_protocol_id != protocol_id and not same_workload:
+            continue  # another workload's calibration
+        if fingerprint(cal.host) != wanted:
             changed = sorted(k for k in set(wanted) | set(cal.host) if wanted.get(k) != cal.host.get(k))
             stale.append(f"run {rec.run_id}: host fingerprint differs ({', '.join(changed)})")
             continue
         if isinstance(cal, CalibrationV1):
             return {"found": True, "usable": False, "schema": CALIBRATION_V1, "run_id": cal.run_id, "seq": rec.seq,
                     **_summary_v1(cal), "words": _words_v1(cal)}
+        shared = "" if cal.of_protocol_id == protocol_id else (
+            f"; calibrated on protocol {cal.of_protocol_name} ({cal.of_protocol_id[:12]}), whose baseline workload "
+            "is this run's")
         return {"found": True, "usable": True, "schema": CALIBRATION_SCHEMA, "run_id": cal.run_id, "seq": rec.seq,
-                **_summary(cal), "words": calibration_words(cal)}
+                "of_protocol_id": cal.of_protocol_id, "of_protocol_name": cal.of_protocol_name,
+                **_summary(cal), "words": calibration_words(cal) + shared}
     why = "; ".join(stale) if stale else "none recorded for this protocol on this host before this run"
     return {"found": False, "usable": False,
             "words": f"no A/A calibration ({why}); run `orch calibrate PROTOCOL` to measure this host"}

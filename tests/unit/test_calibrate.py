@@ -27,7 +27,7 @@ from ledger.verdict.stats import Spread
 from orchestrator.calibrate import DEFAULT_REPEATS, aa_protocol, calibrate
 from protocol.errors import UsageError
 from protocol.home import resolve_home
-from protocol.schema import load_protocol
+from protocol.schema import Protocol, baseline_workload_id, load_protocol
 
 RECORDED_HOST = {k: str(v) for k, v in HOST_FINGERPRINT.items()}  # a calibration records the fingerprint as text
 
@@ -202,3 +202,40 @@ def test_a_calibration_recorded_before_paired_statistics_is_shown_not_pooled(tmp
     # find_calibration reads either schema from the same ledger
     records = Ledger(h.ledger_path).records()
     assert find_calibration(h.runs, records, pid, HOST_FINGERPRINT, None)["usable"] is False
+
+
+def test_a_candidate_and_its_null_share_a_baseline_workload_and_other_baselines_do_not() -> None:
+    """baseline_workload_id leaves out the name, candidate arm, scorer, timeouts and repeats, nothing else."""
+    cuda1, null = (load_protocol(REPO / "protocol" / f"{n}.yaml") for n in ("r3_mini_cuda1", "r3_mini_cuda1_null"))
+    assert cuda1.id != null.id
+    assert baseline_workload_id(cuda1.protocol) == baseline_workload_id(null.protocol)
+    cpu = load_protocol(REPO / "protocol" / "r3_mini.yaml").protocol
+    assert baseline_workload_id(cpu) != baseline_workload_id(cuda1.protocol)  # another device and launcher
+    more_steps = cpu.model_copy(update={"measurement": cpu.measurement.model_copy(update={"steps": 18})})
+    assert baseline_workload_id(more_steps) != baseline_workload_id(cpu)
+    other_switch = cpu.model_copy(update={"arms": cpu.arms.model_copy(update={
+        "baseline": cpu.arms.baseline.model_copy(update={"switches": {"R3_FUSE_CUDA_GRAPH": "1"}})})})
+    assert baseline_workload_id(other_switch) != baseline_workload_id(cpu)
+    repeated = cpu.model_copy(update={"name": "x", "measurement": cpu.measurement.model_copy(update={"repeats": 3})})
+    assert baseline_workload_id(repeated) == baseline_workload_id(cpu)
+
+
+def test_a_calibration_of_another_protocol_with_this_baseline_workload_is_used_and_named(tmp_path: Path) -> None:
+    pid = _synthetic_protocol_id(tmp_path)
+    run_protocol = Protocol.model_validate_json((tmp_path / "probe" / "runs" / "run1" / "protocol.json").read_bytes())
+    workload = baseline_workload_id(run_protocol)
+    # another workload's calibration (another protocol id, another baseline) is passed over ...
+    record_calibration(tmp_path, "cal-other", "e" * 64, RECORDED_HOST, sd=0.01, workload_id="f" * 64)
+    make_run(tmp_path, "run1")
+    assert audit_run(tmp_path, "run1").document["calibration"]["found"] is False
+    # ... one of another protocol id whose baseline workload is this run's is used, and the audit says whose it is
+    record_calibration(tmp_path, "cal-null", "d" * 64, RECORDED_HOST, sd=0.05, workload_id=workload)
+    make_run(tmp_path, "run2")
+    doc = audit_run(tmp_path, "run2").document
+    block, iv = doc["calibration"], doc["interval"]
+    assert (block["found"], block["usable"], block["run_id"], block["of_protocol_id"]) == (
+        True, True, "cal-null", "d" * 64)
+    assert block["words"].endswith(f"; calibrated on protocol synthetic ({'d' * 12}), whose baseline workload is "
+                                   "this run's")
+    assert iv["calibration_used"] == {"run_id": "cal-null", "sd": 0.05, "df": 4}
+    assert pid != "d" * 64
