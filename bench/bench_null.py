@@ -109,7 +109,8 @@ def launch(proj: Path, protocol: Path, home: Path) -> dict[str, Any]:
 
 
 def baseline_step_s(audit: dict[str, Any]) -> float:
-    """Median baseline step time in the measured windows (every triplet's A and B), from the owner's windows."""
+    """Median baseline step time in the measured windows (A and B of the first triplet: the audit's "speedup"
+    block holds the first triplet's windows)."""
     steps = [s for w in audit["speedup"]["windows"] for label in ("A", "B") for s in w["step_times"][label]]
     return float(statistics.median(steps))
 
@@ -121,7 +122,9 @@ def row(kind: str, res: dict[str, Any]) -> dict[str, Any]:
         "kind": kind, "run_id": a["run_id"], "protocol_id": a["protocol_id"], "repeats": a["replication"]["repeats"],
         "headlines": a["replication"]["headlines"], "estimate": iv["estimate"], "low": iv["low"], "high": iv["high"],
         "level": iv["level"], "half_width": iv["half_width"], "df": iv["df"],
-        "launch_level_sd": iv["variance"]["launch_level_sd"], "window_level_sd": iv["variance"]["window_level_sd"],
+        "paired_speedups": iv["paired_speedups"], "bounded": iv["bounded"], "sd": iv["sd"],
+        "variance_source": iv["variance_source"], "calibration_used": iv["calibration_used"],
+        "window_sd": (iv["window_spread"] or {}).get("sd"),
         "triplets_for_5pct": iv["triplets_for_5pct"], "verdict": a["verdict"], "direction": a["direction"],
         "exact": a["exact"], "max_drift": max(t["max_drift"] for t in a["replication"]["triplets"]),
         "covers_one": iv["covers_one"], "wall_s": round(res["wall_s"], 1), "exit_code": res["exit_code"],
