@@ -107,7 +107,8 @@ def document(rows: list[Row], only: list[str], started: float, timings: dict[str
     return {
         "schema": SCHEMA,
         "what": "issue 17's attacks re-run for real on r3-mini (2 CPU ranks, gloo): cheating candidates, faults, "
-                "ledger/evidence tampers with a witnessed head, bad inputs",
+                "ledger/evidence tampers with a witnessed head, bad inputs, and what a candidate leaves behind for "
+                "baseline B (issue 27: a .pth, a poisoned compile cache, a double-forked process)",
         "provenance": {"runs": runs},
         "counts": counts,
         "attacks": attacks,
