@@ -6,6 +6,7 @@ its per-function test selection never mix modules. Not part of CI (minutes per m
     python scripts/mutation.py                      # every module of MODULES
     python scripts/mutation.py ledger/verdict/windows.py    # some of them
     python scripts/mutation.py --timeout 900 --max-children 2 --json .mutation/scores.json
+    python scripts/mutation.py --list ledger/verdict/stats.py   # its mutants and named equivalents, no test run
 """
 
 from __future__ import annotations
@@ -55,46 +56,23 @@ MODULES: dict[str, Target] = {
                                                        "the noise, and a ratio of exactly 1 is always within it "
                                                        "(|1 - 1| = 0 <= noise)",
     }),
+    # stats.py was rewritten for the paired verdict (issue 26, b90d406 / 6a1824b): the equivalents named for the
+    # unpaired interval (_betacf, _betainc, t_cdf, speedup_interval, the old triplets_needed) are gone with it
     "ledger/verdict/stats.py": Target(("tests/unit/test_stats.py",), equivalent={
+        "ledger.verdict.stats.x_triplets_needed__mutmut_4": "sd < 0 instead of <= 0: at sd = 0 the loop returns the "
+                                                            "first K with df >= 1 (half-width 0 <= goal), 1 with a "
+                                                            "calibration's df and 2 without, as the early return",
         **dict.fromkeys(
-            [f"ledger.verdict.stats.x__betacf__mutmut_{n}" for n in (19, 21, 48, 50, 57, 59, 81, 83, 90, 92)],
-            "the modified Lentz guard against a zero denominator (`abs(d) > tiny`, 1e-300): `>=` differs only at "
-            "exactly 1e-300, and dropping the guard only when a denominator is exactly 0.0, which t_cdf's "
-            "arguments (one shape 1/2, 0 < x < 1) were never seen to produce"),
-        **dict.fromkeys(
-            [f"ledger.verdict.stats.x__betacf__mutmut_{n}" for n in (28, 98, 99, 100)],
-            "the continued fraction's stop: one more iteration allowed, or the |delta - 1| < 1e-15 stop never "
-            "taken or taken at equality; after convergence each further factor is 1 to 1e-15, so h is unchanged"),
-        "ledger.verdict.stats.x__betainc__mutmut_22": "x <= (a+1)/(a+b+2) instead of <: at the switch point both "
-                                                      "branches compute the same function",
-        **dict.fromkeys(
-            [f"ledger.verdict.stats.x__betainc__mutmut_{n}" for n in (23, 25, 26, 27)],
-            "where the incomplete beta switches to its symmetric continued fraction: both branches compute the "
-            "same function, the switch point only sets how fast it converges, and within the 400 iterations "
-            "t_cdf agrees with the closed forms of df 1 and 2 to 1e-9 either way"),
-        "ledger.verdict.stats.x_t_cdf__mutmut_20": "t >= 0 instead of t > 0: at t = 0 the tail is 1/2 and "
-                                                   "1 - 1/2 = 1/2",
-        **dict.fromkeys(
-            [f"ledger.verdict.stats.x_speedup_interval__mutmut_{n}" for n in (121, 122)],
-            "`low > 0 and isfinite(high)` as `or` / `low >= 0`: low > 0 exactly when high is finite (df > 0), and "
-            "low = 0 with high = inf otherwise, so every variant picks the same branch"),
-        **dict.fromkeys(
-            [f"ledger.verdict.stats.x_speedup_interval__mutmut_{n}" for n in (71, 72)],
-            "the window df skips an arm of one launch (len(rows) > 1): such an arm adds 1 * (nw - 1) - (nw - 1) = 0"),
-        "ledger.verdict.stats.x_triplets_needed__mutmut_23": "the loop runs to K = 101: the answer past the loop is "
-                                                             "at least 101 anyway (max(101, ...)), so the same K",
-        "ledger.verdict.stats.x_triplets_needed__mutmut_36": "half < goal instead of <=: differs only when a "
-                                                             "half-width equals log(1.05) to the last bit",
-        "ledger.verdict.stats.x_triplets_needed__mutmut_42": "z = t(p, 1e9 + 1) instead of t(p, 1e9): the same "
-                                                             "quantile to 1e-12",
+            ("ledger.verdict.stats.x_triplets_needed__mutmut_17", "ledger.verdict.stats.x_triplets_needed__mutmut_18"),
+            "the loop's upper bound MAX_TRIPLETS - 1 or + 2: the loop returns at K = 201 at the latest (k > 200), "
+            "so its bound is never reached"),
     }),
     "ledger/verdict/decision.py": Target(("tests/unit/test_decision.py", "tests/unit/test_stats.py",
                                           "tests/unit/test_audit.py"), equivalent={
-        "ledger.verdict.decision.x_interval_doc__mutmut_24": "the low end kept when not finite: it is exp(...) or "
-                                                             "0.0, always finite",
-        "ledger.verdict.decision.x__fmt__mutmut_1": "f'{inf:.4f}' is 'inf' too",
-        "ledger.verdict.decision.x_decide__mutmut_12": "'faster' if low >= 1.0: an interval with low == 1 covers 1, "
-                                                       "so decide has returned `no difference shown` before",
+        "ledger.verdict.decision.x__fmt__mutmut_1": "f'{inf:.4f}' is 'inf' too: _fmt is given an interval's ends, "
+                                                    "exp(...) or 0.0 and inf, never -inf",
+        "ledger.verdict.decision.x__call__mutmut_7": "'faster' if low >= 1.0: an interval with low == 1 covers 1, "
+                                                     "so _call has returned None before",
     }),
     "ledger/cost/merkle.py": Target(("tests/unit/test_merkle.py",), equivalent={
         "ledger.cost.merkle.x__subproof__mutmut_27": "complete=None instead of False: only its truth is read",
@@ -142,10 +120,6 @@ MODULES: dict[str, Target] = {
         "protocol.schema.x_canonical_json__mutmut_31": "ensure_ascii=None instead of False: only its truth is read",
         "protocol.schema.x_json_schema__mutmut_1": "by_alias=None: pydantic's json schema then keeps its default, "
                                                    "aliases (the test sees 'schema', never 'schema_')",
-        "protocol.schema.x__recipe_flag_named__mutmut_6": "`and` for `or` in the `--` test: every recipe flag starts "
-                                                          "with '--', so a key that does not is a prefix of none "
-                                                          "(or of all, for '' and '-', which match 16 and give None "
-                                                          "too); '--' itself matches all 16",
         "protocol.schema.x_load_protocol__mutmut_66": "the join of REHEARSAL_OVERRIDABLE, which has one entry: the "
                                                       "separator is never written",
     }),
@@ -171,7 +145,7 @@ MODULES: dict[str, Target] = {
         **dict.fromkeys(
             ("ledger.verdict.audit.x_unseal_score__mutmut_27", "ledger.verdict.audit.x_unseal_score__mutmut_30"),
             "bytes.decode without 'utf-8', or with 'UTF-8': the default codec is UTF-8, names are case-insensitive"),
-        "ledger.verdict.audit.x_audit_run__mutmut_123": "the audit records of every run searched for this audit's "
+        "ledger.verdict.audit.x_audit_run__mutmut_141": "the audit records of every run searched for this audit's "
                                                         "digest, not only this run's: audit.json holds its run_id, so "
                                                         "another run's audit record never has this digest",
         "ledger.verdict.audit.x_audit_command__mutmut_2": "Console(highlight=None): rich keeps it as the console's "
@@ -194,12 +168,12 @@ MODULES: dict[str, Target] = {
              "ledger.verdict.evidence.x__package_problems__mutmut_28"),
             "opens.get(name, None) / opens.get(name) for a package without an open record: None is false, as 0"),
         **dict.fromkeys(
-            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (28, 29, 120, 194)],
+            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (28, 29, 140, 217)],
             "the value a missing piece starts with (protocol_sha '' as None or 'XXXX', n_steps 0 as 1 without a "
             "protocol, watch_steps {} as None without a replay): each is kept only when that piece is there, and "
             "without it the run is refused before the value is used or returned"),
         **dict.fromkeys(
-            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (223, 224, 225, 226, 227)],
+            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (252, 253, 254, 255, 256)],
             "`or` -> `and` after `problems` in the refusal's condition: each later term implies a problem line (a "
             "missing run.json, protocol, result or replay adds one, and every package in `bad` has its line), so "
             "the condition is `problems` either way; the terms narrow the types for mypy"),
@@ -519,6 +493,33 @@ def run_module(module: str, target: Target, timeout: float, max_children: int, m
     }
 
 
+_GENERATE = (
+    "import sys\n"
+    "from pathlib import Path\n"
+    "from mutmut.__main__ import create_mutants_for_file\n"
+    "src = Path(sys.argv[1])\n"
+    "(Path('mutants') / src).parent.mkdir(parents=True, exist_ok=True)\n"
+    "result = create_mutants_for_file(src, Path('mutants') / src)\n"
+    "if result.error is not None:\n"
+    "    raise result.error\n"
+)
+
+
+def list_module(module: str, target: Target, mutmut: Path) -> dict[str, Any]:
+    """The module's mutants as `mutmut run` would generate them (mutmut's own generator, in the module's scratch
+    copy), without running a test: their count, each named equivalent's diff, and the stale names (seconds)."""
+    work = _prepare(module, target)
+    proc = subprocess.run([str(mutmut.with_name("python")), "-c", _GENERATE, module], cwd=work, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"mutation: mutmut could not generate the mutants of {module}: {proc.stderr.strip()[-1500:]}")
+    meta = json.loads((work / "mutants" / (module + ".meta")).read_text())
+    names = set(meta["exit_code_by_key"])
+    return {"module": module, "mutants": len(names),
+            "equivalent": {n: _show(work, mutmut, n) for n in sorted(target.equivalent) if n in names},
+            "stale_equivalent": sorted(set(target.equivalent) - names)}
+
+
 def _function_source(text: str, name: str) -> list[str] | None:
     """The lines of `def name(` in mutmut's trampolined module text (a function or a method), or None."""
     lines = text.splitlines()
@@ -561,6 +562,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true",
                     help="continue a run stopped by --timeout in its scratch copy (mutmut keeps the mutants it judged; "
                          "the wall time is then the continuation's only)")
+    ap.add_argument("--list", action="store_true",
+                    help="generate each module's mutants without running a test: print their count, the diff of "
+                         "each mutant named equivalent, and the names that match no mutant now (exit 1 if any)")
     args = ap.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -571,6 +575,18 @@ def main(argv: list[str] | None = None) -> int:
     if not mutmut.exists():
         print("mutation: mutmut is not installed in this environment; run `make mutation`", file=sys.stderr)
         return 2
+    if args.list:
+        stale = 0
+        for module in args.modules or list(MODULES):
+            got = list_module(module, MODULES[module], mutmut)
+            print(f"{module}: {got['mutants']} mutants, {len(got['equivalent'])} named equivalent, "
+                  f"{len(got['stale_equivalent'])} stale")
+            for name, diff in got["equivalent"].items():
+                print(f"  equivalent: {name}: {diff}")
+            for name in got["stale_equivalent"]:
+                print(f"  stale equivalent-mutant entry (no such mutant now): {name}")
+            stale += len(got["stale_equivalent"])
+        return 1 if stale else 0
     rows = []
     for module in args.modules or list(MODULES):
         print(f"mutation: {module} against {' '.join(MODULES[module].tests)} ...", flush=True)
