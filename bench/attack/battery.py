@@ -78,7 +78,10 @@ def commit() -> dict[str, object]:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True, check=False)
-    return {"commit": head.stdout.strip() or None, "tracked_changes": bool(dirty.stdout.strip())}
+    # None where git did not answer (e.g. a user other than the checkout's owner: git's safe.directory refusal)
+    return {"commit": head.stdout.strip() or None,
+            "tracked_changes": bool(dirty.stdout.strip()) if dirty.returncode == 0 else None,
+            "uid": os.geteuid()}
 
 
 def document(rows: list[Row], only: list[str], started: float, timings: dict[str, float],

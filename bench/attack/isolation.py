@@ -5,6 +5,7 @@ real on r3-mini from rank 0 of train-C; orch must make it impossible or fail the
 
 from __future__ import annotations
 
+import os
 import secrets
 import site
 from pathlib import Path
@@ -54,7 +55,8 @@ def leave_behind(work: Work) -> list[Row]:
             "        _seen.append('cache ' + os.path.relpath(_t, _root) + ' written')\n"
             "    except OSError as exc:\n"
             "        _seen.append('cache ' + os.path.relpath(_t, _root) + f': {exc.strerror}')\n")
-    pth_row = Row("isolation", "candidate writes a .pth into the interpreter's site-packages at step 0 (as root, "
+    who = "root" if os.geteuid() == 0 else "a non-root user"
+    pth_row = Row("isolation", f"candidate writes a .pth into the interpreter's site-packages at step 0 (as {who}, "
                   "after trying to remount / writable)",
                   "impossible: Read-only file system; site-packages unchanged after the run")
     cache_row = Row("isolation", "candidate writes a kernel into every compile cache folder it can reach "
