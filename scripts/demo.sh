@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make demo`: the main job on the embedded default: launch r3-mini (CPU when there is no GPU; two triplets, so that the
-# paired interval is bounded without a calibration), then the audit of that run, then the ledger's accounting.
-# Everything goes to ./.orch (or $ORCH_HOME). The owner's one triplet is bounded by this host's A/A calibration:
+# `make demo`: the main job on the embedded default: launch r3-mini (CPU when there is no GPU; three triplets, so that
+# the paired interval decides without a calibration: df 2, t = 4.30; two give df 1, t = 12.7: too wide here), then the
+# audit of that run, then the ledger's accounting. Everything goes to ./.orch (or $ORCH_HOME). `accepted` also needs a
+# quiet host: a foreign process on the ranks' cores during a window (the host watch) keeps it `no difference shown`.
+# The owner's one triplet needs this host's A/A calibration (3 A/A triplets for df 2: dearer than a third triplet):
 #   orch calibrate protocol/r3_mini.yaml && orch launch protocol/r3_mini.yaml
 set -euo pipefail
 cd "$(dirname "$0")/.."
