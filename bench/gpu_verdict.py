@@ -97,7 +97,7 @@ def main() -> int:
         null = with_git_arms(null_protocol(proj, opts.device, 1, small=False))
         code, out, wall = run(proj, "calibrate", str(null), "--repeats", str(opts.calibration_repeats), "--json",
                               *common)
-        print(f"orch calibrate ({opts.calibration_repeats} A/A triplets): exit {code}, {wall:.0f} s", flush=True)
+        print(f"orch calibrate ({opts.calibration_repeats} A/A launches): exit {code}, {wall:.0f} s", flush=True)
         cal = audit_of(home, out)
         figures["calibration"] = {"exit_code": code, "wall_s": round(wall, 1), "tail": out[-1500:] if code else None}
         if cal is None:
@@ -105,9 +105,10 @@ def main() -> int:
             save()
             return 1
         step = baseline_step_s(cal)
-        figures["calibration"].update({"run_id": cal["run_id"], "sd": cal["interval"]["sd"],
-                                       "df": cal["interval"]["df"], "baseline_step_s": step,
-                                       "headlines": cal["interval"]["headlines"]})
+        recorded = json.loads(out.splitlines()[0]).get("calibration") or {}  # orch.calibration/2 as recorded
+        figures["calibration"].update({"run_id": cal["run_id"], "run_ids": recorded.get("run_ids"),
+                                       "sd": recorded.get("sd"), "df": recorded.get("df"), "baseline_step_s": step,
+                                       "headlines": recorded.get("headlines")})
         save()
         plan = [("candidate", candidate_protocol(proj, opts.device)), ("null", null)]
         for kind, protocol in plan:

@@ -113,12 +113,19 @@ def stream_work(s: Stream, opts: argparse.Namespace, deadline: float, save: thre
     if run_id is None:
         s.notes.append(f"calibration: {why}")
         return
-    try:
-        trips, launches, base_step = read_run(home, run_id)
+    try:  # every A/A launch the calibration names (one triplet each; older calibrations: one run of K)
+        cal = json.loads((home / "runs" / run_id / "calibration.json").read_text())
+        trips, launches = [], 0.0
+        aa_runs = cal.get("run_ids") or [run_id]
+        for aa_id in aa_runs:
+            t, w, base_step = read_run(home, aa_id)
+            trips += t
+            launches += w
     except Exception as err:  # an incomplete run: named, not used
         s.notes.append(f"calibration: {type(err).__name__}: {str(err).splitlines()[0]}")
         return
-    s.per_triplet_s, s.overhead_s = launches / len(trips), max(0.0, time.monotonic() - t0 - launches)
+    s.per_triplet_s = launches / len(trips)
+    s.overhead_s = max(0.0, time.monotonic() - t0 - launches) / len(aa_runs)  # per run: checks, replay, score
     s.runs.append({"kind": "calibration", "triplets": len(trips), "wall_s": round(time.monotonic() - t0, 1),
                    "why": why})
     s.triplets += [{"kind": "calibration", "run": 0, **t} for t in trips]

@@ -127,10 +127,11 @@ def verify(
     epilog=examples("orch schema > protocol.schema.json", "orch schema --kind audit | python -m json.tool"),
 )
 def schema(
-    kind: Annotated[str, typer.Option("--kind", help="protocol | audit | evidence | gpu-run | ledger-record")]
-    = "protocol",
+    kind: Annotated[str, typer.Option(
+        "--kind", help="protocol | recipe | audit | calibration | evidence | gpu-run | ledger-record")] = "protocol",
 ) -> None:
-    """Print a JSON Schema: protocol.yaml (for editor completion), audit.json, evidence, gpu-run record."""
+    """Print a JSON Schema: protocol.yaml (for editor completion), a recipe file, audit.json, calibration.json,
+    evidence, gpu-run record, ledger record."""
     from orchestrator.schemas import schema_document
 
     report(lambda: schema_document(kind), True)
@@ -286,7 +287,7 @@ def rehearse_command(protocol: Path, upstream: Path, gpus: int, home: Path | Non
 def calibrate(
     protocol: Annotated[Path, typer.Argument(help="protocol.yaml whose workload to calibrate", show_default=False)],
     repeats: Annotated[
-        int | None, typer.Option("--repeats", min=1, max=32, help="A/A triplets, at least 2 (default 5)")
+        int | None, typer.Option("--repeats", min=1, max=32, help="A/A launches of one triplet, at least 2 (default 5)")
     ] = None,
     home: HomeOpt = None,
     json_out: JsonOpt = False,

@@ -34,13 +34,14 @@ class Calibration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     schema_: Literal["orch.calibration/2"] = Field("orch.calibration/2", alias="schema")
-    run_id: str  # the A/A run
+    run_id: str  # the A/A run whose folder holds this file (the last launch)
+    run_ids: list[str] | None = None  # every A/A launch, one triplet each; None: one launch of `repeats` triplets
     of_protocol_id: str  # the workload it calibrates (the protocol as given to `orch calibrate`)
     of_protocol_name: str
     aa_protocol_id: str  # the protocol that ran: candidate arm replaced by the baseline
     workload_id: str | None = None  # its baseline workload (baseline_workload_id); None: recorded before it was
     host: dict[str, str]  # the host fingerprint of the A/A run (salted host hash, versions)
-    repeats: int = Field(ge=2)
+    repeats: int = Field(ge=2)  # A/A triplets (one per launch when run_ids is given)
     headlines: list[float]  # the owner's headline of each A/A triplet
     log_speedups: list[float]  # d of each A/A triplet (natural log)
     sd: float = Field(ge=0)  # SD of the log speedups between triplets
@@ -169,6 +170,7 @@ def find_calibration(
 
 def _summary(cal: Calibration) -> dict[str, Any]:
     return {
+        "run_ids": cal.run_ids,  # the A/A launches (None: one launch of `repeats` triplets)
         "repeats": cal.repeats,
         "headlines": cal.headlines,
         "log_speedups": cal.log_speedups,
@@ -195,9 +197,13 @@ def calibration_words(cal: Calibration) -> str:
     bias = ("covers 1" if cal.covers_one else
             "EXCLUDES 1: identical arms read as different on this host (a position or warm-up effect)")
     window = "" if cal.window_sd is None else f", within-triplet window SD {cal.window_sd:.4f} (df {cal.window_df})"
+    if cal.run_ids:
+        what = (f"A/A calibration {cal.run_id} on this host ({cal.repeats} launches of one triplet): null headlines "
+                f"{heads}; between-launch SD")
+    else:
+        what = f"A/A run {cal.run_id} on this host ({cal.repeats} triplets): null headlines {heads}; between-triplet SD"
     return (
-        f"A/A run {cal.run_id} on this host ({cal.repeats} triplets): null headlines {heads}; between-triplet SD "
-        f"{cal.sd:.4f} of the paired log speedup (df {cal.df}){window}; A/A mean {cal.estimate:.4f}x in "
+        f"{what} {cal.sd:.4f} of the paired log speedup (df {cal.df}){window}; A/A mean {cal.estimate:.4f}x in "
         f"{_span(cal.low, cal.high)} ({cal.level:.0%}), which {bias}"
     )
 

@@ -18,7 +18,7 @@ from protocol.plan import Triplet
 ACCEPTED, NO_DIFFERENCE, NOT_EXACT = "accepted", "no difference shown", "not exact"
 VERDICTS = (ACCEPTED, NO_DIFFERENCE, NOT_EXACT)
 HOW_TO_BOUND = (
-    "run `orch calibrate PROTOCOL` on this host (A/A triplets measure the spread between triplets), or set "
+    "run `orch calibrate PROTOCOL` on this host (A/A launches measure the spread between launches), or set "
     "measurement.repeats >= 2 (or auto)"
 )
 

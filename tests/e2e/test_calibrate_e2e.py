@@ -1,5 +1,5 @@
-"""`orch calibrate` end to end: one real A/A run with repeats 2 on r3-mini (2 CPU ranks), recorded in the ledger, then
-the owner's one triplet of the same protocol, bounded by it."""
+"""`orch calibrate` end to end: two real A/A launches of one triplet each on r3-mini (2 CPU ranks), recorded in the
+ledger, then the owner's one triplet of the same protocol, bounded by them."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
 from protocol.schema import load_protocol
 
 
-def test_calibrate_on_cpu_records_an_aa_run_of_two_triplets_that_bounds_one_triplet(tmp_path: Path) -> None:
-    """A real A/A run with repeats 2: per-triplet paired log speedups, their SD (df 1), a ledger record; then a
-    launch of the protocol's one triplet, whose interval is bounded by that calibration alone."""
+def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_path: Path) -> None:
+    """Two real A/A launches of one triplet each: their paired log speedups, SD between launches (df 1), a ledger
+    record; then a launch of the protocol's one triplet, whose interval is bounded by that calibration alone."""
     proj = make_project(tmp_path)
     protocol = edit_protocol(proj, quick_protocol, name="quick.yaml")
     home = tmp_path / "home"
@@ -27,36 +27,39 @@ def test_calibrate_on_cpu_records_an_aa_run_of_two_triplets_that_bounds_one_trip
              str(tmp_path / "locks"), cwd=proj), cwd=proj, env=env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    run_id = out["run_id"]
-    assert out["status"] == "complete" and out["verdict"] in ("accepted", "no difference shown")
-    assert set(out["packages"].values()) == {"ok"}
-    run_dir = home / "runs" / run_id
-    run = json.loads((run_dir / "run.json").read_text())
-    assert [p["name"] for p in run["packages"]] == [
-        "checks", "train-A1", "reload-A1", "train-C1", "reload-C1", "train-B1", "reload-B1",
-        "train-B2", "reload-B2", "train-C2", "reload-C2", "train-A2", "reload-A2", "watch-C", "score"]
-    audit = json.loads((run_dir / "audit.json").read_text())
-    assert audit["measurement"]["repeats"] == 2 and audit["exact"] is True
-    assert [t["order"] for t in audit["replication"]["triplets"]] == [["A1", "C1", "B1"], ["B2", "C2", "A2"]]
-    iv = audit["interval"]  # the A/A run's own paired interval: two triplets, df 1
-    assert len(audit["replication"]["headlines"]) == 2 and iv["df"] == 1 and iv["variance_source"] == "run"
-    assert audit["calibration_of"]["protocol_id"] == load_protocol(protocol).id
-    cal = Calibration.model_validate_json((run_dir / CALIBRATION_FILE).read_bytes())
-    assert cal.of_protocol_id == load_protocol(protocol).id and cal.host["host_hash"] == audit["host_hash"]
-    assert cal.headlines == audit["replication"]["headlines"] and cal.low == iv["low"]
-    assert cal.log_speedups == iv["log_speedups"] and (cal.df, cal.repeats) == (1, 2)
+    run_id = out["run_id"]  # the last A/A launch: its folder holds calibration.json
+    assert out["status"] == "complete" and set(out["packages"].values()) == {"ok"}
+    cal = Calibration.model_validate_json((home / "runs" / run_id / CALIBRATION_FILE).read_bytes())
+    assert cal.run_ids is not None and len(cal.run_ids) == 2 and cal.run_ids[-1] == run_id
+    assert cal.run_ids[0] != run_id and out["calibration"]["run_ids"] == cal.run_ids
+    d, heads = [], []
+    for aa_id in cal.run_ids:
+        run_dir = home / "runs" / aa_id
+        run = json.loads((run_dir / "run.json").read_text())
+        assert [p["name"] for p in run["packages"]] == [
+            "checks", "train-A1", "reload-A1", "train-C1", "reload-C1", "train-B1", "reload-B1", "watch-C", "score"]
+        audit = json.loads((run_dir / "audit.json").read_text())
+        assert audit["measurement"]["repeats"] == 1 and audit["exact"] is True
+        assert audit["calibration_of"]["protocol_id"] == load_protocol(protocol).id
+        assert cal.host["host_hash"] == audit["host_hash"]
+        d.extend(audit["interval"]["log_speedups"])
+        heads.extend(audit["replication"]["headlines"])
+    assert cal.of_protocol_id == load_protocol(protocol).id and (cal.df, cal.repeats) == (1, 2)
+    assert cal.log_speedups == d and cal.headlines == heads
     assert math.isclose(cal.sd, statistics.stdev(cal.log_speedups), rel_tol=1e-12)
     assert math.isclose(cal.mean_log_speedup, statistics.fmean(cal.log_speedups), rel_tol=1e-9, abs_tol=1e-15)
-    recs = [r for r in records(home) if r["run_id"] == run_id]
+    recs = [r for r in records(home) if r["run_id"] in cal.run_ids]
     cal_recs = [r for r in recs if r["kind"] == "calibration"]
-    assert len(cal_recs) == 1 and cal_recs[0]["protocol_id"] == cal.of_protocol_id
-    assert cal_recs[0]["result_digest"] == hashlib.sha256((run_dir / CALIBRATION_FILE).read_bytes()).hexdigest()
-    # every launch is accounted: 15 packages open and close, GPU-seconds (0 on CPU) and wall time recorded
+    assert len(cal_recs) == 1 and cal_recs[0]["protocol_id"] == cal.of_protocol_id and cal_recs[0]["run_id"] == run_id
+    assert cal_recs[0]["result_digest"] == hashlib.sha256(
+        (home / "runs" / run_id / CALIBRATION_FILE).read_bytes()).hexdigest()
+    # every launch is accounted: 2 x 9 packages open and close, GPU-seconds (0 on CPU) and wall time recorded
     kinds = ("checks", "train", "reload", "replay", "score")
     closes = [r for r in recs if r["kind"] in kinds and r["status"] != "open"]
-    assert len(closes) == 15 and all(r["wall_s"] > 0 for r in closes)
+    assert len(closes) == 18 and all(r["wall_s"] > 0 for r in closes)
     assert "calibration recorded for protocol" in proc.stderr + proc.stdout
-    # the A/A run's own audit re-reads equal (the calibration record does not change its evidence)
+    assert "A/A launch 2 of 2" in proc.stderr + proc.stdout
+    # the last A/A launch's own audit re-reads equal (the calibration record does not change its evidence)
     again = subprocess.run(orch("audit", run_id, "--home", str(home), "--json", cwd=proj), cwd=proj, env=env(),
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]

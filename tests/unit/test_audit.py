@@ -540,7 +540,7 @@ def test_one_triplet_without_a_calibration_cannot_be_bounded_and_says_what_to_ru
     assert iv["estimate"] == pytest.approx(np.exp((np.log(2.0) + 2 * np.log(2.5)) / 3))
     assert doc["reasons"] == [
         "the speedup cannot be bounded yet: 1 triplet and no usable A/A calibration of this protocol on this host; "
-        "run `orch calibrate PROTOCOL` on this host (A/A triplets measure the spread between triplets), or set "
+        "run `orch calibrate PROTOCOL` on this host (A/A launches measure the spread between launches), or set "
         "measurement.repeats >= 2 (or auto)"]
     assert doc["diagnostics"] == [
         "drift above the protocol's bound: window w2 A/B drift 0.4000 > 0.02 (the two baseline launches "
@@ -692,3 +692,27 @@ def test_cli_report_puts_the_verdict_first_and_the_score_after_the_record(tmp_pa
     assert "A ms/step" in md and "](step_times.png)" in md
     assert "## Probe cost" in md and "probe cost per step" in md
     assert any(line.startswith("probe cost per step (its own time") for line in lines)
+
+
+def test_the_audit_names_its_frozen_recipe_file_in_json_markdown_and_terminal(tmp_path: Path) -> None:
+    """A /1 protocol is read under R3's recipe file: the audit names it, its digest and what the probe observed."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from ledger.verdict.report import render_terminal
+
+    make_run(tmp_path, "run1")
+    result = audit_run(tmp_path, "run1")
+    recipe = result.document["recipe"]
+    assert (recipe["file"], recipe["name"]) == ("recipes/r3_tree_rl_bagel7b.yaml", "r3-tree-rl-bagel7b")
+    repo = Path(__file__).resolve().parents[2]
+    assert recipe["sha256"] == _sha((repo / "recipes" / "r3_tree_rl_bagel7b.yaml").read_bytes())
+    assert set(recipe["observed_keys"]) | set(recipe["flag_only_keys"]) == set(UPSTREAM_RECIPE)
+    line = (f"frozen recipe: recipes/r3_tree_rl_bagel7b.yaml (sha256 {recipe['sha256'][:12]}, r3-tree-rl-bagel7b, "
+            f"trainer sen-ye/R3 train/online_rl.py): {len(recipe['observed_keys'])} key(s) observed at run time, "
+            f"{len(recipe['flag_only_keys'])} checked by their flags only")
+    assert f"- {line}" in (tmp_path / "runs" / "run1" / "audit.md").read_text().splitlines()
+    out = StringIO()
+    render_terminal(result, Console(file=out, width=400, color_system=None))
+    assert f"  {line}" in out.getvalue().splitlines()

@@ -24,7 +24,7 @@ from ledger.cost.store import Ledger
 from ledger.verdict.audit import audit_run
 from ledger.verdict.calibration import CALIBRATION_FILE, CalibrationV1, find_calibration
 from ledger.verdict.stats import Spread
-from orchestrator.calibrate import DEFAULT_REPEATS, aa_protocol, calibrate
+from orchestrator.calibrate import DEFAULT_REPEATS, aa_protocol, calibrate, launches_asked
 from protocol.errors import UsageError
 from protocol.home import resolve_home
 from protocol.schema import Protocol, baseline_workload_id, load_protocol
@@ -34,20 +34,21 @@ RECORDED_HOST = {k: str(v) for k, v in HOST_FINGERPRINT.items()}  # a calibratio
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_aa_protocol_puts_the_baseline_in_both_arms_with_five_triplets_by_default() -> None:
+def test_aa_protocol_puts_the_baseline_in_both_arms_one_triplet_per_launch_five_launches_by_default() -> None:
     loaded = load_protocol(REPO / "protocol" / "r3_mini.yaml")
-    aa = aa_protocol(loaded, 3)
+    aa = aa_protocol(loaded)
     assert aa.protocol.arms.candidate == aa.protocol.arms.baseline == loaded.protocol.arms.baseline
-    assert aa.protocol.measurement.repeats == 3 and aa.protocol.name == "r3-mini-cpu2-aa"
+    assert aa.protocol.measurement.repeats == 1 and aa.protocol.name == "r3-mini-cpu2-aa"
     assert aa.id != loaded.id and aa.protocol.recipe == loaded.protocol.recipe
-    assert aa_protocol(loaded, None).protocol.measurement.repeats == DEFAULT_REPEATS == 5
+    assert baseline_workload_id(aa.protocol) == baseline_workload_id(loaded.protocol)
+    assert launches_asked(None) == DEFAULT_REPEATS == 5 and launches_asked(3) == 3
 
 
 def test_a_calibration_of_one_triplet_is_refused_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as err:
         calibrate(REPO / "protocol" / "r3_mini.yaml", 1, tmp_path / "home")
     assert err.value.message == (
-        "--repeats 1: an A/A calibration needs at least 2 triplets to measure the spread between triplets; give "
+        "--repeats 1: an A/A calibration needs at least 2 launches to measure the spread between launches; give "
         "--repeats 2 or more (default 5)")
     assert not (tmp_path / "home").exists()
 

@@ -67,7 +67,7 @@ def test_one_triplet_without_a_calibration_cannot_be_bounded_and_says_what_to_ru
     assert (verdict, direction) == ("no difference shown", None)
     assert sentence == (
         "the speedup cannot be bounded yet: 1 triplet and no usable A/A calibration of this protocol on this host; "
-        "run `orch calibrate PROTOCOL` on this host (A/A triplets measure the spread between triplets), or set "
+        "run `orch calibrate PROTOCOL` on this host (A/A launches measure the spread between launches), or set "
         "measurement.repeats >= 2 (or auto)")
     assert decide(False, UNBOUNDED)[0] == "not exact"  # exactness is judged first
     # the real interval of one triplet without a calibration is this unbounded one
