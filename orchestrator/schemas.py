@@ -6,16 +6,25 @@ from typing import Any
 
 from protocol.errors import UsageError
 
-SCHEMA_KINDS = ("protocol", "audit", "evidence", "gpu-run", "ledger-record")
+SCHEMA_KINDS = ("protocol", "recipe", "audit", "calibration", "evidence", "gpu-run", "ledger-record")
 
 
 def schema_document(kind: str) -> dict[str, Any]:
-    """The JSON Schema of one document: protocol.yaml, audit.json, evidence, gpu-run record, ledger record."""
+    """The JSON Schema of one document: protocol.yaml, a recipe file (orch.recipe/1), audit.json, calibration.json
+    (orch.calibration/2), evidence, gpu-run record, ledger record."""
     schema: dict[str, Any]
     if kind == "protocol":
         from protocol.schema import json_schema
 
         schema = json_schema()
+    elif kind == "recipe":
+        from protocol.recipe import RecipeFile
+
+        schema = RecipeFile.model_json_schema(by_alias=True)
+    elif kind == "calibration":
+        from ledger.verdict.calibration import Calibration
+
+        schema = Calibration.model_json_schema(by_alias=True)
     elif kind == "audit":
         from protocol.audit_doc import AuditDocument
 

@@ -89,6 +89,13 @@ def exactness_lines(doc: Mapping[str, Any]) -> list[str]:
         + ("equals the frozen recipe in every arm (frozen and trainable parameters, optimizer groups)"
            if ex["recipe_equal"] else "; ".join(ex["recipe_differences"]))
     )
+    recipe = doc.get("recipe")  # absent from audits recorded before recipe files
+    if recipe:
+        lines.append(
+            f"frozen recipe: {recipe['file']} (sha256 {recipe['sha256'][:12]}, {recipe['name']}, trainer "
+            f"{recipe['trainer']}): {len(recipe['observed_keys'])} key(s) observed at run time, "
+            f"{len(recipe['flag_only_keys'])} checked by their flags only"
+        )
     if "scalars_equal" in ex:
         s_first, s_last = ex["scalar_steps"]
         sm = ex["scalars_first_mismatch"]

@@ -40,6 +40,11 @@ def test_each_kind_has_a_json_schema_and_another_kind_is_a_usage_error() -> None
     audit = schema_document("audit")
     assert {"run_id", "verdict", "exactness", "ledger_head"} <= set(audit["required"])
     assert "CalibrationOf" in json.dumps(audit["properties"]["calibration_of"])
-    with pytest.raises(UsageError, match=r"^--kind 'nope' is not one of protocol, audit, evidence, gpu-run, "
-                                         r"ledger-record$"):
+    recipe = schema_document("recipe")  # a recipe file: its keys, each with value, flag and observation
+    assert {"keys"} <= set(recipe["required"]) and "RecipeKey" in json.dumps(recipe)
+    calibration = schema_document("calibration")
+    assert {"sd", "df", "log_speedups", "of_protocol_id"} <= set(calibration["required"])
+    assert "workload_id" in calibration["properties"]
+    with pytest.raises(UsageError, match=r"^--kind 'nope' is not one of protocol, recipe, audit, calibration, "
+                                         r"evidence, gpu-run, ledger-record$"):
         schema_document("nope")

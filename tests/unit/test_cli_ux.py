@@ -158,7 +158,7 @@ def test_audit_json_is_one_document_and_launch_exit_follows_the_verdict(tmp_path
     EvidenceDocument.model_validate(json.loads((repo / "docs" / "validation" / "e.json").read_text()))
 
 
-@pytest.mark.parametrize("kind", ["protocol", "audit", "evidence", "gpu-run", "ledger-record"])
+@pytest.mark.parametrize("kind", ["protocol", "recipe", "audit", "calibration", "evidence", "gpu-run", "ledger-record"])
 def test_schema_kinds_print_json_schemas(kind: str, tmp_path: Path) -> None:
     proc = orch("schema", "--kind", kind, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
