@@ -15,6 +15,7 @@ from scipy import stats as sps
 
 from ledger.verdict.stats import (
     LEVEL,
+    METHOD,
     Spread,
     outlier_triplets,
     outlier_windows,
@@ -290,3 +291,278 @@ def test_a_normal_quantile_in_place_of_t_would_fail_the_coverage_check() -> None
     half = 1.959964 * d.std(axis=1, ddof=1) / math.sqrt(3)
     cover = float(np.mean(np.abs(d.mean(axis=1)) <= half))
     assert cover < _binomial_band(LEVEL, RUNS)[0], cover
+
+
+# Hand-worked tests for what the paired module's first mutation run left unpinned (docs/MUTATION.md): each value is
+# worked out here from scipy's t, F and normal quantiles, or by hand, not taken from the function under test.
+
+GOAL = math.log1p(0.05)  # the +-5 % target on the log scale
+
+
+def _t(level: float, df: int) -> float:
+    return float(sps.t.ppf(0.5 + level / 2.0, df))
+
+
+def _needed_by_search(sd: float, cal_df: int, level: float = LEVEL) -> int:
+    """The smallest K whose t interval (df = cal_df + K - 1) is within +-5 %: every K up to 5,000 at once, no
+    shortcut."""
+    k = np.arange(1, 5001)
+    df = cal_df + k - 1
+    ok = (df >= 1) & (sps.t.ppf(0.5 + level / 2.0, np.maximum(df, 1)) * sd / np.sqrt(k) <= GOAL)
+    assert ok.any()
+    return int(k[np.argmax(ok)])
+
+
+def test_pooling_refuses_zero_df_in_these_words() -> None:
+    with pytest.raises(ValueError, match=r"^pooling needs at least one degree of freedom$"):
+        pooled(Spread(0.1, 0), Spread(0.2, 0))
+
+
+def test_spread_check_fields_and_words_against_scipys_f() -> None:
+    run, cal = Spread(0.1, 2), Spread(0.12, 4)
+    check = spread_check(run, cal)
+    f = (0.1 / 0.12) ** 2
+    p = float(sps.f.sf(f, 2, 4))
+    assert (check.run, check.calibration, check.larger) == (run, cal, False)
+    assert check.f == pytest.approx(f, rel=1e-12) and check.p_value == pytest.approx(p, rel=1e-12)
+    assert check.words == (f"the run's triplet SD 0.1000 (df 2) is consistent with the calibration's 0.1200 (df 4): "
+                           f"F = 0.694, one-sided p = {p:.3g}")
+    big = spread_check(Spread(0.5, 3), Spread(0.05, 6))
+    assert big.larger and big.words.startswith("the run's triplet SD 0.5000 (df 3) is larger than the calibration's "
+                                               "0.0500 (df 6): F = 100, one-sided p = ")
+    # the F test's degrees of freedom are (run, calibration), not the other way round
+    assert big.p_value == pytest.approx(float(sps.f.sf(100.0, 3, 6)), rel=1e-12)
+    assert big.p_value != pytest.approx(float(sps.f.sf(100.0, 6, 3)), rel=1e-3)
+
+
+def test_spread_check_against_a_calibration_of_zero_spread() -> None:
+    # any spread of the run is infinitely larger (F = inf, p = 0); none at all is no evidence (F = 1, p = 1)
+    some = spread_check(Spread(0.01, 2), Spread(0.0, 4))
+    assert (some.f, some.p_value, some.larger) == (math.inf, 0.0, True)
+    none = spread_check(Spread(0.0, 2), Spread(0.0, 4))
+    assert (none.f, none.p_value, none.larger) == (1.0, 1.0, False)
+    # a run SD above 1 on the log scale, and one below it, both count as "some"
+    assert spread_check(Spread(2.0, 2), Spread(0.0, 4)).f == math.inf
+    assert spread_check(Spread(0.5, 2), Spread(0.0, 4)).p_value == 0.0
+    # a calibration of spread 0 < sd < 1 is an ordinary F test
+    mid = spread_check(Spread(0.6, 2), Spread(0.5, 4))
+    assert mid.f == pytest.approx(1.44, rel=1e-12) and mid.p_value == pytest.approx(float(sps.f.sf(1.44, 2, 4)))
+
+
+def test_spread_check_is_strict_at_alpha() -> None:
+    # equal spreads: F = 1, p = P(F(2, 4) > 1); at exactly alpha = p the run is not larger, one ulp above it is
+    run, cal = Spread(0.1, 2), Spread(0.1, 4)
+    p = float(sps.f.sf(1.0, 2, 4))
+    at = spread_check(run, cal, alpha=p)
+    assert at.f == 1.0 and at.p_value == p and not at.larger
+    assert spread_check(run, cal, alpha=math.nextafter(p, 1.0)).larger
+    # the zero-spread calibration's p = 0 is not below alpha = 0
+    assert not spread_check(Spread(0.01, 2), Spread(0.0, 4), alpha=0.0).larger
+
+
+def test_triplets_needed_at_its_small_df_edges() -> None:
+    # sd 0.01: one triplet is enough with 2 calibration df (t(0.975, 2) * 0.01 = 0.0430 <= 0.0488); with 1 it takes
+    # two (t(0.975, 1) * 0.01 = 0.127 > goal; t(0.975, 2) * 0.01 / sqrt(2) = 0.0304); with none, three
+    assert [triplets_needed(0.01, c) for c in (0, 1, 2, 4)] == [3, 2, 1, 1]
+    # df 1 is a usable interval: K = 1 with one calibration df (12.706 * 0.003 = 0.0381), K = 2 without
+    # (12.706 * 0.005 / sqrt(2) = 0.0449)
+    assert triplets_needed(0.003, 1) == 1 and triplets_needed(0.005, 0) == 2
+    # sd 0: one triplet with any calibration df, two without
+    assert triplets_needed(0.0, 1) == 1 and triplets_needed(0.0, 0) == 2 and triplets_needed(0.0) == 2
+    for sd in (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3):
+        for cal_df in (0, 1, 2, 3, 5, 10):
+            assert triplets_needed(sd, cal_df) == _needed_by_search(sd, cal_df), (sd, cal_df)
+        for level in (0.8, 0.9, 0.99):
+            if _needed_by_search(sd, 0, level) <= 200:  # beyond, the normal-quantile shortcut (below)
+                assert triplets_needed(sd, 0, level) == _needed_by_search(sd, 0, level), (sd, level)
+
+
+def test_triplets_needed_accepts_a_half_width_exactly_at_the_goal() -> None:
+    # sd 0.01 without a calibration: K = 2 gives 12.706 * 0.01 / sqrt(2) = 0.0898, K = 3 gives
+    # t(0.975, 2) * 0.01 / sqrt(3) = 0.024841. A target whose log is that half-width to the last bit: K = 3 is within
+    # it (<=); one ulp of the log tighter and it is not, K = 4 (t(0.975, 3) * 0.01 / 2 = 0.0159)
+    half = _t(LEVEL, 2) * 0.01 / math.sqrt(3)
+    target = math.expm1(half)
+    assert math.log1p(target) == half and half == pytest.approx(0.0248414, abs=1e-7)
+    assert triplets_needed(0.01, 0, LEVEL, target) == 3
+    tighter = math.nextafter(target, 0.0)
+    assert math.log1p(tighter) < half and triplets_needed(0.01, 0, LEVEL, tighter) == 4
+
+
+def test_triplets_needed_switches_to_the_normal_quantile_after_k_200() -> None:
+    z = float(sps.norm.ppf(0.975))
+    # an sd whose t-based K is 201 while the normal quantile would say 199: K = 201 still comes from t
+    sd = (GOAL * math.sqrt(200) / _t(LEVEL, 199) + GOAL * math.sqrt(201) / _t(LEVEL, 200)) / 2
+    assert _needed_by_search(sd, 0) == 201 and math.ceil((z * sd / GOAL) ** 2) == 199
+    assert triplets_needed(sd) == 201
+    # t-based K is 202, the normal quantile's 200: at K = 201 the shortcut answers max(201, 200) = 201
+    sd = (GOAL * math.sqrt(201) / _t(LEVEL, 200) + GOAL * math.sqrt(202) / _t(LEVEL, 201)) / 2
+    assert _needed_by_search(sd, 0) == 202 and math.ceil((z * sd / GOAL) ** 2) == 200
+    assert triplets_needed(sd) == 201
+    # beyond: ceil((z * sd / goal)^2), the calibration's df ignored. It is a lower bound of the t-based K (t > z), short
+    # of it by 2-4 triplets here (about (1 + z^2) / 2)
+    for sd, level in ((0.5, 0.95), (1.0, 0.95), (1.4, 0.95), (0.5, 0.9), (1.0, 0.99)):
+        zl = float(sps.norm.ppf(0.5 + level / 2.0))
+        want = math.ceil((zl * sd / GOAL) ** 2)
+        assert want > 201 and triplets_needed(sd, 0, level) == want == triplets_needed(sd, 10, level)
+        exact = _needed_by_search(sd, 0, level) if want < 2000 else None
+        assert exact is None or exact - 4 <= want < exact, (sd, level, exact, want)
+    assert triplets_needed(0.5) == 404 and _needed_by_search(0.5, 0) == 406
+
+
+def test_triplets_needed_caps_at_ten_thousand() -> None:
+    z = float(sps.norm.ppf(0.975))
+    edge = GOAL * 100.0 / z  # (z * sd / goal)^2 = 10 000
+    assert triplets_needed(edge * (1 - 1e-9)) == 10_000
+    assert triplets_needed(edge * (1 + 1e-9)) is None
+
+
+def test_the_unbounded_interval_carries_its_fields() -> None:
+    iv = paired_interval([0.3], level=0.9, nominal_level=0.8)
+    assert iv.estimate == pytest.approx(math.exp(0.3), rel=1e-12)
+    assert (iv.low, iv.high, iv.level, iv.nominal_level, iv.method, iv.triplets, iv.log_speedups) == (
+        0.0, math.inf, 0.9, 0.8, METHOD, 1, (0.3,))
+    assert (iv.sd, iv.df, iv.variance_source, iv.critical, iv.check, iv.triplets_for_target) == (
+        None, 0, "none", None, None, None)
+    plain = paired_interval([-0.2])
+    assert (plain.level, plain.nominal_level, plain.log_speedups) == (LEVEL, LEVEL, (-0.2,))
+    assert METHOD.startswith("paired: one value per fresh A -> C -> B triplet")
+    with pytest.raises(ValueError, match=r"^the interval needs at least one triplet$"):
+        paired_interval([], Spread(0.1, 4))
+
+
+def test_the_bounded_interval_uses_the_nominal_level_for_t_and_the_level_for_planning() -> None:
+    d = [0.1, 0.2, 0.3]  # mean 0.2, SD 0.1, df 2
+    iv = paired_interval(d, level=0.9, nominal_level=0.99)
+    crit = _t(0.99, 2)  # 9.9248
+    half = crit * 0.1 / math.sqrt(3)
+    assert iv.critical == pytest.approx(crit, rel=1e-12) and iv.critical == pytest.approx(9.9248432, abs=1e-6)
+    assert iv.low == pytest.approx(math.exp(0.2 - half), rel=1e-12)
+    assert iv.high == pytest.approx(math.exp(0.2 + half), rel=1e-12)
+    assert (iv.level, iv.nominal_level, iv.method, iv.triplets) == (0.9, 0.99, METHOD, 3)
+    assert iv.log_speedups == (0.1, 0.2, 0.3)
+    assert (iv.df, iv.variance_source, iv.check) == (2, "run", None) and iv.sd == pytest.approx(0.1, rel=1e-12)
+    # planning uses the overall level (0.9): t(0.95, df); not the look's nominal 0.99, nor the default 0.95
+    assert iv.triplets_for_target == _needed_by_search(0.1, 0, 0.9) == 14
+    assert _needed_by_search(0.1, 0, 0.95) == 19 and _needed_by_search(0.1, 0, 0.99) == 32
+    fixed = paired_interval(d)
+    assert (fixed.level, fixed.nominal_level) == (LEVEL, LEVEL)
+    assert fixed.critical == pytest.approx(T975[2], abs=2e-7)
+
+
+def test_the_interval_plans_with_the_calibrations_df() -> None:
+    # the run's own SD: no calibration df. sd 0.02 -> 4 triplets (with one calibration df it would be 3)
+    run = paired_interval([0.0, 0.02, 0.04])
+    assert run.variance_source == "run" and run.sd == pytest.approx(0.02, rel=1e-12)
+    assert run.triplets_for_target == _needed_by_search(0.02, 0) == 4 and _needed_by_search(0.02, 1) == 3
+    # pooled: run SD 0.01 (df 2) and a calibration of SD 0.01 (df 1): SD 0.01, df 3, of which 1 is the calibration's.
+    # sd 0.01 needs 3 triplets with 0 calibration df, 2 with 1, 1 with 2 or more
+    pool = paired_interval([0.0, 0.01, 0.02], Spread(0.01, 1))
+    assert (pool.variance_source, pool.df) == ("pooled", 3) and pool.sd == pytest.approx(0.01, rel=1e-12)
+    assert pool.triplets_for_target == _needed_by_search(0.01, 1) == 2
+    assert [_needed_by_search(0.01, c) for c in (0, 2, 5)] == [3, 1, 1]
+    # the calibration's own SD for one triplet: its df
+    one = paired_interval([0.1], Spread(0.01, 1))
+    assert (one.variance_source, one.df) == ("calibration", 1)
+    assert one.triplets_for_target == 2
+
+
+def test_outlier_triplet_fields_worked_by_hand() -> None:
+    d = [0.10, 0.12, 0.08, 0.11, 0.09, 0.60]
+    # without a calibration, triplet 5 against the other five: mean 0.10, SD sqrt(10e-4 / 4) = 0.0158114 (df 4);
+    # z = 0.5 / (0.0158114 * sqrt(1 + 1/5)) = 28.8675, p = 2 P(T_4 > z)
+    z = 0.5 / (math.sqrt(2.5e-4) * math.sqrt(1.2))
+    found = outlier_triplets(d)
+    assert [(o.triplet, o.window, o.df) for o in found] == [(5, None, 4)]
+    assert found[0].z == pytest.approx(z, rel=1e-9) and z == pytest.approx(28.867513, rel=1e-6)
+    assert found[0].p_value == pytest.approx(2 * float(sps.t.sf(z, 4)), rel=1e-9)
+    # with a calibration SD 0.02 (df 10): F = 0.625 is not larger, so pooled: sqrt((4 * 2.5e-4 + 10 * 4e-4) / 14),
+    # df 14. The other triplets' leave-one-out sets hold 0.60: their own spread is larger, so theirs is used
+    sd = math.sqrt((4 * 2.5e-4 + 10 * 4e-4) / 14)
+    z = 0.5 / (sd * math.sqrt(1.2))
+    cal = outlier_triplets(d, Spread(0.02, 10))
+    assert [(o.triplet, o.window, o.df) for o in cal] == [(5, None, 14)]
+    assert cal[0].z == pytest.approx(z, rel=1e-9) and cal[0].p_value == pytest.approx(2 * float(sps.t.sf(z, 14)),
+                                                                                     rel=1e-9)
+    # a low outlier has a negative z, the same p
+    low = outlier_triplets([0.10, 0.12, 0.08, 0.11, 0.09, -0.40], Spread(0.02, 10))
+    assert [o.triplet for o in low] == [5] and low[0].z == pytest.approx(-z, rel=1e-9)
+    assert low[0].p_value == pytest.approx(cal[0].p_value, rel=1e-9)
+
+
+def test_outlier_triplets_is_bonferroni_over_k_and_strict_at_alpha() -> None:
+    d = [0.10, 0.12, 0.08, 0.11, 0.09, 0.60]
+    p = outlier_triplets(d)[0].p_value
+    # flagged when p * K < alpha: at 3 p (below p * 6 but above p) it is not; exactly at alpha = p * 6 neither
+    assert outlier_triplets(d, alpha=3 * p) == []
+    assert outlier_triplets(d, alpha=p * 6) == []
+    assert [o.triplet for o in outlier_triplets(d, alpha=math.nextafter(p * 6, 1.0))] == [5]
+
+
+def test_outlier_triplets_with_two_or_three_triplets() -> None:
+    # K = 2 with a calibration: each triplet against the other, the calibration's SD 0.05 (df 4):
+    # z = -+1 / (0.05 * sqrt(2)) = -+14.142
+    two = outlier_triplets([0.0, 1.0], Spread(0.05, 4))
+    z = 1.0 / (0.05 * math.sqrt(2.0))
+    assert [(o.triplet, o.df) for o in two] == [(0, 4), (1, 4)]
+    assert two[0].z == pytest.approx(-z, rel=1e-12) and two[1].z == pytest.approx(z, rel=1e-12)
+    assert two[0].p_value == pytest.approx(2 * float(sps.t.sf(z, 4)), rel=1e-9)
+    assert outlier_triplets([0.0, 1.0]) == []  # no calibration: one other triplet has no spread
+    assert outlier_triplets([0.3], Spread(0.05, 4)) == []  # one triplet has no others to be judged against
+    # K = 3 without a calibration: triplet 2 against (0, 0.001), SD 0.000707 (df 1)
+    three = outlier_triplets([0.0, 0.001, 1.0])
+    z = (1.0 - 0.0005) / (math.sqrt(0.0005) * math.sqrt(1.5) * math.sqrt(0.001))
+    assert [(o.triplet, o.df) for o in three] == [(2, 1)] and three[0].z == pytest.approx(z, rel=1e-9)
+    assert three[0].p_value == pytest.approx(2 * float(sps.t.sf(z, 1)), rel=1e-9)
+
+
+def test_a_triplet_whose_others_agree_exactly_is_skipped_and_the_rest_still_judged() -> None:
+    # triplet 3's leave-one-out set (0.25, 0.25, 0.25) has SD 0: it is not judged (no z can be formed)
+    assert outlier_triplets([0.25, 0.25, 0.25, 0.5]) == []
+    # with alpha = inf every triplet that is judged is listed: triplet 0 is skipped, 1-3 are each judged against
+    # (1, 0, 0): mean 1/3, SD 1/sqrt(3) (df 2), z = -(1/3) / (sqrt(1/3) * sqrt(4/3)) = -1/2
+    judged = outlier_triplets([1.0, 0.0, 0.0, 0.0], alpha=math.inf)
+    assert [o.triplet for o in judged] == [1, 2, 3]
+    assert all(o.z == pytest.approx(-0.5, rel=1e-12) and o.df == 2 for o in judged)
+    assert judged[0].p_value == pytest.approx(2 * float(sps.t.sf(0.5, 2)), rel=1e-12)
+
+
+def test_outlier_window_fields_worked_by_hand() -> None:
+    # one triplet of two windows, logs (0, 0.5): d = 0.25, residuals -+0.25, scaled by the given window SD 0.01
+    # (df 20) times sqrt((2 - 1) / 2): z = -+35.355
+    z = 0.25 / (0.01 * math.sqrt(0.5))
+    two = outlier_windows([[1.0, math.exp(0.5)]], Spread(0.01, 20))
+    assert [(o.triplet, o.window, o.df) for o in two] == [(0, 0, 20), (0, 1, 20)]
+    assert two[0].z == pytest.approx(-z, rel=1e-9) and two[1].z == pytest.approx(z, rel=1e-9)
+    assert two[1].p_value == pytest.approx(2 * float(sps.t.sf(z, 20)), rel=1e-9)
+    # a one-window triplet before it is passed over, not the end of the search
+    after = outlier_windows([[1.1], [1.0, math.exp(0.5)]], Spread(0.01, 20))
+    assert [(o.triplet, o.window) for o in after] == [(1, 0), (1, 1)]
+    # the run's own window SD: seven triplets of logs (0.01, 0, -0.01) and one of (0, 0.3, 0). Residual SS
+    # 7 * 2e-4 + (0.01 + 0.04 + 0.01) = 0.0614 over df 16; the 0.3 window: z = 0.2 / (sd * sqrt(2/3))
+    logs = [[0.01, 0.0, -0.01]] * 7 + [[0.0, 0.3, 0.0]]
+    ratios = [[math.exp(x) for x in row] for row in logs]
+    sd = math.sqrt(0.0614 / 16)
+    z = 0.2 / (sd * math.sqrt(2.0 / 3.0))
+    p = 2 * float(sps.t.sf(z, 16))
+    assert p * 24 < 0.05 < 2 * float(sps.t.sf(0.1 / (sd * math.sqrt(2.0 / 3.0)), 16)) * 24
+    own = outlier_windows(ratios)
+    assert [(o.triplet, o.window, o.df) for o in own] == [(7, 1, 16)]
+    assert own[0].z == pytest.approx(z, rel=1e-9) and own[0].p_value == pytest.approx(p, rel=1e-9)
+
+
+def test_outlier_windows_is_bonferroni_over_all_windows_and_strict_at_alpha() -> None:
+    logs = [[0.01, 0.0, -0.01]] * 7 + [[0.0, 0.3, 0.0]]
+    ratios = [[math.exp(x) for x in row] for row in logs]
+    p = outlier_windows(ratios)[0].p_value
+    assert outlier_windows(ratios, alpha=3 * p) == []  # p * 24 > 3 p: not flagged
+    assert outlier_windows(ratios, alpha=p * 24) == []
+    assert [(o.triplet, o.window) for o in outlier_windows(ratios, alpha=math.nextafter(p * 24, 1.0))] == [(7, 1)]
+    # the windows of one-window triplets count in the number of windows too (2 + 1 = 3)
+    two = [[1.0, math.exp(0.5)]]
+    q = outlier_windows(two, Spread(0.01, 20))[0].p_value
+    assert len(outlier_windows([[1.2], *two], Spread(0.01, 20), alpha=math.nextafter(q * 3, 1.0))) == 2
+    assert outlier_windows([[1.2], *two], Spread(0.01, 20), alpha=q * 3) == []
+    # a window SD of 0 (given, or the run's own when every triplet's windows agree) judges nothing
+    assert outlier_windows([[1.0, 1.2]], Spread(0.0, 4)) == []
+    assert outlier_windows([[1.1, 1.1], [1.2, 1.2]]) == []
