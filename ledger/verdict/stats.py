@@ -143,14 +143,18 @@ def triplets_needed(sd: float, calibration_df: int = 0, level: float = LEVEL,
     goal = math.log1p(target)
     if sd <= 0.0:
         return 1 if calibration_df > 0 else 2
-    for k in range(1, MAX_TRIPLETS + 1):
+    for k in range(1, 201):
         df = calibration_df + k - 1
         if df >= 1 and t_critical(level, df) * sd / math.sqrt(k) <= goal:
             return k
-        if k > 200:  # beyond, t is the normal quantile to 3 digits: solve directly
-            z = float(sps.norm.ppf(0.5 + level / 2.0))
-            need = max(k, math.ceil((z * sd / goal) ** 2))
-            return need if need <= MAX_TRIPLETS else None
+    # beyond: the normal quantile's K is a lower bound (t > z at every df); step up from it to the t-based K (a few
+    # triplets: about (1 + z^2) / 2)
+    z = float(sps.norm.ppf(0.5 + level / 2.0))
+    k = max(201, math.ceil((z * sd / goal) ** 2))
+    while k <= MAX_TRIPLETS:
+        if t_critical(level, calibration_df + k - 1) * sd / math.sqrt(k) <= goal:
+            return k
+        k += 1
     return None
 
 

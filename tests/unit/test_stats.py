@@ -373,8 +373,7 @@ def test_triplets_needed_at_its_small_df_edges() -> None:
         for cal_df in (0, 1, 2, 3, 5, 10):
             assert triplets_needed(sd, cal_df) == _needed_by_search(sd, cal_df), (sd, cal_df)
         for level in (0.8, 0.9, 0.99):
-            if _needed_by_search(sd, 0, level) <= 200:  # beyond, the normal-quantile shortcut (below)
-                assert triplets_needed(sd, 0, level) == _needed_by_search(sd, 0, level), (sd, level)
+            assert triplets_needed(sd, 0, level) == _needed_by_search(sd, 0, level), (sd, level)
 
 
 def test_triplets_needed_accepts_a_half_width_exactly_at_the_goal() -> None:
@@ -389,30 +388,28 @@ def test_triplets_needed_accepts_a_half_width_exactly_at_the_goal() -> None:
     assert math.log1p(tighter) < half and triplets_needed(0.01, 0, LEVEL, tighter) == 4
 
 
-def test_triplets_needed_switches_to_the_normal_quantile_after_k_200() -> None:
+def test_triplets_needed_past_k_200_is_the_t_based_k() -> None:
     z = float(sps.norm.ppf(0.975))
-    # an sd whose t-based K is 201 while the normal quantile would say 199: K = 201 still comes from t
+    # an sd whose t-based K is 201 while the normal quantile would say 199
     sd = (GOAL * math.sqrt(200) / _t(LEVEL, 199) + GOAL * math.sqrt(201) / _t(LEVEL, 200)) / 2
     assert _needed_by_search(sd, 0) == 201 and math.ceil((z * sd / GOAL) ** 2) == 199
     assert triplets_needed(sd) == 201
-    # t-based K is 202, the normal quantile's 200: at K = 201 the shortcut answers max(201, 200) = 201
+    # t-based K is 202, the normal quantile's 200 (the shortcut before this answered 201)
     sd = (GOAL * math.sqrt(201) / _t(LEVEL, 200) + GOAL * math.sqrt(202) / _t(LEVEL, 201)) / 2
     assert _needed_by_search(sd, 0) == 202 and math.ceil((z * sd / GOAL) ** 2) == 200
-    assert triplets_needed(sd) == 201
-    # beyond: ceil((z * sd / goal)^2), the calibration's df ignored. It is a lower bound of the t-based K (t > z), short
-    # of it by 2-4 triplets here (about (1 + z^2) / 2)
-    for sd, level in ((0.5, 0.95), (1.0, 0.95), (1.4, 0.95), (0.5, 0.9), (1.0, 0.99)):
+    assert triplets_needed(sd) == 202
+    # further out the normal quantile's K falls 2-4 short of the t-based K; triplets_needed is the t-based K, and a
+    # calibration's df never needs more triplets
+    for sd, level in ((0.5, 0.95), (1.0, 0.95), (0.5, 0.9), (0.3, 0.99)):
         zl = float(sps.norm.ppf(0.5 + level / 2.0))
-        want = math.ceil((zl * sd / GOAL) ** 2)
-        assert want > 201 and triplets_needed(sd, 0, level) == want == triplets_needed(sd, 10, level)
-        exact = _needed_by_search(sd, 0, level) if want < 2000 else None
-        assert exact is None or exact - 4 <= want < exact, (sd, level, exact, want)
-    assert triplets_needed(0.5) == 404 and _needed_by_search(0.5, 0) == 406
+        exact = _needed_by_search(sd, 0, level)
+        assert math.ceil((zl * sd / GOAL) ** 2) < exact and triplets_needed(sd, 0, level) == exact, (sd, level)
+        assert triplets_needed(sd, 10, level) == _needed_by_search(sd, 10, level) <= exact
+    assert triplets_needed(0.5) == 406 and triplets_needed(1.0) == 1617 and triplets_needed(0.3, 0, 0.99) == 255
 
 
 def test_triplets_needed_caps_at_ten_thousand() -> None:
-    z = float(sps.norm.ppf(0.975))
-    edge = GOAL * 100.0 / z  # (z * sd / goal)^2 = 10 000
+    edge = GOAL * 100.0 / _t(LEVEL, 9_999)  # t(0.975, 9 999) * sd / sqrt(10 000) == goal
     assert triplets_needed(edge * (1 - 1e-9)) == 10_000
     assert triplets_needed(edge * (1 + 1e-9)) is None
 
