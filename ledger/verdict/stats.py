@@ -21,7 +21,7 @@ OUTLIER_ALPHA = 0.05  # family-wise (Bonferroni over the triplets, or over the w
 METHOD = (
     "paired: one value per fresh A -> C -> B triplet, d = mean over its windows of log(mean(A_w, B_w) / C_w); "
     "Student t interval of exp(mean d) over the triplets, the between-triplet SD pooled with this host's A/A "
-    "calibration of the same protocol (df added) unless the run's own spread is larger"
+    "calibration of the same protocol or baseline workload (df added) unless the run's own spread is larger"
 )
 
 
