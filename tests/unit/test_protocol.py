@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from protocolutil import BAGEL, bagel_variant, v1_text, with_recipes
 from typer.testing import CliRunner
 
@@ -114,9 +112,9 @@ _PATHS = [p for p in _leaves(_BASE)
           if p[0] not in ("recipe", "precision", "schema") and "source" not in p and p not in _LITERALS]
 
 
-@settings(max_examples=60, deadline=None)
-@given(path=st.sampled_from(_PATHS))
+@pytest.mark.parametrize("path", _PATHS, ids=lambda p: ".".join(map(str, p)))
 def test_id_changes_when_any_field_changes(path: tuple[object, ...]) -> None:
+    """Every leaf of the protocol (169 of them), not a sample: a sampled run once missed recipe_file.sha256."""
     base = Protocol.model_validate(_BASE)
     data = yaml.safe_load(BAGEL.read_text())
     node = data
@@ -129,6 +127,8 @@ def test_id_changes_when_any_field_changes(path: tuple[object, ...]) -> None:
         new = old + 1
     elif isinstance(old, float):
         new = old / 2
+    elif path[-1] == "sha256":  # a digest stays 64 hex digits: change its last one
+        new = f"{old[:-1]}{'0' if old[-1] != '0' else '1'}"  # type: ignore[index]
     else:
         new = f"{old}x"
     node[path[-1]] = new  # type: ignore[index]
