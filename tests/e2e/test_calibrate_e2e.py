@@ -77,5 +77,7 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
     assert iv2["calibration_used"] == {"run_id": run_id, "sd": cal.sd, "df": 1} and iv2["sd"] == cal.sd
     assert 0.0 < iv2["low"] < iv2["estimate"] < iv2["high"] < math.inf
     excludes = iv2["low"] > 1.0 or iv2["high"] < 1.0
-    assert doc["verdict"] == ("accepted" if excludes else "no difference shown")
+    busy = (doc.get("host_watch") or {}).get("busy") or []  # a parallel test's load on the ranks' cores
+    outlier = bool(iv2["outliers"]["triplets"])
+    assert doc["verdict"] == ("accepted" if excludes and not busy and not outlier else "no difference shown")
     assert f"SD of A/A run {run_id}" in records(home)[-1]["note"]
