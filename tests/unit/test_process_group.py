@@ -100,11 +100,16 @@ def test_a_child_joins_the_cgroup_before_it_runs(tmp_path: Path) -> None:
     assert group is not None
     fd = joiner(group.procs_file())
     try:
-        proc = spawn_in_group(["sh", "-c", "setsid sleep 60 </dev/null >/dev/null 2>&1 & exit 0"], cgroup_fd=fd)
+        # the leader waits until its child is in its new session (the inner shell writes its pid after setsid):
+        # else wait_group's end of the leader's process group could take the child before it left the group
+        ready = tmp_path / "ready"
+        proc = spawn_in_group(["sh", "-c", f"setsid sh -c 'echo $$ > {ready}; exec sleep 60' </dev/null >/dev/null "
+                                           f"2>&1 & while [ ! -s {ready} ]; do sleep 0.05; done; exit 0"],
+                              cgroup_fd=fd)
     finally:
         os.close(fd)
     wait_group(proc, timeout=30)
-    deadline = time.monotonic() + 10  # under load the backgrounded child may still be exec-ing sleep
+    deadline = time.monotonic() + 10  # under load the inner shell may still be exec-ing sleep
     left = group.members()
     while [name for _, name in left] != ["sleep"] and time.monotonic() < deadline:
         time.sleep(0.1)
