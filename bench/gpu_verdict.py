@@ -31,12 +31,10 @@ def candidate_protocol(proj: Path, device: str) -> Path:
     """r3-mini's own candidate (its fusion switches on), both arms from git HEAD."""
     src = "r3_mini_cuda1.yaml" if device == "cuda" else "r3_mini.yaml"
     data = yaml.safe_load((REPO / "protocol" / src).read_text())
-    for arm in ("baseline", "candidate"):
-        data["arms"][arm]["source"] = HEAD
     data["measurement"]["repeats"] = 1
     path = proj / "protocol" / "candidate_k1.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    return with_git_arms(path)
 
 
 def with_git_arms(path: Path) -> Path:
