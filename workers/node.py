@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from manifests.core import hash_tree
@@ -26,12 +27,30 @@ LOG_FILE = "node{node}.log"  # the node's torchrun output (scratch: it may hold 
 EXIT_FILE = "node{node}.exit.json"  # how the node's torchrun ended: on its own, or stopped by Slurm
 
 
-class _Stopped(Exception):
-    """SIGTERM from slurmstepd: another node failed (srun --kill-on-bad-exit) or the package was stopped."""
+class _Stop:
+    """Slurm's SIGTERM to the node agent (another node failed: srun --kill-on-bad-exit; or the package was stopped).
 
+    The handler records it and never raises: a stop that lands after torchrun ended, while the agent is writing how
+    it ended, must not cut that report short (the agent would then read as silent, and this node be named the cause).
+    While torchrun still runs, the handler says "stopped" at once (Slurm may SIGKILL the agent after KillWait), ends
+    torchrun, and kills it if it has not ended 30 s later.
+    """
 
-def _stop(signum: int, frame: object) -> None:
-    raise _Stopped
+    def __init__(self, folder: Path, node_id: int) -> None:
+        self.folder, self.node_id = folder, node_id
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ended = False  # torchrun's exit status is known: from now on a stop is only recorded
+        self.stopped = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.stopped = True
+        if self.ended or self.proc is None:
+            return
+        _write_exit(self.folder, self.node_id, None, True)
+        self.proc.terminate()
+        kill = threading.Timer(30, self.proc.kill)
+        kill.daemon = True  # never keeps the agent alive once torchrun has ended
+        kill.start()
 
 
 def node_name() -> str:
@@ -93,31 +112,22 @@ def train(spec_path: str) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     clock = StepClock(spec.nproc)  # every rank of the world may land on this node
     clock.start()
-    stopped = False
-    signal.signal(signal.SIGTERM, _stop)
+    stop = _Stop(folder, node_id)
+    signal.signal(signal.SIGTERM, stop)
     try:
         cmd = torchrun_command(spec, clock.name, rendezvous_args(spec, rendezvous_host(), node_id))
         with open(folder / LOG_FILE.format(node=node_id), "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=spec.sealed_dir, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGTERM))
-            try:
-                rc = proc.wait()
-            except _Stopped:
-                stopped = True
-                _write_exit(folder, node_id, None, stopped)  # said at once: Slurm may SIGKILL this agent after KillWait
-                proc.terminate()
-                try:
-                    rc = proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    rc = proc.wait()
+            stop.proc = subprocess.Popen(cmd, cwd=spec.sealed_dir, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGTERM))
+            rc = stop.proc.wait()
+            stop.ended = True
+        _write_exit(folder, node_id, rc, stop.stopped)
     finally:
         clock.stop()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _write_exit(folder, node_id, rc, stopped)
-    out = folder / CLOCK_FILE.format(node=node_id)
     rows = [{"rank": r, "step": s, "event": e, "t_ns": t} for r, rows in clock.arrivals.items() for s, e, t in rows]
-    out.write_text(json.dumps({"malformed": clock.malformed, "unstamped": clock.unstamped, "arrivals": rows}) + "\n")
+    doc = {"malformed": clock.malformed, "unstamped": clock.unstamped, "arrivals": rows}
+    (folder / CLOCK_FILE.format(node=node_id)).write_text(json.dumps(doc) + "\n")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return rc
 
 

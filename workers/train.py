@@ -160,14 +160,12 @@ def check_clock(
 
 
 def node_cause(spec: PackageSpec) -> str | None:
-    """The cause of a multi-node failure: a node that never reported (it died, or its agent was killed), else a rank
-    killed by a signal on some node (the others then lose their peer), else the rank that raised first on any node,
-    else the first node whose torchrun failed; named by node index."""
+    """The cause of a multi-node failure, named by node index: a rank killed by a signal on some node (the others
+    then lose their peer, and srun's kill-on-bad-exit may end a node's agent before it reports), else a node that
+    never reported (it died, or its agent was killed), else the rank that raised first on any node, else the first
+    node whose torchrun failed."""
     from workers.node import failed_nodes, silent_nodes
 
-    silent = silent_nodes(spec)
-    if silent:  # the others then lose their peers: their errors follow from it
-        return f"node {silent[0]}: no report from it (its node agent was killed, or the node died)"
     found = []
     for node, rc, text in failed_nodes(spec):
         cause = failure_cause(text)
@@ -176,6 +174,9 @@ def node_cause(spec: PackageSpec) -> str | None:
         raised = [float(m.group(2)) for m in map(RANK_FAILED_LINE.match, text.splitlines()) if m]
         killed = cause is not None and "killed by signal" in cause
         found.append((not killed, min(raised, default=float("inf")), node, cause or f"torchrun exited with {rc}", text))
+    silent = silent_nodes(spec)
+    if silent and not any(not f[0] for f in found):  # the others' errors (peer lost) follow from it
+        return f"node {silent[0]}: no report from it (its node agent was killed, or the node died)"
     if not found:
         return None
     *_, node, cause, text = min(found, key=lambda f: f[:3])

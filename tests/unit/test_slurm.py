@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -229,6 +230,11 @@ def test_a_node_that_never_reported_is_the_cause(tmp_path: Path) -> None:
     assert node_cause(spec) == "node 1: no report from it (its node agent was killed, or the node died)"
     (tmp_path / EXIT_FILE.format(node=1)).write_text(json.dumps({"rc": None, "stopped": True}))  # Slurm's SIGTERM
     assert node_cause(spec) == "node 0: rank 0: RuntimeError: Connection reset by peer"
+    (tmp_path / EXIT_FILE.format(node=1)).unlink()
+    (tmp_path / EXIT_FILE.format(node=0)).write_text(json.dumps({"rc": 1, "stopped": False}))
+    (tmp_path / LOG_FILE.format(node=0)).write_text(_summary(0, -9))
+    # node 0's rank was SIGKILLed; srun's kill-on-bad-exit then ended node 1's agent before it said anything
+    assert node_cause(spec) == "node 0: rank 0 was killed by signal 9 (SIGKILL)"
 
 
 def test_failure_notes_name_nodes_by_hash_and_slurm_lost_nodes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -254,3 +260,67 @@ def test_failure_notes_name_nodes_by_hash_and_slurm_lost_nodes_first(tmp_path: P
         f"node {a1}: rank 0: ValueError: x; node 7: ?"  # a one-node package: only its node; no such index 7
     (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")  # Slurm cannot say: the note, nodes by hash
     assert run.explain_failure("node 0: rank 0 was killed", "train") == f"node {a1}: rank 0 was killed"
+
+
+def _agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> tuple[int, Path]:
+    """workers.node's train agent with its torchrun replaced by `python -c script` (no Slurm, no rendezvous):
+    (its return, the folder where it says how torchrun ended)."""
+    import workers.torchrun
+    from protocol.package import SlurmStep, TrainSpec
+    from workers import node
+
+    step = SlurmStep(srun=["srun"], nodes=1, nproc_per_node=1, port=20001, rdzv_id="r",
+                     clock_dir=str(tmp_path / "clock"))
+    spec = TrainSpec(run_id="r", name="train-A", kind="train", package_dir=str(tmp_path), sealed_dir=str(tmp_path),
+                     scratch_dir=str(tmp_path), result_path=str(tmp_path / "r.json"), device="cpu",
+                     precision="fp32", nproc=1, slurm=step)
+    (tmp_path / "package.json").write_text(spec.model_dump_json(by_alias=True))
+    monkeypatch.setattr(node, "rendezvous_host", lambda: "127.0.0.1")
+    monkeypatch.setattr(workers.torchrun, "torchrun_command", lambda *a: [sys.executable, "-c", script])
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        return node.train(str(tmp_path / "package.json")), tmp_path / "clock"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_stop_after_torchrun_ended_does_not_silence_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """CI at 55b9742: node 1's rank SIGKILLed, and the note named node 0 "no report from it". node 0's torchrun had
+    ended on its own (its peer lost) when srun's kill-on-bad-exit SIGTERM reached the agent, which then raised out of
+    its own ending before it said how torchrun ended. A stop that lands while the agent reports is only recorded."""
+    from workers import node
+    from workers.clock import StepClock
+
+    real_stop = StepClock.stop
+
+    def stop_then_sigterm(self: StepClock) -> None:  # Slurm's SIGTERM lands while the agent ends
+        os.kill(os.getpid(), signal.SIGTERM)
+        real_stop(self)
+
+    monkeypatch.setattr(StepClock, "stop", stop_then_sigterm)
+    rc, folder = _agent(tmp_path, monkeypatch, "raise SystemExit(3)")
+    assert rc == 3
+    # said before the stop landed: torchrun ended on its own, and that is this node's report
+    assert json.loads((folder / node.EXIT_FILE.format(node=0)).read_text()) == {"rc": 3, "stopped": False}
+    assert (folder / node.CLOCK_FILE.format(node=0)).is_file()
+
+
+def test_a_stop_while_torchrun_runs_is_said_at_once_and_ends_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """The agent's SIGTERM (here sent by its own child, as slurmstepd would) is written down before torchrun is
+    ended, then torchrun's end replaces it."""
+    from workers import node
+
+    script = ("import os, signal\n"
+              "def said(*_):\n"
+              "    open('said.json', 'w').write(open('clock/node0.exit.json').read())\n"
+              "    os._exit(7)\n"
+              "signal.signal(signal.SIGTERM, said)\n"
+              "os.kill(os.getppid(), signal.SIGTERM)\n"
+              "signal.pause()\n")
+    rc, folder = _agent(tmp_path, monkeypatch, script)
+    assert json.loads((tmp_path / "said.json").read_text()) == {"rc": None, "stopped": True}  # before torchrun ended
+    assert rc == 7
+    assert json.loads((folder / node.EXIT_FILE.format(node=0)).read_text()) == {"rc": 7, "stopped": True}
