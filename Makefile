@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null bench-verdict attack mutation clean
+.PHONY: all install lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null bench-verdict bench-trl attack mutation clean
 
 all: test
 
@@ -83,6 +83,12 @@ bench-probe: $(STAMP)
 # one device call (~8 min on one H200): null runs with repeats and a known 25% slowdown; figures under $$OUT
 bench-null: $(STAMP)
 	$(BIN)/python bench/bench_null.py $(BENCH_NULL_ARGS)
+
+# issue 28: TRL GRPO's candidate without orch (gradient checkpointing on vs off, TRL's own script on 2 CPU ranks,
+# 3 alternated runs each, ~3 min); installs the trl extra
+bench-trl: $(STAMP)
+	$(BIN)/pip install -q $(CONSTRAINTS) -e '.[trl]'
+	$(BIN)/python bench/bench_trl_gc.py $(BENCH_TRL_ARGS)
 
 # issue 26: the verdict's false accepts and power. --sim (default, ~5 min on one core) writes
 # docs/validation/verdict_simulation.json; BENCH_VERDICT_ARGS="--real --streams 8 --budget-s 520" launches r3-mini

@@ -41,11 +41,23 @@ class _Stop:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ended = False  # torchrun's exit status is known: from now on a stop is only recorded
         self.stopped = False
+        self._ending = False
 
     def __call__(self, signum: int, frame: object) -> None:
         self.stopped = True
-        if self.ended or self.proc is None:
+        if self.proc is not None:
+            self._end()
+
+    def started(self, proc: subprocess.Popen[bytes]) -> None:
+        """torchrun runs: a stop that came before (during the rendezvous lookup) ends it now."""
+        self.proc = proc
+        if self.stopped:
+            self._end()
+
+    def _end(self) -> None:
+        if self.ended or self._ending or self.proc is None:
             return
+        self._ending = True
         _write_exit(self.folder, self.node_id, None, True)
         self.proc.terminate()
         kill = threading.Timer(30, self.proc.kill)
@@ -117,9 +129,10 @@ def train(spec_path: str) -> int:
     try:
         cmd = torchrun_command(spec, clock.name, rendezvous_args(spec, rendezvous_host(), node_id))
         with open(folder / LOG_FILE.format(node=node_id), "wb") as log:
-            stop.proc = subprocess.Popen(cmd, cwd=spec.sealed_dir, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGTERM))
-            rc = stop.proc.wait()
+            proc = subprocess.Popen(cmd, cwd=spec.sealed_dir, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, preexec_fn=die_with_parent(signal.SIGTERM))
+            stop.started(proc)
+            rc = proc.wait()
             stop.ended = True
         _write_exit(folder, node_id, rc, stop.stopped)
     finally:

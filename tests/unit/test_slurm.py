@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -262,7 +263,8 @@ def test_failure_notes_name_nodes_by_hash_and_slurm_lost_nodes_first(tmp_path: P
     assert run.explain_failure("node 0: rank 0 was killed", "train") == f"node {a1}: rank 0 was killed"
 
 
-def _agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> tuple[int, Path]:
+def _agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str,
+           host: Callable[[], str] = lambda: "127.0.0.1") -> tuple[int, Path]:
     """workers.node's train agent with its torchrun replaced by `python -c script` (no Slurm, no rendezvous):
     (its return, the folder where it says how torchrun ended)."""
     import workers.torchrun
@@ -275,7 +277,7 @@ def _agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> tupl
                      scratch_dir=str(tmp_path), result_path=str(tmp_path / "r.json"), device="cpu",
                      precision="fp32", nproc=1, slurm=step)
     (tmp_path / "package.json").write_text(spec.model_dump_json(by_alias=True))
-    monkeypatch.setattr(node, "rendezvous_host", lambda: "127.0.0.1")
+    monkeypatch.setattr(node, "rendezvous_host", host)
     monkeypatch.setattr(workers.torchrun, "torchrun_command", lambda *a: [sys.executable, "-c", script])
     monkeypatch.setenv("SLURM_NODEID", "0")
     previous = signal.getsignal(signal.SIGTERM)
@@ -324,3 +326,20 @@ def test_a_stop_while_torchrun_runs_is_said_at_once_and_ends_it(tmp_path: Path, 
     assert json.loads((tmp_path / "said.json").read_text()) == {"rc": None, "stopped": True}  # before torchrun ended
     assert rc == 7
     assert json.loads((folder / node.EXIT_FILE.format(node=0)).read_text()) == {"rc": 7, "stopped": True}
+
+
+def test_a_stop_before_torchrun_started_ends_it_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm's SIGTERM while the agent still looks up the rendezvous host: torchrun, once started, is ended at
+    once instead of waiting for peers that are being stopped too."""
+    import time
+
+    from workers import node
+
+    def stopped_during_lookup() -> str:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return "127.0.0.1"
+
+    t0 = time.monotonic()
+    rc, folder = _agent(tmp_path, monkeypatch, "import time; time.sleep(60)", host=stopped_during_lookup)
+    assert rc == -signal.SIGTERM and time.monotonic() - t0 < 30
+    assert json.loads((folder / node.EXIT_FILE.format(node=0)).read_text()) == {"rc": -15, "stopped": True}
