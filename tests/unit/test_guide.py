@@ -1,6 +1,7 @@
-"""The commands the user documentation shows are real: each `orch` / `gpu-run` line in a code block of README.md and
-docs/GUIDE.md parses against the real command tree (its subcommand and every option exist and take such values),
-and each subcommand the guide uses is run by a test (tests/e2e, or tests/unit through the real CLI)."""
+"""The commands the user documentation shows are real: each `orch` / `gpu-run` line in a code block of README.md,
+docs/GUIDE.md and docs/TRL_GRPO.md parses against the real command tree (its subcommand and every option exist and
+take such values), and each subcommand the guide uses is run by a test (tests/e2e, or tests/unit through the real
+CLI)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from orchestrator.cli import app
 from orchestrator.gpu_run import app as gpu_run_app
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", REPO / "docs" / "GUIDE.md"]
+DOCS = [REPO / "README.md", REPO / "docs" / "GUIDE.md", REPO / "docs" / "TRL_GRPO.md"]
 FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.S | re.M)
 # placeholders a reader replaces; each stands for a value the option or argument accepts
 PLACEHOLDERS = {"RUN_ID": "20260101T000000Z-0123abcd-0001", "NAME": "my_run"}
