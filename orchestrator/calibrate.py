@@ -97,8 +97,9 @@ def calibrate(
         raise FailedError(f"calibration run {result.run_id}: fewer than two A/A launches; nothing was recorded")
     window = pooled(*windows) if windows else None
     own = paired_interval(d)
-    host = audit_host(result)
-    hosts = {audit_host(r)["host_hash"] for r in results}
+    launch_hosts = [audit_host(r) for r in results]
+    host = launch_hosts[-1]
+    hosts = {h["host_hash"] for h in launch_hosts}
     if len(hosts) != 1:
         raise FailedError(f"calibration runs {results[0].run_id}..{result.run_id} ran on {len(hosts)} host "
                           "fingerprints; nothing was recorded")

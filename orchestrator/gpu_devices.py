@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from protocol.errors import UsageError
-from protocol.gpu_library import gpu_library as _gpu_library
-from protocol.gpu_library import lib_call as _call
+from protocol.gpu_library import gpu_library, lib_call
 
 ENV_FAKE_NVML = "GPU_RUN_FAKE_NVML"
 UNKNOWN_BYTES = -1  # NVML could not say how much memory a process uses: treated as busy
@@ -37,26 +36,26 @@ class DriverProbe:
 
     def _init(self) -> bool:
         if self._ok is None:
-            lib = _gpu_library()
+            lib = gpu_library()
             try:
-                _call(lib, "Init")
+                lib_call(lib, "Init")
                 self._ok = True
             except (lib.NVMLError, OSError):  # no library or no driver: a CPU host
                 self._ok = False
         return self._ok
 
     def count(self) -> int:
-        return int(_call(_gpu_library(), "DeviceGetCount")) if self._init() else 0
+        return int(lib_call(gpu_library(), "DeviceGetCount")) if self._init() else 0
 
     def foreign_users(self, index: int) -> list[tuple[int, int]]:
         if not self._init():
             return []
-        lib = _gpu_library()
-        handle = _call(lib, "DeviceGetHandleByIndex", index)
+        lib = gpu_library()
+        handle = lib_call(lib, "DeviceGetHandleByIndex", index)
         users: dict[int, int] = {}
         for getter in ("DeviceGetComputeRunningProcesses", "DeviceGetGraphicsRunningProcesses"):
             try:
-                procs = _call(lib, getter, handle)
+                procs = lib_call(lib, getter, handle)
             except lib.NVMLError:  # e.g. graphics queries unsupported on compute-only boards
                 continue
             for p in procs:

@@ -18,9 +18,17 @@ def gpu_library() -> Any:
     return importlib.import_module(_LIB)
 
 
+def lib_fn(lib: Any, name: str) -> Any:
+    """lib.<prefix><name>, or None where this version of the library lacks it."""
+    return getattr(lib, "NVML".lower() + name, None)
+
+
 def lib_call(lib: Any, name: str, *args: Any) -> Any:
-    """lib.<prefix><name>(*args), e.g. lib_call(lib, "DeviceGetCount")."""
-    return getattr(lib, "NVML".lower() + name)(*args)
+    """lib.<prefix><name>(*args), e.g. lib_call(lib, "DeviceGetCount") (AttributeError where it lacks it)."""
+    fn = lib_fn(lib, name)
+    if fn is None:
+        raise AttributeError(f"{_LIB} has no function {name}")
+    return fn(*args)
 
 
 def lib_const(lib: Any, name: str) -> Any:

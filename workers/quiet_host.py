@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from protocol.gpu_library import gpu_library, lib_call, lib_const
+from protocol.gpu_library import gpu_library, lib_call, lib_const, lib_fn
 from protocol.quiet_host import ForeignGpuProcess, ForeignProcess, GpuState, QuietHost, public_name
 
 TOP = 5
@@ -94,26 +94,25 @@ def _try(fn: Any, *args: Any) -> Any:
 
 
 def _gpu_state(lib: Any, h: Any, index: int, own: set[int]) -> GpuState:
-    def fn(name: str) -> Any:
-        return getattr(lib, "NVML".lower() + name, None)
-
-    reasons_fn = fn("DeviceGetCurrentClocksEventReasons") or fn("DeviceGetCurrentClocksThrottleReasons")
+    reasons_fn = lib_fn(lib, "DeviceGetCurrentClocksEventReasons") or lib_fn(
+        lib, "DeviceGetCurrentClocksThrottleReasons"
+    )
     mask = _try(reasons_fn, h) if reasons_fn else None
-    power = _try(fn("DeviceGetPowerUsage"), h)
+    power = _try(lib_fn(lib, "DeviceGetPowerUsage"), h)
     foreign = []
-    for getter in (fn("DeviceGetComputeRunningProcesses"), fn("DeviceGetGraphicsRunningProcesses")):
+    for getter in (lib_fn(lib, "DeviceGetComputeRunningProcesses"), lib_fn(lib, "DeviceGetGraphicsRunningProcesses")):
         for proc in _try(getter, h) or []:
             if proc.pid in own:
                 continue
             name = _public_name(_try(lambda pid: psutil.Process(pid).name(), proc.pid))
             used = getattr(proc, "usedGpuMemory", None)
             foreign.append(ForeignGpuProcess(name=name, used_mib=None if used is None else used / 2**20))
-    clock = fn("DeviceGetClockInfo")
+    clock = lib_fn(lib, "DeviceGetClockInfo")
     return GpuState(
         index=index,
         sm_mhz=_try(clock, h, lib_const(lib, "CLOCK_SM")),
         mem_mhz=_try(clock, h, lib_const(lib, "CLOCK_MEM")),
-        temperature_c=_try(fn("DeviceGetTemperature"), h, lib_const(lib, "TEMPERATURE_GPU")),
+        temperature_c=_try(lib_fn(lib, "DeviceGetTemperature"), h, lib_const(lib, "TEMPERATURE_GPU")),
         power_w=None if power is None else power / 1000.0,
         throttle=[] if mask is None else [name for bit, name in _THROTTLE.items() if mask & bit],
         foreign=foreign,
