@@ -6,7 +6,6 @@ Allow-listed environment, cwd in the sealed copy, a timeout, logs to files, one 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -31,6 +30,7 @@ RESULT_MODELS: dict[str, type[BaseModel]] = {
     "checks": ChecksResult,
     "train": TrainResult,
     "replay": TrainResult,
+    "prime": TrainResult,
     "reload": ReloadResult,
     "score": ScoreResult,
 }
@@ -48,10 +48,11 @@ ENV_FIXED = {
     "PYTHONDONTWRITEBYTECODE": "1",
     "PYTHONHASHSEED": "0",
     "PYTHONUNBUFFERED": "1",
+    # Triton's own autotuner keeps its picks in TRITON_CACHE_DIR, so that the prime's pick is every arm's pick
+    "TRITON_CACHE_AUTOTUNING": "1",
 }
 GRANT_KEYS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPU_RUN_KIND", "GPU_RUN_DEVICES", "GPU_RUN_SLOTS_GRANTED")
 GRACE_S = 10.0
-COMPILE_CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
 
 @dataclass
@@ -125,16 +126,19 @@ def load_result(kind: str, path: Path) -> tuple[BaseModel | None, str | None, st
 def run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None = None,
     isolation: str = "auto", prefix: Sequence[str] = (), surface: Sequence[str] | None = None,
+    cache: str | None = None,
 ) -> PackageOutcome:
     """Run the package to its end (or timeout / Ctrl-C), isolated (orchestrator.isolation), end what it left
     running, validate its result. It may write only its own folders (package directory, private TMPDIR and HOME,
-    its arm's compile caches; checks and score: the run directory and scratch). A process left running after its
-    main process, a change of the interpreter's startup surface (scan mode) or a write outside fails it, named.
-    `prefix`: what the worker runs under (srun on a Slurm allocation's first node); `surface`: the startup folders
-    scan mode compares (default: the interpreter's and the package's PYTHONPATH)."""
+    `cache`: its compile cache folder (orchestrator/compile_cache.py); checks and score: the run directory and
+    scratch). A process left running after its main process, a change of the interpreter's startup surface (scan
+    mode) or a write outside fails it, named. `prefix`: what the worker runs under (srun on a Slurm allocation's
+    first node); `surface`: the startup folders scan mode compares (default: the interpreter's and the package's
+    PYTHONPATH)."""
     token = new_token()
     try:
-        outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick, isolation, prefix, surface)
+        outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick, isolation, prefix, surface,
+                               cache)
     finally:
         left = end_stragglers(token)
     if left:
@@ -147,26 +151,6 @@ def _fail(outcome: PackageOutcome, note: str) -> None:
     """Fail an outcome (an ok one; a failed one keeps its status) with `note` first."""
     outcome.status = "failed" if outcome.status == "ok" else outcome.status
     outcome.note = f"{note}; {outcome.note}" if outcome.note else note
-
-
-def cache_key(spec: PackageSpec) -> str:
-    """Whose compile caches a package uses: its arm and the root of its sealed sources (checks and score: theirs)."""
-    owner = spec.arm or spec.kind
-    root = "unsealed"
-    manifest = Path(spec.package_dir).parent.parent / "sealed" / f"{spec.arm}.manifest.json"
-    if spec.arm is not None and manifest.is_file():
-        try:
-            root = str(json.loads(manifest.read_bytes())["root"])[:16]
-        except (OSError, ValueError, KeyError, TypeError):
-            root = "unreadable"
-    return f"{owner}-{root}"
-
-
-def arm_caches(env: Mapping[str, str], spec: PackageSpec) -> dict[str, str]:
-    """Each compile cache the environment names (declared or inherited), narrowed to the package's own folder in
-    it: baseline and candidate never share one; a warm one is reused only by the same arm and sources."""
-    key = cache_key(spec)
-    return {var: os.path.join(env[var], key) for var in COMPILE_CACHE_VARS if env.get(var) and os.path.isabs(env[var])}
 
 
 def own_folders(spec: PackageSpec) -> list[str]:
@@ -193,16 +177,12 @@ def own_folders(spec: PackageSpec) -> list[str]:
 
 def _run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None,
-    isolation: str, prefix: Sequence[str] = (), surface: Sequence[str] | None = None,
+    isolation: str, prefix: Sequence[str] = (), surface: Sequence[str] | None = None, cache: str | None = None,
 ) -> PackageOutcome:
     spec_path = write_spec(spec)
     pkg_dir = Path(spec.package_dir)
     run_dir = pkg_dir.parent.parent  # runs/<id>/packages/<name>
-    caches = arm_caches(env, spec)
-    for cache in caches.values():
-        os.makedirs(cache, exist_ok=True)
-    env = {**env, **caches}
-    iso = isolate(spec.scratch_dir, spec.name, [*own_folders(spec), *caches.values()], isolation,
+    iso = isolate(spec.scratch_dir, spec.name, [*own_folders(spec), *([cache] if cache else [])], isolation,
                   protect=[str(run_dir.parent.parent)],
                   surface=surface_dirs(env, skip=[spec.scratch_dir]) if surface is None else surface)
     iso.start()

@@ -17,6 +17,7 @@ from typing import Any
 from ledger.cost.store import Ledger
 from orchestrator import gpu_lock, slurm
 from orchestrator.blinding import quarantine, seal_outputs
+from orchestrator.compile_cache import RunCaches
 from orchestrator.host_watch import HostWatcher, package_devices
 from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, utc_now
 from orchestrator.progress import Progress
@@ -77,6 +78,7 @@ class RunContext:
     opened: set[str] = field(default_factory=set)
     closed: set[str] = field(default_factory=set)
     sequential: SequentialState | None = None  # repeats: auto or --until-decided (orchestrator/sequential_launch.py)
+    caches: RunCaches | None = None  # the run's compile caches, made when the plan starts
 
     @property
     def shape(self) -> tuple[int, bool]:
@@ -160,8 +162,18 @@ def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) 
                                        ckpt_dir=str(ckpt), argv=argv + _arm_args_config(ctx.loaded, "baseline")))
         return ScoreSpec(**common, sealed_dir=str(ctx.sealed["baseline"].path), inputs=inputs,
                          score_targets=targets, sealed_metrics_path=str(ctx.run_dir / "score.sealed.json"))
-    assert pkg.arm is not None and pkg.arm_label is not None
+    assert pkg.arm is not None
     sealed_dir = str(ctx.sealed[pkg.arm].path)
+    if pkg.kind == "prime":  # the baseline's trainer as train-A runs it: same command, steps, digests; no checkpoint
+        return TrainSpec(
+            **{**common, "arm": "baseline"}, kind="prime", sealed_dir=sealed_dir, ckpt_dir=None,
+            script=p.launcher.script, args=substitute(_arm_args(ctx.loaded, p.arms.baseline), values), inputs=inputs,
+            steps=p.measurement.steps, warmup=p.measurement.warmup, window=p.measurement.window,
+            digest_first=p.measurement.digest_first, digest_last=p.measurement.digest_last,
+            host_controls=list(p.measurement.host_controls), watch_all=False,
+            slurm=None if ctx.slurm is None else ctx.slurm.step(pkg.name, p.launcher.nproc, ctx.scratch),
+        )
+    assert pkg.arm_label is not None
     ckpt_dir = str(ctx.scratch / "ckpt" / pkg.arm_label)
     if pkg.kind == "reload":
         train_result = ctx.run_dir / "packages" / f"train-{pkg.arm_label}" / "result.json"
@@ -235,6 +247,11 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
     failed_at: int | None = None
     interrupted = False
     index = -1
+    if ctx.caches is None:
+        launcher_env = {k: substitute([v], _placeholders(ctx, ctx.plan[0]))[0]
+                        for k, v in ctx.loaded.protocol.launcher.env.items()}
+        ctx.caches = RunCaches.for_run({**os.environ, **launcher_env}, ctx.scratch, ctx.run_dir,
+                                       ctx.arms["baseline"].sources_root, ctx.run_id)
     while index + 1 < len(ctx.plan):  # a sequential run's plan grows while it runs (after_triplet)
         index += 1
         pkg = ctx.plan[index]
@@ -245,18 +262,21 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         launcher_env = {k: substitute([v], values)[0] for k, v in ctx.loaded.protocol.launcher.env.items()}
         env = package_env(os.environ, ctx.grant.env({}), launcher_env,
                           arm_spec.switches if arm_spec else {}, ctx.run_id)
-        if pkg.kind in ("train", "replay"):
+        cache = ctx.caches.prepare(pkg.name, pkg.kind)  # orch owns every package's compile cache
+        env.update(ctx.caches.env(cache))
+        if pkg.kind in ("train", "replay", "prime"):
             trainer_dir(ctx, pkg).mkdir(parents=True, exist_ok=True)
         ctx.record(pkg, "open", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         entry = PackageEntry(name=pkg.name, kind=pkg.kind, arm_label=pkg.arm_label, arm=pkg.arm,
                              env=env_summary(env), status="running")
         ctx.run_record = ctx.run.with_package(entry)
         ctx.write_run_json()
-        steps = ctx.loaded.protocol.measurement.steps if pkg.kind in ("train", "replay") else None
+        steps = ctx.loaded.protocol.measurement.steps if pkg.kind in ("train", "replay", "prime") else None
         progress.start(pkg.name, pkg.kind, steps)
         pkg_dir = Path(spec.package_dir)
         timeouts = ctx.loaded.protocol.timeouts
-        timeout = float(timeouts.train * WATCH_TIMEOUT_FACTOR if pkg.kind == "replay" else getattr(timeouts, pkg.kind))
+        timeout = float(timeouts.train * WATCH_TIMEOUT_FACTOR if pkg.kind == "replay"
+                        else timeouts.train if pkg.kind == "prime" else getattr(timeouts, pkg.kind))
 
         def tick(elapsed: float, pkg_dir: Path = pkg_dir) -> None:
             progress.tick(elapsed, probe_progress(pkg_dir), ctx.gpus)
@@ -268,7 +288,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if watcher is not None:
             watcher.start()
         try:
-            outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix) if refused is None
+            outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix, cache=str(cache))
+                                       if refused is None
                                        else PackageOutcome(pkg.name, "failed", None, 0.0, utc_now(), utc_now(),
                                                            note=refused))
         finally:
@@ -279,6 +300,7 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             try:
                 for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy
                     check_seal(ctx.sealed[arm])
+                ctx.caches.check_baseline(pkg.name)  # nor may it edit the compile cache every arm loads
                 if ctx.slurm is not None:  # after this package, so before the next: nothing runs in between
                     ctx.slurm.check_seals(_seal_roots(ctx), f"after {pkg.name}")
                 if init_digest is not None and pkg.kind != "score":
@@ -290,11 +312,18 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             except FailedError as err:
                 outcome.status, outcome.note = "failed", err.message
         said: dict[str, Any] = {}  # what only some packages have to say
+        if outcome.status == "ok" and pkg.kind == "prime":
+            said["compile_cache"] = ctx.caches.seal_baseline().model_dump()
+        else:
+            use = ctx.caches.use(pkg.name, pkg.kind)
+            if use is not None:
+                said["compile_cache"] = use.model_dump()
+        ctx.caches.remove_work(pkg.name, pkg.kind)
         if watched is not None:
             said["host_watch"] = watched.model_dump()
         if outcome.extra.get("stragglers"):
             said["stragglers"] = outcome.extra["stragglers"]
-        if pkg.kind in ("train", "replay"):  # blinding: the trainer's own outputs never stay in the run folder
+        if pkg.kind in ("train", "replay", "prime"):  # blinding: the trainer's own outputs never stay in the run folder
             moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
             said["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}
         if outcome.status == "ok" and pkg.kind == "reload":

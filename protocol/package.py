@@ -80,9 +80,10 @@ class ChecksSpec(_SpecBase):
 
 
 class TrainSpec(_SpecBase):
-    """A timed launch (train) or the watched replay (replay, every step watched, no checkpoint)."""
+    """A timed launch (train), the watched replay (replay, every step watched, no checkpoint) or the untimed prime of
+    the baseline's compile cache (prime: the baseline's trainer, no checkpoint, before the first timed launch)."""
 
-    kind: Literal["train", "replay"] = "train"
+    kind: Literal["train", "replay", "prime"] = "train"
     script: str | None = None
     args: list[str] = []
     ckpt_dir: str | None = None
@@ -110,8 +111,8 @@ class ScoreSpec(_SpecBase):
 PackageSpec = Annotated[ChecksSpec | TrainSpec | ReloadSpec | ScoreSpec, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[ChecksSpec | TrainSpec | ReloadSpec | ScoreSpec] = TypeAdapter(PackageSpec)
 _KIND_FIELDS = {kind: set(model.model_fields) for kind, model in
-                (("checks", ChecksSpec), ("train", TrainSpec), ("replay", TrainSpec), ("reload", ReloadSpec),
-                 ("score", ScoreSpec))}
+                (("checks", ChecksSpec), ("train", TrainSpec), ("replay", TrainSpec), ("prime", TrainSpec),
+                 ("reload", ReloadSpec), ("score", ScoreSpec))}
 
 
 class PackageSpecV1(_Strict):

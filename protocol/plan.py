@@ -1,6 +1,7 @@
 """The plan of a run: the one place where its packages, their order and the triplets of launches are listed.
 
-repeats = 1 is the owner's run (checks, train/reload A, C, B, score); K >= 2 runs K fresh triplets, order balanced.
+repeats = 1 is the owner's run (checks, prime, train/reload A, C, B, score); K >= 2 runs K fresh triplets, order
+balanced. The untimed prime fills the baseline's compile cache that every later package starts from.
 A sequential run (repeats: auto) numbers its triplets from the first, and its plan grows one triplet at a time.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 ARMS = ("baseline", "candidate")
 ROLES = ("A", "C", "B")  # the owner's roles in one triplet, in the owner's launch order: baseline, candidate, baseline
 BASELINE_ROLES = ("A", "B")  # the two baseline launches of a triplet
-KINDS = ("checks", "train", "reload", "replay", "score")  # the kinds of the plan's packages
+KINDS = ("checks", "prime", "train", "reload", "replay", "score")  # the kinds of the plan's packages
 MAX_REPEATS = 32  # triplets in one run, fixed or sequential
 DEFAULT_MAX_REPEATS = 6  # repeats: auto without measurement.max_repeats, and --until-decided without --max-repeats
 DEFAULT_TARGET_HALF_WIDTH = 0.05  # repeats: auto: stop once the repeated interval is +-5 %
@@ -27,6 +28,8 @@ class PlannedPackage:
 
     @property
     def arm(self) -> str | None:
+        if self.kind == "prime":  # the baseline's trainer, untimed, compiling into the baseline's cache
+            return "baseline"
         return arm_of(self.arm_label) if self.arm_label else None
 
 
@@ -76,12 +79,15 @@ def triplet_packages(t: Triplet) -> tuple[PlannedPackage, ...]:
     return tuple(PlannedPackage(f"{kind}-{label}", kind, label) for label in t.order for kind in ("train", "reload"))
 
 
-def plan(repeats: int = 1, sequential: bool = False) -> tuple[PlannedPackage, ...]:
-    """checks, train/reload of every launch in triplet order, the watched replay watch-C, then score.
+def plan(repeats: int = 1, sequential: bool = False, prime: bool = True) -> tuple[PlannedPackage, ...]:
+    """checks, prime, train/reload of every launch in triplet order, the watched replay watch-C, then score.
 
     plan(K + 1, sequential=True) is plan(K, sequential=True) with triplet K + 1 inserted before watch-C: a
-    sequential run grows its plan there, one triplet per look."""
+    sequential run grows its plan there, one triplet per look. prime=False: the plan of runs recorded before the
+    prime package existed (their evidence is read with it)."""
     pkgs = [PlannedPackage("checks", "checks")]
+    if prime:
+        pkgs.append(PlannedPackage("prime", "prime"))
     for t in triplets(repeats, sequential):
         pkgs.extend(triplet_packages(t))
     # untimed, after the triplets so that nothing sits between timed launches: the first triplet's C again, every
@@ -96,8 +102,8 @@ def replay_label(repeats: int = 1, sequential: bool = False) -> str:
     return triplets(repeats, sequential)[0].c
 
 
-def package_names(repeats: int = 1, sequential: bool = False) -> tuple[str, ...]:
-    return tuple(p.name for p in plan(repeats, sequential))
+def package_names(repeats: int = 1, sequential: bool = False, prime: bool = True) -> tuple[str, ...]:
+    return tuple(p.name for p in plan(repeats, sequential, prime))
 
 
 def launch_labels(repeats: int = 1, sequential: bool = False) -> tuple[str, ...]:

@@ -75,11 +75,36 @@ class TrainerOutputs(_Strict):
     moved_from_run_dir: int
 
 
+class TunedKernel(_Strict):
+    """A kernel a package tuned itself (a pick not taken from the baseline's compile cache)."""
+
+    kernel: str  # the @triton.jit function (Inductor) or the autotuned function (Triton)
+    file: str  # its tuned file, relative to the package's cache folder
+    pick: str  # the configuration it picked
+    baseline_pick: str | None  # the baseline's pick for a kernel of that name, if the baseline tuned one
+    rewritten: bool  # it rewrote a file copied from the baseline (else it made a new one)
+
+
+class CacheUse(_Strict):
+    """A package's compile cache against the run's sealed baseline cache (orchestrator/compile_cache.py)."""
+
+    baseline_files: int  # files in the sealed baseline cache (the prime's own entry: what it made)
+    baseline_tuned: int  # of them, tuned picks
+    taken: int  # files of the baseline's still equal in the package's copy after it ran
+    taken_tuned: int
+    made: int  # files the package made itself
+    made_tuned: int
+    changed: int  # baseline files the package rewrote in its copy
+    baseline_tuned_sha256: str  # digest of the picks of the baseline's kernels as the package left them
+    tuned_sha256: str  # digest of every pick in the package's folder (its own ones too)
+    own_kernels: list[TunedKernel]  # made or rewritten tuned picks (at most 50)
+
+
 class PackageEntry(_Strict):
     """One package of the plan as run.json records it: who it is when it starts; how it ended once it has."""
 
     name: str
-    kind: Literal["checks", "train", "reload", "replay", "score"]
+    kind: Literal["checks", "prime", "train", "reload", "replay", "score"]
     arm_label: str | None
     arm: str | None
     env: dict[str, str]  # the package's environment, values of host-specific variables shown as "<set>"
@@ -98,6 +123,7 @@ class PackageEntry(_Strict):
     stragglers: list[str] | None = None
     trainer_outputs: TrainerOutputs | None = None
     host_watch: HostWatchRef | None = None  # a train package: orch's samples of the host (host_watch.json)
+    compile_cache: CacheUse | None = None  # every package after the prime (the prime: the sealed cache it made)
 
     def finish(self, **fields: Any) -> PackageEntry:
         """This entry with how the package ended, validated."""

@@ -117,7 +117,7 @@ def train(spec_path: str) -> int:
     from workers.torchrun import torchrun_command
 
     spec = parse_spec(Path(spec_path).read_bytes())
-    if spec.kind not in ("train", "replay") or spec.slurm is None:
+    if spec.kind not in ("train", "replay", "prime") or spec.slurm is None:
         raise WorkerFailed(f"{spec_path} is not a train package spec with a slurm section")
     node_id = int(os.environ.get("SLURM_NODEID", "0"))
     folder = Path(spec.slurm.clock_dir)

@@ -110,7 +110,7 @@ def collect(spec: PackageSpec, stopped_cleanly: bool, clock: StepClock | None = 
     if any(w != watched[0] for w in watched):
         raise WorkerFailed("ranks watched different steps for forbidden dtypes")
     return TrainResult(
-        arm=str(spec.arm_label),
+        arm=str(spec.arm_label or spec.name),  # the prime package has no launch label
         world_size=spec.nproc,
         steps=spec.steps,
         digest_steps=list(range(spec.digest_first, spec.digest_last + 1)),

@@ -27,7 +27,7 @@ VERSIONS = (1, 2)
 LATEST = 2
 GENESIS = "0" * 64
 INT64_MAX = 2**63 - 1
-KINDS = ("checks", "train", "reload", "replay", "score", "audit", "run", "calibration")
+KINDS = ("checks", "prime", "train", "reload", "replay", "score", "audit", "run", "calibration")
 # an audit record's status is its verdict (the audit ran; the summary counts it as ok); "noisy" from older audits
 VERDICTS = ("accepted", "noisy", "no difference shown", "not exact")
 STATUSES = ("open", "ok", "failed", "timeout", "interrupted", "not-run", *VERDICTS)
@@ -152,7 +152,7 @@ class LedgerRecord(BaseModel):
     seq: int = Field(ge=0, le=INT64_MAX)
     run_id: str = Field(pattern=TOKEN)
     package: str = Field(pattern=TOKEN)
-    kind: Literal["checks", "train", "reload", "replay", "score", "audit", "run", "calibration"]
+    kind: Literal["checks", "prime", "train", "reload", "replay", "score", "audit", "run", "calibration"]
     arm: Literal["baseline", "candidate"] | None = None
     status: Literal["open", "ok", "failed", "timeout", "interrupted", "not-run",
                     "accepted", "noisy", "no difference shown", "not exact"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from ledger.probe_cost import probe_cost_doc
 from ledger.verdict.calibration import calibration_spreads
+from ledger.verdict.compile_cache_doc import compile_cache_doc
 from ledger.verdict.decision import (
     decide,
     drift_notes,
@@ -44,7 +45,7 @@ STATISTICS_KEYS = ("schema", "verdict", "direction", "verdict_words", "reasons",
                    "replication", "calibration", "sequential")
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 # sections an audit.json recorded before them lacks: it stays as recorded
-ADDED_LATER = ("probe_cost", "host_watch", "recipe")
+ADDED_LATER = ("probe_cost", "host_watch", "recipe", "compile_cache")
 # the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
 AUDIT_UNITS = {
     "speedup.windows[].A|C|B": "s: the window's time, the SUM of its steps' times",
@@ -288,7 +289,10 @@ def compute_audit(
         cost["gpu_seconds"], ev.run.sequential, cost["wall_s"])
     stopping = None if seq is None or seq["integrity"]["ok"] else seq["integrity"]["words"]
     verdict, direction, sentence = decide(ex.exact, iv, busy, flagged, [str(t.index) for t in trips], stopping)
+    caches = compile_cache_doc(ev.run, cost["gpu_seconds"], ex.exact)
     reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
+    if caches is not None and not ex.exact:
+        reasons += [f"compile cache: {line}" for line in caches["diagnosis"]]
     diagnostics = (drift_notes(trips, sps, m.drift_bound)
                    + outlier_notes(trips, [e.outlier for e in flagged], win_out, [w.name for w in sp.windows]))
     interval = interval_doc(
@@ -318,6 +322,7 @@ def compute_audit(
         "replication": replication_doc(trips, sps),
         "exactness": _exactness_doc(ex),
         "memory": _memory_doc(ev, first),
+        **({} if caches is None else {"compile_cache": caches}),
         "cost": cost,
         "attribution": _attribution_doc(ev),
         "integrity": {

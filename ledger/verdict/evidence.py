@@ -233,7 +233,9 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     records = Ledger(home.ledger_path).records(run_id)
     repeats, sequential = (triplets_taken(protocol.measurement, run, (r.package for r in records)) if protocol
                            else (1, False))
-    names = package_names(repeats, sequential)
+    # a run recorded before the prime package existed has none: its plan is read without it
+    primed = any(r.package == "prime" for r in records) or (run is not None and run.package("prime") is not None)
+    names = package_names(repeats, sequential, primed)
     package_problems, closes, bad = _package_problems(run, records, names)
     problems += package_problems + proto_problems
 

@@ -124,6 +124,30 @@ def exactness_lines(doc: Mapping[str, Any]) -> list[str]:
             lines.append(f"watch could not inspect: {what}")
     if ex.get("replay_equal") is False and ex.get("replay_first_mismatch"):
         lines.append(f"watched replay: not a replay of train-C: {ex['replay_first_mismatch']['text']}")
+    lines += compile_cache_lines(doc)
+    return lines
+
+
+def compile_cache_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The compile caches (absent from audits of runs recorded before the prime package)."""
+    cc = doc.get("compile_cache")
+    if not cc:
+        return []
+    base = cc["baseline"]
+    trainers = cc["same_baseline_picks"] + cc["differing_baseline_picks"]
+    lines = [f"compile cache: the prime sealed {base['files']} file(s), {base['tuned']} tuned pick(s) "
+             f"(sha256 {base['tuned_sha256'][:12]}) in {cc['prime_gpu_seconds']:.1f} GPU-s "
+             f"({100 * cc['prime_share']:.1f}% of the run)"]
+    same = cc["same_baseline_picks"]
+    lines.append(f"compile cache: {len(same)} of {len(trainers)} trainer launch(es) ran the baseline's picks"
+                 + (f"; different: {', '.join(cc['differing_baseline_picks'])}" if cc["differing_baseline_picks"]
+                    else ""))
+    for name, use in cc["launches"].items():
+        if name in trainers:
+            lines.append(f"compile cache {name}: took {use['taken']} file(s) ({use['taken_tuned']} tuned), made "
+                         f"{use['made']} ({use['made_tuned']} tuned), rewrote {use['changed']}; tuned picks "
+                         f"{use['tuned_sha256'][:12]}")
+    lines += [f"compile cache diagnosis: {line}" for line in cc["diagnosis"]]
     return lines
 
 

@@ -29,8 +29,11 @@ from ledger.verdict.evidence import (
 )
 from protocol.errors import UsageError
 from protocol.home import resolve_home
+from protocol.plan import package_names
 from protocol.results import RankSummary, TrainResult
 from protocol.run_record import PackageEntry, RunRecord
+
+UNPRIMED = package_names(1, prime=False)  # the synthetic runs are recorded as before the prime package
 
 
 class _Inner(BaseModel):
@@ -209,8 +212,8 @@ def test_without_run_json_the_ledger_alone_judges_the_packages() -> None:
     problems, closes, bad = _package_problems(None, records)  # the owner's plan by default
     assert problems == ["package score: no ledger record"] and bad == {"score"}
     assert list(closes) == [n for n in PACKAGES if n != "score"]
-    assert PACKAGES == ("checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C",
-                        "score")
+    assert PACKAGES == ("checks", "prime", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B",
+                        "watch-C", "score")
 
 
 # --- _read_steps ----------------------------------------------------------------------------------------------------
@@ -317,7 +320,7 @@ def test_a_complete_run_is_loaded_whole(tmp_path: Path) -> None:
     assert ev.run_id == "run1" and ev.run_dir == run_dir and ev.run.run_id == "run1"
     assert ev.protocol.name == "synthetic" and ev.repeats == 1
     assert ev.protocol_sha256 == _sha(run_dir / "protocol.json") == ev.run.protocol_id
-    assert ev.names == PACKAGES
+    assert ev.names == UNPRIMED
     assert sorted(ev.trains) == ["A", "B", "C"] and sorted(ev.reloads) == ["A", "B", "C"]
     assert all(ev.trains[lab].arm == lab and ev.reloads[lab].arm == lab for lab in "ACB")
     assert ev.watch.arm == "C" and ev.checks.precision_ok is True
@@ -327,8 +330,8 @@ def test_a_complete_run_is_loaded_whole(tmp_path: Path) -> None:
     assert [r.step for r in ev.watch_steps[0]] == list(range(16))
     assert len(ev.records) == 18 and {r.run_id for r in ev.records} == {"run1"}  # 9 packages, open + ok each
     assert [r.seq for r in ev.records] == sorted(r.seq for r in ev.records)
-    assert sorted(ev.closes) == sorted(PACKAGES) and all(c.status == "ok" for c in ev.closes.values())
-    assert ev.result_sha256 == {n: _sha(run_dir / "packages" / n / "result.json") for n in PACKAGES}
+    assert sorted(ev.closes) == sorted(UNPRIMED) and all(c.status == "ok" for c in ev.closes.values())
+    assert ev.result_sha256 == {n: _sha(run_dir / "packages" / n / "result.json") for n in UNPRIMED}
 
 
 def test_repeats_read_their_own_plan(tmp_path: Path) -> None:
@@ -458,5 +461,5 @@ def test_a_run_stopped_in_its_checks_names_the_package_not_its_missing_result(tm
     assert _problems(tmp_path)[1] == [
         "run status is 'interrupted', not 'complete'",
         "package checks: interrupted (exit -15)",
-        *(f"package {n}: not-run: not reached" for n in PACKAGES[1:]),
+        *(f"package {n}: not-run: not reached" for n in UNPRIMED[1:]),
     ]

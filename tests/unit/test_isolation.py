@@ -95,23 +95,26 @@ def test_the_run_directory_and_scratch_are_the_only_writable_holes(tmp_path: Pat
 
 
 @pytest.mark.skipif(not namespaces_work(), reason="this kernel or user cannot make a mount namespace")
-def test_a_compile_cache_the_protocol_declares_is_writable_in_the_packages_own_folder_only(tmp_path: Path) -> None:
-    cache = f"/tmp/orch-compile-cache-{secrets.token_hex(6)}"  # orch rehearse --compile-cache DIR
-    own = f"{cache}/checks-unsealed"  # a package without an arm: its kind, no sealed sources
-    spec = _spec(tmp_path, f"{own}/inductor-entry")
+def test_a_package_may_write_its_own_compile_cache_folder_and_no_other(tmp_path: Path) -> None:
+    root = f"/tmp/orch-compile-cache-{secrets.token_hex(6)}"  # a folder the protocol declares (orch rehearse)
+    own, baseline = f"{root}/packages/checks", f"{root}/baseline-x"  # orchestrator/compile_cache.py's layout
+    os.makedirs(own)
+    os.makedirs(baseline)
     try:
-        outcome = run_package(spec, {**_env(), "TORCHINDUCTOR_CACHE_DIR": cache}, 120)
+        spec = _spec(tmp_path, f"{own}/inductor-entry")
+        outcome = run_package(spec, _env(), 120, cache=own)
         assert outcome.status == "ok", outcome.note
         seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
         assert seen["shared"] == "written" and Path(own, "inductor-entry").is_file()
-        spec = _spec(tmp_path / "again", f"{cache}/inductor-entry")  # the declared folder itself is read-only
-        outcome = run_package(spec, {**_env(), "TORCHINDUCTOR_CACHE_DIR": cache}, 120)
-        seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
-        assert seen["shared"] == "OSError: Read-only file system" and not Path(cache, "inductor-entry").exists()
+        for target in (f"{baseline}/inductor-entry", f"{root}/inductor-entry"):  # the baseline's, the root itself
+            spec = _spec(tmp_path / secrets.token_hex(4), target)
+            outcome = run_package(spec, _env(), 120, cache=own)
+            seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
+            assert seen["shared"] == "OSError: Read-only file system" and not Path(target).exists()
     finally:
         import shutil
 
-        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.skipif(not namespaces_work(), reason="this kernel or user cannot make a mount namespace")

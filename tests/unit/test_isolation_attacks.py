@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from orchestrator.compile_cache import RunCaches
 from orchestrator.isolation import NS_INIT, cgroups_work, namespaces_work, ns_command, read_report
 from orchestrator.packages import package_env, run_package
 from protocol.package import ChecksSpec
@@ -161,19 +162,26 @@ def test_a_double_forked_process_with_a_cleared_environment_is_ended_and_named(t
 
 @needs_ns
 def test_a_candidate_cannot_poison_the_baselines_compile_cache(tmp_path: Path) -> None:
-    cache = tmp_path / "compile-cache"  # declared once for every arm, as orch rehearse does
-    env = _env(TRITON_CACHE_DIR=str(cache))
-    candidate = _spec(tmp_path / "c", POISON, "x", "baseline-unsealed", "checks-unsealed", arm="candidate")
-    outcome = run_package(candidate, env, 120)
+    caches = RunCaches.for_run({}, tmp_path / "scratch", tmp_path, "b" * 64, "r1")  # orch's own, in scratch
+    prime = caches.prepare("prime", "prime")
+    (prime / "inductor" / "k.best_config").write_text('{"XBLOCK": 64}')  # what the prime tuned
+    caches.seal_baseline()
+    own = caches.prepare("train-C", "train")
+    env = _env(**caches.env(own))
+    candidate = _spec(tmp_path / "c", POISON, "x", "../../baseline-" + "b" * 16 + "-r1/triton", arm="candidate")
+    outcome = run_package(candidate, env, 120, cache=str(own))
     assert outcome.status == "ok", outcome.note
-    tried = _seen(candidate)
-    assert tried == {str(cache / "candidate-unsealed"): "written", str(cache): "Read-only file system",
-                     str(cache / "baseline-unsealed"): "Read-only file system",
-                     str(cache / "checks-unsealed"): "Read-only file system"}
+    tried = {os.path.relpath(k, caches.root): v for k, v in _seen(candidate).items()}  # type: ignore[union-attr]
+    assert tried == {"packages/train-C/triton": "written", "packages/train-C": "written",
+                     f"baseline-{'b' * 16}-r1/triton": "Read-only file system"}
+    caches.check_baseline("train-C")  # raises if anything of the baseline's changed
+    use = caches.use("train-C", "train")
+    assert use is not None and (use.taken, use.taken_tuned, use.made, use.changed) == (1, 1, 2, 0)
     baseline = _spec(tmp_path / "b", LIST_CACHE, "x", arm="baseline")
-    assert run_package(baseline, env, 120).status == "ok"
-    assert _seen(baseline) == []  # nothing of the candidate's in the baseline's cache
-    assert sorted(os.listdir(cache)) == ["baseline-unsealed", "candidate-unsealed"]
+    b_own = caches.prepare("train-B", "train")
+    assert run_package(baseline, _env(**caches.env(b_own)), 120, cache=str(b_own)).status == "ok"
+    assert _seen(baseline) == []  # B's copy holds nothing of the candidate's
+    assert sorted(p.name for p in caches.baseline.rglob("*") if p.is_file()) == ["k.best_config"]
 
 
 @needs_ns

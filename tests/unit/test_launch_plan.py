@@ -125,7 +125,7 @@ def test_the_first_failure_stops_the_run_and_later_packages_are_recorded_not_run
 
 def test_an_interrupted_package_makes_an_interrupted_run(ctx: RunContext, monkeypatch: pytest.MonkeyPatch) -> None:
     status, _, ran = _run(ctx, monkeypatch, {"train-A": lambda spec, c: "interrupted"})
-    assert status == "interrupted" and ran == ["checks", "train-A"]
+    assert status == "interrupted" and ran == ["checks", "prime", "train-A"]
     assert _closes(ctx)["reload-A"] == ("not-run", "not reached: train-A interrupted")
 
 

@@ -19,8 +19,12 @@ from protocol.plan import (
 
 
 def test_one_triplet_is_the_owners_run() -> None:
-    assert package_names(1) == ("checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B",
-                                "watch-C", "score")
+    assert package_names(1) == ("checks", "prime", "train-A", "reload-A", "train-C", "reload-C", "train-B",
+                                "reload-B", "watch-C", "score")
+    assert package_names(1, prime=False) == ("checks", "train-A", "reload-A", "train-C", "reload-C", "train-B",
+                                             "reload-B", "watch-C", "score")  # runs recorded before the prime
+    first = [(p.name, p.kind, p.arm) for p in plan(1)][:2]
+    assert first == [("checks", "checks", None), ("prime", "prime", "baseline")]
     assert [(p.arm_label, p.arm) for p in plan(1) if p.kind == "train"] == [
         ("A", "baseline"), ("C", "candidate"), ("B", "baseline")]
     assert score_labels(1) == ("A", "C")
@@ -29,7 +33,7 @@ def test_one_triplet_is_the_owners_run() -> None:
 def test_two_triplets_alternate_which_baseline_launch_comes_first() -> None:
     assert launch_labels(2) == ("A1", "C1", "B1", "B2", "C2", "A2")
     assert [t.labels for t in triplets(2)] == [{"A": "A1", "C": "C1", "B": "B1"}, {"A": "A2", "C": "C2", "B": "B2"}]
-    assert package_names(2)[:3] == ("checks", "train-A1", "reload-A1") and package_names(2)[-1] == "score"
+    assert package_names(2)[:4] == ("checks", "prime", "train-A1", "reload-A1") and package_names(2)[-1] == "score"
     assert score_labels(2) == ("A1", "C1") and kept_checkpoints(2) == {"A1", "C1"}
 
 
@@ -40,7 +44,8 @@ def test_every_triplet_is_baseline_candidate_baseline_and_labels_are_unique(k: i
     for i in range(k):
         roles = [arm_of(lab) for lab in labels[3 * i: 3 * i + 3]]
         assert roles == ["baseline", "candidate", "baseline"]
-    assert len(package_names(k)) == 3 + 6 * k and package_names(k)[-2] == "watch-C"
+    assert len(package_names(k)) == 4 + 6 * k and len(package_names(k, prime=False)) == 3 + 6 * k
+    assert package_names(k)[-2] == "watch-C"
     firsts = [t.order[0] for t in triplets(k)]
     if k > 1:  # label A leads in odd triplets, B in even ones
         assert sum(f.startswith("A") for f in firsts) - sum(f.startswith("B") for f in firsts) in (0, 1)

@@ -159,7 +159,7 @@ def test_the_audit_block_states_rule_looks_cost_and_checks_run_json() -> None:
     assert "Lan-DeMets" in doc["method"] and "probability" in doc["guarantee"] and "at most 6" in doc["rule"]
     assert [lk["triplets"] for lk in doc["looks"]] == [2, 3] and doc["stop"] == "decided"
     assert doc["gpu_seconds"]["per_triplet"] == [60.0, 60.0, 60.0]  # train + reload of three launches
-    assert doc["gpu_seconds"]["decision"] == 180.0 and doc["gpu_seconds"]["run"] == 10.0 * (3 + 6 * 3)
+    assert doc["gpu_seconds"]["decision"] == 180.0 and doc["gpu_seconds"]["run"] == 10.0 * (4 + 6 * 3)  # with prime
     assert [lk["gpu_seconds"] for lk in doc["looks"]] == [120.0, 180.0]
     assert doc["integrity"]["ok"] and doc["interval"]["low"] > 1.0
     said_otherwise = recorded.model_copy(update={"looks": [_look(2, "decided")], "triplets": 2})
@@ -287,7 +287,7 @@ def test_a_sequential_run_adds_triplets_until_its_rule_decides(
 ) -> None:
     status, statuses, ran, said = _run(auto_ctx, monkeypatch, DECIDES_AT_3)
     assert status == "complete"
-    assert ran == list(package_names(3, sequential=True))  # checks, A1 C1 B1, B2 C2 A2, A3 C3 B3, watch-C, score
+    assert ran == list(package_names(3, sequential=True))  # checks, prime, A1 C1 B1, B2 C2 A2, A3 C3 B3, watch-C, score
     assert statuses == dict.fromkeys(ran, "ok") and _closes(auto_ctx) == statuses
     seq = auto_ctx.run.sequential
     assert seq is not None and (seq.asked, seq.triplets, seq.stop) == ("protocol", 3, "decided")

@@ -1,0 +1,83 @@
+"""The audit's compile-cache section: what the prime sealed, what each launch took from it and tuned itself, what
+the priming cost, and, when C is not bit for bit the baseline, which of C's own kernels may explain it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from protocol.plan import arm_of
+from protocol.run_record import CacheUse, RunRecord
+
+TRAINER_KINDS = ("train", "replay")
+
+
+def _launch(use: CacheUse) -> dict[str, Any]:
+    return {
+        "taken": use.taken, "taken_tuned": use.taken_tuned, "made": use.made, "made_tuned": use.made_tuned,
+        "changed": use.changed, "tuned_sha256": use.tuned_sha256,
+        "baseline_tuned_sha256": use.baseline_tuned_sha256,
+        "own_kernels": [k.model_dump() for k in use.own_kernels],
+    }
+
+
+def compile_cache_doc(run: RunRecord, gpu_seconds: Mapping[str, float], exact: bool) -> dict[str, Any] | None:
+    """None for a run recorded before the prime package existed."""
+    prime = run.package("prime")
+    if prime is None or prime.compile_cache is None:
+        return None
+    sealed = prime.compile_cache
+    launches: dict[str, dict[str, Any]] = {}
+    arms: dict[str, str] = {}
+    for entry in run.packages:
+        if entry.compile_cache is None or entry.kind == "prime":
+            continue
+        launches[entry.name] = _launch(entry.compile_cache)
+        if entry.kind in TRAINER_KINDS and entry.arm_label:
+            arms[entry.name] = arm_of(entry.arm_label)
+    same = sorted(n for n in arms if launches[n]["baseline_tuned_sha256"] == sealed.baseline_tuned_sha256)
+    total = sum(gpu_seconds.values())
+    cost = gpu_seconds.get("prime", 0.0)
+    return {
+        "baseline": {"files": sealed.baseline_files, "tuned": sealed.baseline_tuned,
+                     "tuned_sha256": sealed.baseline_tuned_sha256},
+        "launches": launches,
+        "same_baseline_picks": same,
+        "differing_baseline_picks": sorted(set(arms) - set(same)),
+        "prime_gpu_seconds": cost,
+        "prime_share": cost / total if total else 0.0,
+        "diagnosis": [] if exact else diagnosis(launches, arms),
+    }
+
+
+def _kernels(own: Sequence[Mapping[str, Any]]) -> str:
+    shown = [f"{k['kernel']} ({k['pick']}" + (f"; the baseline's: {k['baseline_pick']})" if k["baseline_pick"]
+                                             else "; not in the baseline's cache)") for k in own[:3]]
+    return "; ".join(shown) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
+
+
+def diagnosis(launches: Mapping[str, Mapping[str, Any]], arms: Mapping[str, str]) -> list[str]:
+    """Lines a user can act on: kernels a launch tuned itself instead of taking the baseline's primed pick."""
+    lines: list[str] = []
+    for name in sorted(arms):
+        use = launches[name]
+        own = list(use["own_kernels"])
+        if arms[name] == "candidate":
+            if own:
+                lines.append(f"{name} tuned {len(own)} kernel(s) itself instead of the baseline's primed pick: "
+                             f"{_kernels(own)}; a different pick sums in another order, so its bits may differ "
+                             "without any change to the arithmetic of its code")
+            elif use["made"]:
+                lines.append(f"{name} compiled {use['made']} artifact(s) that the baseline's cache did not have "
+                             "(no tuned pick among them): a difference is consistent with compile-time code "
+                             "generation of the candidate's own kernels")
+        elif own or use["made"]:
+            what = _kernels(own) if own else f"{use['made']} compiled artifact(s)"
+            lines.append(f"{name} (baseline) compiled or tuned what the prime did not reach: {what}; cold ranks "
+                         "can pick differently: the prime runs the baseline's steps, so report this trainer's "
+                         "step-dependent compilation")
+    if not lines:
+        lines.append("every launch ran the baseline's primed kernel picks and compiled nothing of its own: the "
+                     "difference is not explained by compile-time tuning")
+    return lines
