@@ -120,12 +120,12 @@ def derive_protocol(
     env = dict(data["launcher"].get("env") or {})
     env["PYTHONPATH"] = os.pathsep.join([str(SHIM), *[p for p in env.get("PYTHONPATH", ".").split(os.pathsep) if p]])
     env.setdefault("WANDB_MODE", "offline")
-    # one compile cache for the run's launches, declared here, the same for every arm, deleted with the scratch:
-    # it shortens the warm-up steps of C and B (upstream compiles flex_attention), never a timed window
-    # (--compile-cache DIR keeps it across rehearsals: upstream's cold compile makes step 0 ~5 minutes on an H200)
-    cache = str(compile_cache.resolve()) if compile_cache is not None else "{scratch}/compile-cache"
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
-    env.setdefault("TRITON_CACHE_DIR", f"{cache}/triton")
+    # orch owns the compile caches (orchestrator/compile_cache.py: the prime fills the baseline's, every package
+    # compiles in a copy of it); --compile-cache DIR only says where they are made, and keeps them after the run
+    if compile_cache is not None:
+        cache = str(compile_cache.resolve())
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
+        env.setdefault("TRITON_CACHE_DIR", f"{cache}/triton")
     # named so that the derived protocol shows it; the shim folder's sitecustomize applies it (values unchanged)
     env.setdefault("ORCH_TORCH_COMPAT", "fsdp_unshard_outside_inference_mode")
     data["launcher"]["env"] = env

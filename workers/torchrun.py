@@ -16,10 +16,11 @@ def torchrun_command(spec: PackageSpec, clock: str | None = None, rendezvous: li
     `rendezvous`: the options of one node of a multi-node launch instead (workers.node, under Slurm)."""
     if not spec.script:
         raise WorkerFailed("train spec has no script")
-    if spec.ckpt_dir is None and not spec.watch_all:
+    if spec.ckpt_dir is None and not spec.watch_all and spec.kind != "prime":  # the prime keeps no checkpoint
         raise WorkerFailed("train spec has no ckpt_dir")
     target = ["-m", spec.script.split(None, 1)[1]] if spec.script.startswith("-m ") else [spec.script]
-    # the timed launches watch the warm-up only; the watched replay (untimed) watches every step
+    # the timed launches (and the prime, so that it compiles what they compile) watch the warm-up only; the watched
+    # replay (untimed) watches every step
     watch = f"0-{spec.steps - 1}" if spec.watch_all else f"0-{spec.warmup - 1}" if spec.warmup > 0 else "none"
     ckpt = ["--ckpt-dir", spec.ckpt_dir] if spec.ckpt_dir is not None else []
     return [

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 31's GPU evidence on one lent H200, as one background job that outlives a device call (each call re-lays the
+# tree: the job runs from a copy in /tmp): the cold rehearsal of unmodified upstream R3 (the identical candidate must
+# be exact with every arm on the prime's tuned kernels), then r3-mini's CUDA candidate and null at K = 1.
+#   start: bash scripts/gpu_tuned_kernels.sh start     poll: bash scripts/gpu_tuned_kernels.sh wait SECONDS
+# Needs beside the repository .up/ (git archive of sen-ye/R3 e9912ac: modeling train data scripts) and .whl/.
+set -u
+W=/tmp/gpu31
+case "${1:-}" in
+start)
+  rm -rf "$W"; mkdir -p "$W"
+  cp -a . "$W/orch"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  setsid nohup bash "$W/orch/scripts/gpu_tuned_kernels.sh" job > "$W/job.log" 2>&1 < /dev/null &
+  echo "job started"
+  ;;
+job)
+  cd "$W/orch" || exit 1
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+    NVSHMEM_DISABLE_NVLS=1
+  python3 -c "import torch, triton, transformers, pydantic, scipy; print('torch', torch.__version__, 'triton', \
+triton.__version__, 'transformers', transformers.__version__)"
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+  H=$W/home; mkdir -p "$H"
+  t0=$(date +%s)
+  python3 -m orchestrator.cli rehearse protocol/r3_bagel7b_8xh100.yaml --upstream .up --gpus 1 --home "$H" --json \
+    > "$W/rehearse.json" 2> "$W/rehearse.err"
+  echo "rehearse exit $? after $(( $(date +%s) - t0 )) s"
+  RUN=$(ls "$H/runs" | tail -n 1)
+  python3 -m orchestrator.cli audit "$RUN" --home "$H" > "$W/rehearsal_audit.txt" 2>&1; echo "audit exit $?"
+  python3 -m orchestrator.cli publish "$RUN" --to "$W/rehearsal.json" --home "$H"; echo "publish exit $?"
+  cp "$H/runs/$RUN/run.json" "$W/rehearsal_run.json" 2>/dev/null
+  echo "rehearsal done"
+  for p in r3_mini_cuda1 r3_mini_cuda1_null; do
+    t0=$(date +%s)
+    python3 -m orchestrator.cli launch "protocol/$p.yaml" --home "$W/home-$p" > "$W/$p.log" 2>&1
+    echo "$p exit $? after $(( $(date +%s) - t0 )) s"
+    RUN=$(ls "$W/home-$p/runs" | tail -n 1)
+    python3 -m orchestrator.cli audit "$RUN" --home "$W/home-$p" > "$W/${p}_audit.txt" 2>&1; echo "audit exit $?"
+    python3 -m orchestrator.cli publish "$RUN" --to "$W/$p.json" --home "$W/home-$p"
+  done
+  echo "all done"
+  ;;
+wait)
+  end=$(( $(date +%s) + ${2:-500} ))
+  while [ "$(date +%s)" -lt "$end" ] && ! grep -q "${3:-all done}" "$W/job.log" 2>/dev/null; do sleep 10; done
+  cat "$W/job.log"; tail -n 3 "$W/rehearse.err" 2>/dev/null
+  for f in "$W"/*.json "$W"/*.txt; do [ -f "$f" ] && cp "$f" "${OUT:-/tmp}/" 2>/dev/null; done
+  ;;
+esac
