@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-null bench-verdict bench-trl attack mutation clean
+.PHONY: all install lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-tuned bench-null bench-verdict bench-trl attack mutation clean
 
 all: test
 
@@ -79,6 +79,11 @@ bench-r3mini: $(STAMP)
 
 bench-probe: $(STAMP)
 	$(BIN)/python bench/bench_probe.py
+
+# issue 31: the tuned-kernel toy's identical candidate on cold caches with 2 ranks forced to tune apart, N launches
+# (~2 min each on 2 cores); BENCH_TUNED_ARGS="--runs 20 --out FILE"
+bench-tuned: $(STAMP)
+	$(BIN)/python bench/bench_tuned_kernels.py $(BENCH_TUNED_ARGS)
 
 # one device call (~8 min on one H200): null runs with repeats and a known 25% slowdown; figures under $$OUT
 bench-null: $(STAMP)

@@ -107,10 +107,26 @@ def evidence_document(audit: Mapping[str, Any], audit_sha256: str, ledger_id: st
             "max_delta_allocated": mem["max_delta_allocated"],
             "max_delta_reserved": mem["max_delta_reserved"],
         },
+        **({} if "compile_cache" not in audit else {"compile_cache": _compile_cache(audit["compile_cache"])}),
         "gpu_seconds": audit["cost"]["gpu_seconds"],
         "total_gpu_seconds": audit["cost"]["total_gpu_seconds"],
         "ledger_head": audit["ledger_head"],
         "ledger_id": ledger_id,
+    }
+
+
+def _compile_cache(cc: Mapping[str, Any]) -> dict[str, Any]:
+    """The compile caches in aggregate: counts and digests per launch, the kernels a launch tuned itself by name."""
+    return {
+        "baseline": cc["baseline"],
+        "same_baseline_picks": cc["same_baseline_picks"],
+        "differing_baseline_picks": cc["differing_baseline_picks"],
+        "prime_gpu_seconds": cc["prime_gpu_seconds"],
+        "prime_share": cc["prime_share"],
+        "launches": {name: {k: v for k, v in use.items() if k != "own_kernels"}
+                     | {"own_kernels": sorted({k["kernel"] for k in use["own_kernels"]})}
+                     for name, use in cc["launches"].items()},
+        "diagnosis": cc["diagnosis"],
     }
 
 

@@ -22,7 +22,7 @@ from orchestrator.housekeeping import STAGING_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 EDITED = Path("examples") / "r3_mini" / "train" / "train_utils.py"  # edited while the complete run runs
-PACKAGES = ["checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C", "score"]
+PACKAGES = ["checks", "prime", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C", "score"]
 # shorter rollouts (decode tokens, denoise steps) only: the model, its initial state and the recipe are unchanged
 SMALL = ["--max_output_token_n_gen", "8", "--max_output_token_n_edit", "8",
          "--num_timesteps_gen", "4", "--num_timesteps_edit", "4"]

@@ -47,7 +47,7 @@ def test_complete_run_is_sealed_against_working_tree_edits_and_audited(complete_
     assert complete_run.returncode == verdict_exit_code(summary["verdict"]), err[-3000:]
     assert summary["status"] == "complete" and set(summary["packages"].values()) == {"ok"}
     assert "EDITED_DURING_RUN" not in (run_dir / "sealed" / "candidate" / "train" / "train_utils.py").read_text()
-    # one open and one close record for each of the 9 packages, and an audit record
+    # one open and one close record for each of the 10 packages, and an audit record
     recs = [r for r in records(home) if r["run_id"] == run_dir.name]
     for name in PACKAGES:
         statuses = [r["status"] for r in recs if r["package"] == name]
@@ -106,7 +106,7 @@ def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path
     assert "sealed copy of baseline was modified during the run: 1 changed (train/reward_func.py)" in err
     recs = [r for r in records(home) if r["run_id"] == run_dir.name and r["status"] != "open"]
     assert {r["package"]: r["status"] for r in recs}["train-A"] == "failed"
-    assert all(r["status"] == "not-run" for r in recs if r["package"] not in ("checks", "train-A"))
+    assert all(r["status"] == "not-run" for r in recs if r["package"] not in ("checks", "prime", "train-A"))
     assert not (run_dir / "audit.json").exists()
 
 
@@ -121,7 +121,7 @@ def test_ctrl_c_records_interrupted_and_exits_130(tmp_path: Path) -> None:
     assert lock_is_free(home.parent / "locks")
     closes = {r["package"]: r["status"] for r in records(home) if r["run_id"] == run_dir.name and r["status"] != "open"}
     assert closes["train-A"] == "interrupted"
-    assert [closes[p] for p in PACKAGES[2:]] == ["not-run"] * 7
+    assert [closes[p] for p in PACKAGES[3:]] == ["not-run"] * 7
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
 
 

@@ -85,6 +85,7 @@ class RunSpec:
     structure: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> observed recipe fields to override
     watch_forbidden: tuple[int, str, str] | None = None  # (step, op, dtype) seen by watch-C only
     watch_differs: int | None = None  # step from which watch-C's digests differ from train-C's
+    primed: bool = False  # a run with the prime package (else recorded as before it existed)
     repeats: int = 1  # measurement.repeats: labels A1, C1, B1, B2, C2, A2, ... when >= 2
     calibrated: bool = False  # a usable A/A calibration of the protocol (SD 0.05, df 4) recorded before the run
 
@@ -246,7 +247,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
         }
     packages: list[dict[str, Any]] = []
     reached = True
-    for name in package_names(spec.repeats, prime=False):  # a run as recorded before the prime package
+    for name in package_names(spec.repeats, prime=spec.primed):
         kind = "replay" if name == "watch-C" else name.split("-")[0]
         label = name.split("-")[1] if "-" in name else None
         arm = arm_of(label) if label else None
@@ -325,6 +326,8 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
     if name == "checks":
         versions = {"python": "3.11", "torch": "2.13.0", "triton": "n/a", "gpu_count": "0", **spec.versions}
         return _result(pkg_dir / "result.json", ChecksResult(versions=versions, diagnostics=[], precision_ok=True))
+    if name == "prime":
+        return _result(pkg_dir / "result.json", ChecksResult(versions={}, diagnostics=[], precision_ok=True))
     if name == "score":
         sealed = run_dir / "score.sealed.json"
         data = _write_json(sealed, SCORE)

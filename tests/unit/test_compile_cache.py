@@ -1,0 +1,162 @@
+"""orchestrator/compile_cache.py and the audit's compile-cache block: the sealed baseline cache, the packages' copies,
+what a package took, made and rewrote, the kernels it tuned itself, and the diagnosis a user reads."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ledger.verdict.compile_cache_doc import compile_cache_doc, diagnosis
+from orchestrator.compile_cache import MANIFEST, RunCaches, inventory, kernel_name, tuned_digest, tuned_pick
+from protocol.errors import FailedError
+from protocol.run_record import CacheUse, PackageEntry, RunRecord
+
+KERNEL = "import triton\n@triton.jit\ndef triton_red_fused_sum_0(in_ptr, XBLOCK):\n    pass\n"
+
+
+def _primed(tmp_path: Path, picks: dict[str, int] | None = None) -> RunCaches:
+    caches = RunCaches.for_run({}, tmp_path / "scratch", tmp_path / "run", "a" * 64, "r1")
+    (tmp_path / "run").mkdir(parents=True)
+    folder = caches.prepare("prime", "prime")
+    for key, block in (picks or {"ab/k1": 64, "cd/k2": 128}).items():
+        path = folder / "inductor" / f"{key}.best_config"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"XBLOCK": block, "num_warps": 4, "time_taken_ms": 0.01}))
+        path.with_suffix(".py").write_text(KERNEL.replace("_0", f"_{key[-1]}"))
+    (folder / "triton" / "x.cubin").write_bytes(b"\x00kernel")
+    return caches
+
+
+def test_the_caches_live_in_scratch_unless_the_protocol_declares_a_folder(tmp_path: Path) -> None:
+    own = RunCaches.for_run({"TORCHINDUCTOR_CACHE_DIR": "relative"}, tmp_path / "s", tmp_path / "r", "f" * 64, "r9")
+    assert own.root == tmp_path / "s" / "compile-cache" and own.baseline.name == f"baseline-{'f' * 16}-r9"
+    declared = RunCaches.for_run({"TRITON_CACHE_DIR": "/cache"}, tmp_path / "s", tmp_path / "r", "f" * 64, "r9")
+    assert declared.root == Path("/cache") and declared.work == tmp_path / "s" / "compile-cache" / "packages"
+    assert RunCaches.env(tmp_path) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                                       "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+
+
+def test_before_the_prime_a_package_gets_an_empty_folder_after_it_a_copy(tmp_path: Path) -> None:
+    caches = RunCaches.for_run({}, tmp_path / "scratch", tmp_path / "run", "a" * 64, "r1")
+    checks = caches.prepare("checks", "checks")
+    assert inventory(checks) == {} and caches.use("checks", "checks") is None
+    caches = _primed(tmp_path / "p")
+    sealed = caches.seal_baseline()
+    assert (sealed.baseline_files, sealed.baseline_tuned, sealed.made_tuned) == (5, 2, 2)
+    assert json.loads(caches.manifest_path.read_text())["files"] == inventory(caches.baseline)
+    assert caches.manifest_path.name == MANIFEST
+    copy = caches.prepare("train-A", "train")
+    assert inventory(copy) == inventory(caches.baseline)
+    for path in copy.rglob("*"):  # a copy, never a link: writing it leaves the baseline's file alone
+        assert not path.is_symlink() and (path.is_dir() or os.stat(path).st_ino != os.stat(
+            caches.baseline / path.relative_to(copy)).st_ino)
+        assert os.access(path, os.W_OK)
+    assert not any(os.stat(p).st_mode & 0o222 for p in caches.baseline.rglob("*") if p.is_file())
+
+
+def test_a_changed_baseline_cache_is_refused_naming_the_file(tmp_path: Path) -> None:
+    caches = _primed(tmp_path)
+    caches.seal_baseline()
+    caches.check_baseline("train-A")
+    target = caches.baseline / "inductor" / "ab" / "k1.best_config"
+    target.chmod(0o644)
+    target.write_text('{"XBLOCK": 8}')
+    (caches.baseline / "triton" / "planted.so").write_text("slow")
+    with pytest.raises(FailedError) as err:
+        caches.check_baseline("train-C")
+    assert err.value.message.startswith("the baseline's compile cache changed during train-C: 2 file(s) "
+                                        "(inductor/ab/k1.best_config, triton/planted.so)")
+    with pytest.raises(FailedError):
+        caches.prepare("prime", "prime")  # a prime never writes into an existing baseline cache
+
+
+def test_a_package_that_tunes_a_kernel_itself_is_named_with_both_picks(tmp_path: Path) -> None:
+    caches = _primed(tmp_path)
+    caches.seal_baseline()
+    folder = caches.prepare("train-C", "train")
+    own = folder / "inductor" / "ef" / "k1.best_config"  # another key, the same kernel's name (its own source)
+    own.parent.mkdir()
+    own.write_text(json.dumps({"XBLOCK": 32, "num_warps": 4, "time_taken_ms": 0.5}))
+    own.with_suffix(".py").write_text(KERNEL.replace("_0", "_1"))
+    (folder / "triton" / "x.cubin").write_bytes(b"\x00other")  # a rewritten compiled artifact
+    use = caches.use("train-C", "train")
+    assert use is not None
+    assert (use.taken, use.taken_tuned, use.made, use.made_tuned, use.changed) == (4, 2, 2, 1, 1)
+    assert use.baseline_tuned_sha256 == tuned_digest(caches.baseline, caches.sealed or {})
+    assert use.tuned_sha256 != use.baseline_tuned_sha256
+    [kernel] = use.own_kernels
+    assert kernel.kernel == "triton_red_fused_sum_1" and kernel.file == "inductor/ef/k1.best_config"
+    assert kernel.pick == "XBLOCK 32, num_warps 4" and kernel.baseline_pick == "XBLOCK 64, num_warps 4"
+    assert not kernel.rewritten
+    caches.remove_work("train-C", "train")
+    assert not folder.exists() and caches.baseline.is_dir()
+
+
+def test_a_pick_is_its_configuration_without_its_timings(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.best_config", tmp_path / "b.best_config"
+    a.write_text(json.dumps({"XBLOCK": 64, "time_taken_ms": 0.1, "triton_cache_hash": "x"}))
+    b.write_text(json.dumps({"XBLOCK": 64, "time_taken_ms": 0.2}))
+    assert tuned_pick(a) == tuned_pick(b) == {"XBLOCK": 64}
+    assert tuned_digest(tmp_path, {"a.best_config": "", "x.py": ""}) == tuned_digest(tmp_path, {"a.best_config": ""})
+    (tmp_path / "fused_add.autotune.json").write_text("{}")
+    assert kernel_name(tmp_path, "fused_add.autotune.json") == "fused_add"  # Triton's autotuner names its file
+    assert kernel_name(tmp_path, "zz/missing.best_config") == "missing"  # no source beside it: the file's stem
+
+
+def _entry(name: str, kind: str, label: str | None, use: CacheUse | None) -> PackageEntry:
+    arm = None if label is None else ("candidate" if label.startswith("C") else "baseline")
+    return PackageEntry(name=name, kind=kind, arm_label=label, arm=arm, env={}, status="ok",  # type: ignore[arg-type]
+                        compile_cache=use)
+
+
+def _use(tuned: str, own: list[dict[str, object]] | None = None, made: int = 0) -> CacheUse:
+    return CacheUse.model_validate({
+        "baseline_files": 5, "baseline_tuned": 2, "taken": 5 - made, "taken_tuned": 2, "made": made,
+        "made_tuned": len(own or []), "changed": 0, "baseline_tuned_sha256": tuned, "tuned_sha256": tuned,
+        "own_kernels": own or []})
+
+
+def test_the_audit_block_and_its_diagnosis(tmp_path: Path) -> None:
+    own = [{"kernel": "triton_red_fused_sum_1", "file": "f", "pick": "XBLOCK 32", "baseline_pick": "XBLOCK 64",
+            "rewritten": False}]
+    run = RunRecord.model_validate_json((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(
+        "*/run.json").__next__().read_bytes())
+    packages = [_entry("checks", "checks", None, None), _entry("prime", "prime", None, _use("d0")),
+                _entry("train-A", "train", "A", _use("d0")), _entry("train-C", "train", "C", _use("d0", own, 1)),
+                _entry("train-B", "train", "B", _use("d0")), _entry("watch-C", "replay", "C", _use("d1"))]
+    run = run.updated(packages=packages)
+    doc = compile_cache_doc(run, {"prime": 30.0, "train-A": 70.0}, exact=False)
+    assert doc is not None and doc["prime_gpu_seconds"] == 30.0 and doc["prime_share"] == pytest.approx(0.3)
+    assert doc["same_baseline_picks"] == ["train-A", "train-B", "train-C"]
+    assert doc["differing_baseline_picks"] == ["watch-C"]
+    assert doc["diagnosis"][0].startswith("train-C tuned 1 kernel(s) itself instead of the baseline's primed pick: "
+                                          "triton_red_fused_sum_1 (XBLOCK 32; the baseline's: XBLOCK 64)")
+    assert compile_cache_doc(run, {}, exact=True)["diagnosis"] == []  # type: ignore[index]
+    assert compile_cache_doc(run.updated(packages=packages[:1]), {}, exact=False) is None  # recorded before prime
+    launches = {"train-C": {"own_kernels": [], "made": 3}, "train-A": {"own_kernels": [], "made": 0}}
+    arms = {"train-C": "candidate", "train-A": "baseline"}
+    assert "consistent with compile-time code generation" in diagnosis(launches, arms)[0]
+    launches["train-C"]["made"] = 0
+    assert "not explained by compile-time tuning" in diagnosis(launches, arms)[0]
+    launches["train-A"]["made"] = 2
+    assert diagnosis(launches, arms)[0].startswith("train-A (baseline) compiled or tuned what the prime did not reach")
+
+
+def test_a_run_with_the_prime_package_is_read_with_it_and_one_without_it_as_recorded(tmp_path: Path) -> None:
+    from test_audit import RunSpec, make_run
+
+    from ledger.verdict.audit import audit_run
+    from ledger.verdict.evidence import collect_evidence
+    from protocol.home import resolve_home
+
+    make_run(tmp_path / "new", spec=RunSpec(calibrated=True, primed=True))
+    ev = collect_evidence(resolve_home(tmp_path / "new"), "run1")
+    assert ev.names[:3] == ("checks", "prime", "train-A") and "prime" in ev.closes
+    doc = audit_run(tmp_path / "new", "run1").document
+    assert doc["verdict"] == "accepted" and "prime" in doc["cost"]["gpu_seconds"]
+    assert "compile_cache" not in doc  # its prime entry recorded no cache use
+    make_run(tmp_path / "old", spec=RunSpec(calibrated=True))
+    assert "prime" not in collect_evidence(resolve_home(tmp_path / "old"), "run1").names
