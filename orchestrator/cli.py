@@ -251,7 +251,8 @@ def rehearse(
     json_out: JsonOpt = False,
     lock_timeout: LockTimeoutOpt = None,
     compile_cache: Annotated[
-        Path | None, typer.Option("--compile-cache", help="keep torch.compile's cache here across rehearsals")
+        Path | None, typer.Option("--compile-cache", help="make the run's compile caches (the prime's sealed "
+                                                          "baseline cache) in this folder and keep them after the run")
     ] = None,
 ) -> None:
     """Rehearse before you spend eight GPUs: tiny inputs, loopback judge, the protocol's packages, the audit."""

@@ -32,7 +32,7 @@ _ANY_DEF = re.compile(r"^def\s+(\w+)\s*\(", re.MULTILINE)
 
 
 def _declared_root(env: Mapping[str, str]) -> Path | None:
-    """A cache folder the protocol (or orch's own environment) names: the run's caches are made inside it."""
+    """A cache folder the protocol's launcher environment names: the run's caches are made inside it."""
     for var in CACHE_VARS:
         value = env.get(var)
         if value and os.path.isabs(value):
@@ -127,9 +127,10 @@ class RunCaches:
         """Make the package's folder: prime's empty baseline folder, else a copy of the sealed baseline (empty before
         the prime, i.e. for checks). A copy, never a link: a write through a link would change the baseline's file."""
         folder = self.folder(package, kind)
-        if kind == "prime":
+        if kind == "prime":  # named by the run id: only an earlier attempt of this very run can have left one
             if folder.exists():
-                raise FailedError(f"the baseline's compile cache {folder.name} exists: a prime writes a new one")
+                _make_writable(folder)
+                shutil.rmtree(folder)
             folder.mkdir(parents=True)
         else:
             if folder.exists():

@@ -250,8 +250,9 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
     if ctx.caches is None:
         launcher_env = {k: substitute([v], _placeholders(ctx, ctx.plan[0]))[0]
                         for k, v in ctx.loaded.protocol.launcher.env.items()}
-        ctx.caches = RunCaches.for_run({**os.environ, **launcher_env}, ctx.scratch, ctx.run_dir,
-                                       ctx.arms["baseline"].sources_root, ctx.run_id)
+        # only the protocol places them (an inherited TRITON_CACHE_DIR of orch's own shell does not)
+        ctx.caches = RunCaches.for_run(launcher_env, ctx.scratch, ctx.run_dir, ctx.arms["baseline"].sources_root,
+                                       ctx.run_id)
     while index + 1 < len(ctx.plan):  # a sequential run's plan grows while it runs (after_triplet)
         index += 1
         pkg = ctx.plan[index]
