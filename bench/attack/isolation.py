@@ -17,11 +17,13 @@ from cheats import INIT, _in_package
 from common import TRAINER, Check, Launch, Row, Work, candidate_project, closes, lines, records
 
 
-def _launch(work: Work, tag: str, edits: list[Any], cache: bool = False) -> tuple[Path, Launch, int]:
-    base = work.fresh(tag)
+def _launch(work: Work, tag: str, edits: list[Any], cache: bool = False,
+            base: Path | None = None) -> tuple[Path, Launch, int]:
+    base = work.fresh(tag) if base is None else base
     proj, protocol = candidate_project(base, edits)
-    if cache:  # one compile cache for every arm, kept after the run, as `orch rehearse --compile-cache DIR` declares
+    if cache:  # a declared compile cache folder, kept after the run, as `orch rehearse --compile-cache DIR` declares
         data = yaml.safe_load(protocol.read_text())
+        (base / "cache").mkdir(exist_ok=True)
         data["launcher"]["env"] = {**(data["launcher"].get("env") or {}), "TRITON_CACHE_DIR": str(base / "cache")}
         protocol.write_text(yaml.safe_dump(data, sort_keys=False))
     launch = Launch(proj, protocol, base / "home", tag)
@@ -35,8 +37,11 @@ def _said(home: Path, run_id: str, tag: str) -> str:
 
 def leave_behind(work: Work) -> list[Row]:
     """One launch: train-C writes a .pth into site-packages (first trying to make / writable again) and writes a
-    kernel into every compile cache folder it can reach; the run goes on (the candidate swallows the errors)."""
+    kernel into its own compile cache copy, the declared cache folder, every folder in it (the baseline's sealed
+    cache) and a new one; the run goes on (the candidate swallows the errors)."""
     pth = Path(site.getsitepackages()[0]) / f"orch-attack-{secrets.token_hex(6)}.pth"
+    base = work.fresh("leave")
+    cache_root = base / "cache"
     body = ("import subprocess as _sp\n"
             "_seen.append('remount ' + str(_sp.run(['mount', '-o', 'remount,rw', '/'], capture_output=True)"
             ".returncode))\n"
@@ -46,28 +51,28 @@ def leave_behind(work: Work) -> list[Row]:
             "except OSError as exc:\n"
             "    _seen.append(f'pth: {exc.strerror}')\n"
             "_cache = os.environ['TRITON_CACHE_DIR']\n"
-            "_root = os.path.dirname(_cache)\n"
+            f"_root = {str(cache_root)!r}\n"
             "for _t in [_cache, _root, *[os.path.join(_root, _d) for _d in os.listdir(_root)],"
             " os.path.join(_root, 'baseline-next')]:\n"
+            "    _name = 'own copy' if _t == _cache else os.path.relpath(_t, _root)\n"
             "    try:\n"
             "        os.makedirs(_t, exist_ok=True)\n"
             "        open(os.path.join(_t, 'poisoned_kernel.so'), 'w').write('slow')\n"
-            "        _seen.append('cache ' + os.path.relpath(_t, _root) + ' written')\n"
+            "        _seen.append('cache ' + _name + ' written')\n"
             "    except OSError as exc:\n"
-            "        _seen.append('cache ' + os.path.relpath(_t, _root) + f': {exc.strerror}')\n")
+            "        _seen.append('cache ' + _name + f': {exc.strerror}')\n")
     who = "root" if os.geteuid() == 0 else "a non-root user"
     pth_row = Row("isolation", f"candidate writes a .pth into the interpreter's site-packages at step 0 (as {who}, "
                   "after trying to remount / writable)",
                   "impossible: Read-only file system; site-packages unchanged after the run")
-    cache_row = Row("isolation", "candidate writes a kernel into every compile cache folder it can reach "
-                    "(TRITON_CACHE_DIR declared once for every arm)",
-                    "only its own arm's cache folder writable; the baseline's cache holds nothing of it")
+    cache_row = Row("isolation", "candidate writes a kernel into its own compile cache copy, the declared cache "
+                    "folder and every folder in it, the prime's sealed baseline cache included",
+                    "only its own copy writable; the baseline's sealed cache unchanged; B runs")
     try:
-        home, launch, rc = _launch(work, "leave", [_in_package("leave", body)], cache=True)
+        home, launch, rc = _launch(work, "leave", [_in_package("leave", body)], cache=True, base=base)
         run_id = launch.run_id()
         said = _said(home, run_id, "leave")
         status = closes(home, run_id)
-        cache_root = home.parent / "cache"
         poisoned = sorted(str(p.parent.relative_to(cache_root)) for p in cache_root.rglob("poisoned_kernel.so"))
         c = Check()
         c.saw(f"in-package: {said}; launch exit {rc}; train-B {status.get('train-B')}")
@@ -78,13 +83,14 @@ def leave_behind(work: Work) -> list[Row]:
         pth_row.ok, pth_row.observed = not c.failed, work.scrub(c.observed())
         c = Check()
         c.saw(f"in-package: {'; '.join(s for s in said.split('; ') if s.startswith('cache'))}; "
-              f"poisoned folders left: {poisoned or 'none'}")
-        c.that(said.count(": Read-only file system") >= 3, "the shared root and the other arms' folders read-only")
-        c.that(bool(poisoned) and all(p.startswith("candidate-") for p in poisoned),
-               "nothing outside the candidate's own folder")
-        c.that(any(d.name.startswith("baseline-") for d in cache_root.iterdir()), "the baseline had its own folder")
-        c.that(any(ln.startswith("cache candidate-") and ln.endswith("written") for ln in said.split("; ")),
-               "its own cache folder writable")
+              f"poisoned folders left in the declared cache folder: {poisoned or 'none'}; "
+              f"train-B {status.get('train-B')}")
+        c.that(said.count(": Read-only file system") >= 3,
+               "the declared folder, the baseline's and a new one read-only")
+        c.that(not poisoned, "nothing of the candidate's in the declared folder")
+        c.that(any(d.name.startswith("baseline-") for d in cache_root.iterdir()), "the prime made the baseline's cache")
+        c.that("cache own copy written" in said, "its own copy writable")
+        c.that(status.get("train-B") == "ok", "baseline B ran (the sealed cache was unchanged after train-C)")
         cache_row.ok, cache_row.observed = not c.failed, work.scrub(c.observed())
     finally:
         pth.unlink(missing_ok=True)
