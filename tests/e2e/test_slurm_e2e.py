@@ -134,7 +134,7 @@ def test_two_nodes_run_exact_and_reconcile_with_sacct(cluster: Cluster, tmp_path
     steps = json.loads((run_dir / "protocol.json").read_text())["measurement"]["steps"]
     assert all(r["clock"]["steps_checked"] == steps for r in train["ranks"])  # each node's own clock
     steps = sacct(cluster, job)
-    for name in ("train-A", "train-C", "train-B", "watch-C"):
+    for name in ("prime", "train-A", "train-C", "train-B", "watch-C"):  # the prime spans every node, as train does
         nnodes, tres, state = steps[f"{doc['run_id']}.{name}"]
         assert (nnodes, state) == ("2", "COMPLETED") and "gres/gpu=2" in tres, (name, tres)
     assert steps[f"{doc['run_id']}.reload-A"][0] == "1" and steps[f"{doc['run_id']}.seal"][0] == "2"
@@ -144,7 +144,7 @@ def test_two_nodes_run_exact_and_reconcile_with_sacct(cluster: Cluster, tmp_path
     assert records["train-A"].gpus == 2 and (records["train-A"].gpu_seconds or 0) > 0
     rec = orch(cluster, "ledger", "reconcile", "--home", str(home), "--json")
     assert rec.returncode == 0, rec.stderr
-    assert json.loads(rec.stdout)["records"] == 9 and json.loads(rec.stdout)["mismatches"] == []
+    assert json.loads(rec.stdout)["records"] == 10 and json.loads(rec.stdout)["mismatches"] == []  # 10 packages
 
     # a ledger whose figures are not what Slurm charged: each mismatch named
     other = tmp_path / "other"
