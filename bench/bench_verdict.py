@@ -36,7 +36,8 @@ def provenance() -> dict[str, Any]:
 
     dirty = git("status", "--porcelain", "--untracked-files=all", "--", "bench/bench_verdict.py",
                 "bench/verdict_sim.py", "bench/verdict_real.py", "bench/bench_null.py", "ledger/verdict/stats.py",
-                "ledger/verdict/sequential.py", "ledger/verdict/windows.py", "ledger/verdict/evidence.py")
+                "ledger/verdict/sequential.py", "ledger/verdict/windows.py", "ledger/verdict/evidence.py",
+                "ledger/verdict/noise.py", "ledger/verdict/decision.py")
     argv = [os.path.relpath(sys.argv[0], REPO) if os.path.isabs(sys.argv[0]) else sys.argv[0],
             *(no_paths(a) for a in sys.argv[1:])]
     return {"commit": git("rev-parse", "HEAD").strip(),
@@ -72,7 +73,7 @@ def sim_table(scenarios: list[dict[str, Any]]) -> str:
 
 
 def run_sim(opts: argparse.Namespace) -> None:
-    from verdict_sim import CAL_TRIPLETS, HOST, MAX_TRIPLETS, RULES, SCENARIOS, SOURCES, simulate
+    from verdict_sim import BEFORE, CAL_TRIPLETS, HOST, MAX_TRIPLETS, RULES, SCENARIOS, SOURCES, simulate
 
     t0 = time.monotonic()
     results = []
@@ -81,10 +82,15 @@ def run_sim(opts: argparse.Namespace) -> None:
         print(f"{sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     table = sim_table(results)
     print(table)
+    power = {sc["scenario"]: {"before": sc["rules"][BEFORE]["power"], "after": sc["rules"]["K=1 + cal"]["power"]}
+             for sc in results if "power" in sc["rules"]["K=1 + cal"]}
+    worst = max((r["false_accept_ci95"][1], sc["scenario"], name) for sc in results for name, r in sc["rules"].items()
+                if "false_accept_ci95" in r and name != BEFORE)
     figures = {
         "schema": "orch.bench-verdict-sim/1", **provenance(), "sequences_per_scenario": opts.sequences,
         "seed": opts.seed, "rules": list(RULES), "max_triplets": MAX_TRIPLETS, "calibration_triplets": CAL_TRIPLETS,
         "host_model": {"default": HOST.__dict__, "sources": SOURCES}, "scenarios": results, "table": table,
+        "k1_cal_power_before_after": power, "largest_false_accept_upper_bound": list(worst),
         "wall_s": round(time.monotonic() - t0, 1),
     }  # fmt: skip
     out = opts.out or SIM_OUT

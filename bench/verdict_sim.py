@@ -16,16 +16,20 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
+from ledger.verdict.decision import decide, verdict_interval, window_effects
+from ledger.verdict.noise import ArmSpread, NoiseEvidence, arm_spread, critical_scaled, equivalent_df
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import (
     LEVEL,
+    OUTLIER_ALPHA,
     SPREAD_ALPHA,
     TARGET_HALF_WIDTH,
     Spread,
     outlier_triplets,
     outlier_windows,
-    paired_interval,
+    pooled,
     triplet_log_speedup,
+    window_spread,
 )
 from ledger.verdict.windows import speedup, window_steps
 from protocol.plan import triplets
@@ -48,6 +52,8 @@ class HostModel:
     launch_outlier: float = 1.4
     window_outlier_p: float = 0.0  # one window of one launch slowed
     window_outlier: float = 1.5
+    candidate_burst: float = 1.0  # one window in three of every candidate launch this much slower, the other two
+    # faster by its square root: the launch's log-mean over its windows, and so E[d], unchanged (a null)
 
 
 SOURCES = {
@@ -62,6 +68,8 @@ SOURCES = {
              "docs/validation/*null*.json, most of it explained by the launch SD; a steady heating trend on top",
     "candidate_noise": "1.5 or 1/1.5 in the unequal-arms scenarios: the H200 null's C windows had step CVs "
                        "0.01-0.18 where A's had 0.24-0.31 (docs/validation/h200x1_null.json)",
+    "candidate_burst": "1.5: one window in three of each candidate launch 1.5x slower, the other two 1/sqrt(1.5) "
+                       "faster (E[d] = 0): noise that arrives in bursts (issue 34)",
     "outliers": "2% of launches 1.4x slower, 2% of windows of a launch 1.5x slower: the H200 null's w1 C/A = 1.33",
     "base": "each step's own work uniform in [0.3, 0.9] s, the same for every launch of a sequence (same seeds)",
 }
@@ -81,6 +89,8 @@ SCENARIOS = (
     Scenario("null, host model", 1.0, HOST),
     Scenario("null, host, candidate 1.5x noisier", 1.0, replace(HOST, candidate_noise=1.5)),
     Scenario("null, host, candidate 1.5x quieter", 1.0, replace(HOST, candidate_noise=1 / 1.5)),
+    Scenario("null, host, candidate 2x noisier", 1.0, replace(HOST, candidate_noise=2.0)),
+    Scenario("null, host, candidate bursts (one slow window in three)", 1.0, replace(HOST, candidate_burst=1.5)),
     Scenario("null, noisy host", 1.0, replace(HOST, launch_sd=0.20)),
     Scenario("null, quiet host", 1.0, QUIET),
     Scenario("10% slowdown, host model", 1 / 1.10, HOST),
@@ -88,7 +98,10 @@ SCENARIOS = (
     Scenario("10% slowdown, quiet host", 1 / 1.10, QUIET),
     Scenario("25% slowdown, quiet host", 0.8, QUIET),
 )
-RULES = ("K=1 + cal", "K=2", "K=2 + cal", "K=3", "K=3 + cal", "seq<=6 + cal", "seq<=6")
+RULES = ("K=1 + cal", "K=2", "K=2 + cal", "K=3", "K=3 + cal", "seq<=6 + cal", "seq<=6", "K=1 + cal, issue 26")
+# the rules as issue 26 left them (the calibration unscaled, no window check): K = 1 only, for before/after
+BEFORE = "K=1 + cal, issue 26"
+
 
 
 def _orders() -> np.ndarray:
@@ -115,7 +128,41 @@ def step_times(rng: np.random.Generator, n: int, k: int, ratio: float, host: Hos
         for steps in window_steps(STEPS, WARMUP, WINDOW):
             hit = rng.random((n, k, 3)) < host.window_outlier_p
             times[..., list(steps)] *= np.where(hit, host.window_outlier, 1.0)[..., None]
+    if host.candidate_burst != 1.0:
+        slow = rng.integers(0, 3, size=(n, k))
+        for w, steps in enumerate(window_steps(STEPS, WARMUP, WINDOW)):
+            f = np.where(slow == w, host.candidate_burst, host.candidate_burst ** -0.5)
+            times[:, :, 1, list(steps)] *= f[..., None]
     return times
+
+
+MEASURED = [s for w in window_steps(STEPS, WARMUP, WINDOW) for s in w]
+CAL_STEP_DF = CAL_TRIPLETS * 2 * (len(MEASURED) - 1)  # two contrasts of the measured steps per A/A launch
+
+
+def contrasts(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sums of squares of the arm contrasts y and v about their means over the measured steps: [sequence, triplet]
+    each (ledger/verdict/noise.py arm_spread; df len(MEASURED) - 1 per triplet)."""
+    lg = np.log(times[..., MEASURED])
+    y = lg[:, :, 1] - (lg[:, :, 0] + lg[:, :, 2]) / 2.0
+    v = lg[:, :, 0] - lg[:, :, 2]
+    return (((y - y.mean(-1, keepdims=True)) ** 2).sum(-1), ((v - v.mean(-1, keepdims=True)) ** 2).sum(-1))
+
+
+@dataclass
+class Noise:
+    """The noise check's inputs per sequence: the run's contrasts and the calibration's baseline step variance."""
+
+    ss_y: np.ndarray  # [n, k]
+    ss_v: np.ndarray
+    cal_var: np.ndarray  # [n] sigma^2 of the A/A steps (df CAL_STEP_DF)
+
+    def scale(self, k: int) -> tuple[np.ndarray, int, int]:
+        """(R, d1, d2) after the first k triplets."""
+        m = len(MEASURED) - 1
+        d1 = m * k
+        base = (self.ss_v[:, :k].sum(1) / 2.0 + CAL_STEP_DF * self.cal_var) / (d1 + CAL_STEP_DF)
+        return self.ss_y[:, :k].sum(1) / d1 / (1.5 * base), d1, d1 + CAL_STEP_DF
 
 
 def window_ratios(times: np.ndarray) -> np.ndarray:
@@ -130,15 +177,20 @@ class Looks:
 
     mean: np.ndarray
     half: np.ndarray
+    veto: np.ndarray | None = None  # decisions the window check takes back (K = 1)
 
 
-def intervals(d: np.ndarray, cal: np.ndarray | None, nominal: float) -> Looks:
-    """d [n, k]; cal [n] calibration SDs of df CAL_TRIPLETS - 1 (None: no calibration): stats.variance_for's choice."""
+def intervals(d: np.ndarray, cal: np.ndarray | None, nominal: float, noise: Noise | None = None) -> Looks:
+    """d [n, k]; cal [n] calibration SDs of df CAL_TRIPLETS - 1 (None: no calibration): stats.variance_for's choice;
+    noise: the calibration scaled by sqrt(R) with the equivalent df (ledger/verdict/noise.py)."""
     n, k = d.shape
     mean = d.mean(axis=1)
     if cal is None and k == 1:
         return Looks(mean, np.full(n, math.inf))
-    cal_df = CAL_TRIPLETS - 1
+    cal_df: float = CAL_TRIPLETS - 1
+    if cal is not None and noise is not None:
+        r, d1, d2 = noise.scale(k)
+        cal, cal_df = cal * np.sqrt(r), equivalent_df(round(nominal, 12), CAL_TRIPLETS - 1, d1, d2)
     if cal is None:
         sd, df = d.std(axis=1, ddof=1), np.full(n, k - 1)
     elif k == 1:
@@ -154,10 +206,32 @@ def intervals(d: np.ndarray, cal: np.ndarray | None, nominal: float) -> Looks:
 
 def _judge(lk: Looks) -> tuple[np.ndarray, np.ndarray]:
     """(decided faster, decided slower) per sequence."""
-    return lk.mean - lk.half > 0.0, lk.mean + lk.half < 0.0
+    keep = np.ones(lk.mean.shape, bool) if lk.veto is None else ~lk.veto
+    return (lk.mean - lk.half > 0.0) & keep, (lk.mean + lk.half < 0.0) & keep
 
 
-def sequential(d: np.ndarray, cal: np.ndarray | None) -> tuple[Looks, np.ndarray, np.ndarray]:
+def window_check(lk: Looks, logr: np.ndarray, cal: np.ndarray, cal_w: np.ndarray, noise: Noise) -> Looks:
+    """K = 1: a window flagged against the calibrated window SD (df CAL_TRIPLETS * 2, Bonferroni over 3 windows,
+    stats.outlier_windows) takes the decision back unless the interval without it decides the same way
+    (decision.window_effects, noise.without_window). logr [n, windows] of the one triplet."""
+    nw = logr.shape[1]
+    dev = logr - logr.mean(1, keepdims=True)
+    z = dev / (cal_w[:, None] * math.sqrt((nw - 1) / nw))
+    flagged = 2.0 * sps.t.sf(np.abs(z), CAL_TRIPLETS * (nw - 1)) * nw < OUTLIER_ALPHA
+    r, d1, d2 = noise.scale(1)
+    crit = critical_scaled(round(LEVEL, 12), CAL_TRIPLETS - 1, d1, d2)
+    half = crit * np.sqrt((cal**2 + cal_w**2 * (1.0 / (nw - 1) - 1.0 / nw)) * r)
+    faster, slower = lk.mean - lk.half > 0.0, lk.mean + lk.half < 0.0
+    veto = np.zeros(lk.mean.shape, bool)
+    for w in range(nw):
+        rest = (logr.sum(1) - logr[:, w]) / (nw - 1)
+        holds = np.where(faster, rest - half > 0.0, rest + half < 0.0)
+        veto |= flagged[:, w] & (faster | slower) & ~holds
+    return Looks(lk.mean, lk.half, veto)
+
+
+def sequential(d: np.ndarray, cal: np.ndarray | None,
+               noise: Noise | None = None) -> tuple[Looks, np.ndarray, np.ndarray]:
     """SequentialRule(MAX_TRIPLETS) with optional stopping: the interval at each sequence's stop, triplets taken,
     and why it stopped (0 decided, 1 precise, 2 maximum)."""
     rule = SequentialRule(MAX_TRIPLETS)
@@ -167,7 +241,7 @@ def sequential(d: np.ndarray, cal: np.ndarray | None) -> tuple[Looks, np.ndarray
     why = np.full(n, -1)
     mean, half = np.zeros(n), np.full(n, math.inf)
     for k in range(1, MAX_TRIPLETS + 1):
-        lk = intervals(d[:, :k], cal, rule.nominal_level(k, calib))
+        lk = intervals(d[:, :k], cal, rule.nominal_level(k, calib), noise)
         live = taken == 0
         faster, slower = _judge(lk)
         bounded = np.isfinite(lk.half)
@@ -204,11 +278,18 @@ def rule_figures(lk: Looks, taken: np.ndarray, ratio: float, cal_triplets: int) 
     return out
 
 
-def crosscheck(times: np.ndarray, ratios: np.ndarray, d: np.ndarray, cal_d: np.ndarray,
+def _arms(times: np.ndarray) -> ArmSpread | None:
+    """One triplet's step contrasts by the module's function: times [role A/C/B, step]."""
+    return arm_spread([{r: list(times[j, MEASURED]) for j, r in enumerate("ACB")}])
+
+
+def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndarray, cal_d: np.ndarray,
                looks: dict[str, tuple[Looks, np.ndarray]], m: int) -> dict[str, Any]:
-    """Judge the first m sequences again with the module's own functions; the largest disagreement (log scale)."""
+    """Judge the first m sequences again with the module's own functions (windows.speedup, triplet_log_speedup,
+    noise.arm_spread, paired_interval, SequentialRule, decision.window_effects and decide); the largest
+    disagreement (log scale), and every decision must be the same."""
     worst = 0.0
-    flags = {"outlier_triplet_k3": 0, "outlier_window_k3": 0}
+    flags = {"outlier_triplet_k3": 0, "outlier_window_k3": 0, "window_check_k1": 0}
     for i in range(m):
         for t in range(MAX_TRIPLETS):
             sp = speedup({r: list(times[i, t, j]) for j, r in enumerate("ACB")}, steps=STEPS, warmup=WARMUP,
@@ -217,29 +298,42 @@ def crosscheck(times: np.ndarray, ratios: np.ndarray, d: np.ndarray, cal_d: np.n
             worst = max(worst, max(abs(math.log(g / r)) for g, r in zip(got, ratios[i, t], strict=True)),
                         abs(triplet_log_speedup(got) - d[i, t]))
         cal = Spread.of(list(cal_d[i]))
+        aa_arms = [_arms(aa[i, t]) for t in range(CAL_TRIPLETS)]
+        cal_step = pooled(*(a.aa_step for a in aa_arms if a is not None))
+        cal_w = window_spread([list(np.exp(np.log(window_ratios(aa[i:i + 1]))[0, t])) for t in range(CAL_TRIPLETS)])
+        noise = NoiseEvidence(tuple(_arms(times[i, t]) for t in range(MAX_TRIPLETS)), cal_step)
         for name, (lk, taken) in looks.items():
             c = cal if "cal" in name else None
+            ns = noise if "cal" in name and name != BEFORE else None
             k = int(taken[i])
             if name.startswith("seq"):
                 rule = SequentialRule(MAX_TRIPLETS)
                 for j in range(1, MAX_TRIPLETS + 1):
-                    iv = rule.interval(list(d[i, :j]), c)
+                    iv = rule.interval(list(d[i, :j]), c, ns)
                     if rule.stop(iv) is not None:
                         break
                 if j != k:
                     raise SystemExit(f"cross-check: sequence {i} rule {name} stopped at {j}, the simulation at {k}")
             else:
-                iv = paired_interval(list(d[i, :k]), c)
+                iv = verdict_interval(list(d[i, :k]), c, None, ns)
             lo, hi = (lk.mean[i] - lk.half[i], lk.mean[i] + lk.half[i])
             ref = (math.log(iv.low) if iv.low > 0 else -math.inf, math.log(iv.high))
             for a, b in zip((lo, hi), ref, strict=True):
                 worst = max(worst, 0.0 if a == b else abs(a - b))
+            if k == 1 and ns is not None:  # the window check, as the audit decides
+                r1 = [list(ratios[i, 0])]
+                eff = window_effects(r1, outlier_windows(r1, cal_w), iv, c, cal_w)
+                verdict, _, _ = decide(True, iv, windows=eff)
+                faster, slower = _judge(lk)
+                flags["window_check_k1"] += bool(eff)
+                if (verdict == "accepted") != bool(faster[i] or slower[i]):
+                    raise SystemExit(f"cross-check: sequence {i} rule {name}: the audit says {verdict}")
         flags["outlier_triplet_k3"] += bool(outlier_triplets(list(d[i, :3]), cal))
-        flags["outlier_window_k3"] += bool(outlier_windows([list(r) for r in ratios[i, :3]]))
+        flags["outlier_window_k3"] += bool(outlier_windows([list(r) for r in ratios[i, :3]], cal_w))
     if worst > 1e-9:
         raise SystemExit(f"cross-check: the vectorized intervals differ from ledger/verdict by {worst:.3g}")
     return {"sequences": m, "max_abs_log_difference": worst,
-            "outlier_named_rate_k3": {k: v / m for k, v in flags.items()} if m else None}
+            "outlier_named_rate": {k: v / m for k, v in flags.items()} if m else None}
 
 
 def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any]:
@@ -248,23 +342,36 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
     times = step_times(rng, n, MAX_TRIPLETS, scenario.ratio, scenario.host, base)
     ratios = window_ratios(times)
     d = np.log(ratios).mean(axis=-1)
-    aa_host = replace(scenario.host, candidate_noise=1.0)  # A/A: the candidate arm is the baseline
-    cal_d = np.log(window_ratios(step_times(rng, n, CAL_TRIPLETS, 1.0, aa_host, base))).mean(axis=-1)
+    aa_host = replace(scenario.host, candidate_noise=1.0, candidate_burst=1.0)  # A/A: the candidate arm is the baseline
+    aa = step_times(rng, n, CAL_TRIPLETS, 1.0, aa_host, base)
+    aa_logr = np.log(window_ratios(aa))
+    cal_d = aa_logr.mean(axis=-1)
     cal = cal_d.std(axis=1, ddof=1)
+    cal_w = np.sqrt(((aa_logr - cal_d[..., None]) ** 2).sum((1, 2)) / (CAL_TRIPLETS * (aa_logr.shape[-1] - 1)))
+    aa_y, aa_v = contrasts(aa)
+    m = len(MEASURED) - 1
+    run_y, run_v = contrasts(times)
+    noise = Noise(run_y, run_v, (aa_y.sum(1) / 1.5 + aa_v.sum(1) / 2.0) / (CAL_TRIPLETS * 2 * m))
     looks: dict[str, tuple[Looks, np.ndarray]] = {}
     stops: dict[str, dict[str, int]] = {}
     for name in RULES:
         c = cal if "cal" in name else None
+        ns = noise if c is not None and name != BEFORE else None
         if name.startswith("seq"):
-            lk, taken, why = sequential(d, c)
+            lk, taken, why = sequential(d, c, ns)
+            if ns is not None and c is not None:  # a stop at look 1 is a one-triplet run: the window check applies
+                checked = window_check(lk, np.log(ratios[:, 0]), c, cal_w, ns)
+                lk = Looks(lk.mean, lk.half, checked.veto & (taken == 1))  # type: ignore[operator]
             stops[name] = {w: int((why == i).sum()) for i, w in enumerate(("decided", "precise", "maximum"))}
         else:
             k = int(name[2])
-            lk, taken = intervals(d[:, :k], c, LEVEL), np.full(n, k)
+            lk, taken = intervals(d[:, :k], c, LEVEL, ns), np.full(n, k)
+            if k == 1 and c is not None and ns is not None:
+                lk = window_check(lk, np.log(ratios[:, 0]), c, cal_w, ns)
         looks[name] = (lk, taken)
     rules = {name: rule_figures(lk, taken, scenario.ratio, CAL_TRIPLETS if "cal" in name else 0)
              for name, (lk, taken) in looks.items()}
-    for name, s in stops.items():
-        rules[name]["stops"] = s
+    for name, st in stops.items():
+        rules[name]["stops"] = st
     return {"scenario": scenario.name, "ratio": scenario.ratio, "host": asdict(scenario.host), "seed": seed,
-            "rules": rules, "crosscheck": crosscheck(times, ratios, d, cal_d, looks, check)}
+            "rules": rules, "crosscheck": crosscheck(times, aa, ratios, d, cal_d, looks, check)}

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from ledger.cost.store import Ledger
 from ledger.verdict.calibration import CALIBRATION_FILE, Calibration, fingerprint
+from ledger.verdict.noise import aa_step_spread
 from ledger.verdict.stats import Spread, paired_interval, pooled, triplets_needed
 from orchestrator.launch import LaunchResult, launch
 from protocol.errors import FailedError, UsageError
@@ -72,6 +73,7 @@ def calibrate(
     d: list[float] = []
     headlines: list[float] = []
     windows: list[Spread] = []
+    steps: list[Spread] = []  # the baseline's within-launch step spread, each launch's (issue 34)
     for i in range(1, k + 1):
         say(f"A/A launch {i} of {k}")
         result = launch(protocol_path, home_dir, say=say, lock_timeout=lock_timeout, lock_dir=lock_dir, loaded=aa,
@@ -91,11 +93,15 @@ def calibrate(
         w = iv.get("window_spread") or {}
         if w.get("sd") is not None and w.get("df"):
             windows.append(Spread(float(w["sd"]), int(w["df"])))
+        step = aa_step_spread(audit.get("speedup") or {})
+        if step is not None:
+            steps.append(step)
     result = results[-1]
     spread = Spread.of(d)
     if spread is None:  # k >= 2 launches, each one d
         raise FailedError(f"calibration run {result.run_id}: fewer than two A/A launches; nothing was recorded")
     window = pooled(*windows) if windows else None
+    step = pooled(*steps) if steps else None
     own = paired_interval(d)
     launch_hosts = [audit_host(r) for r in results]
     host = launch_hosts[-1]
@@ -108,7 +114,8 @@ def calibrate(
         of_protocol_name=loaded.protocol.name, aa_protocol_id=protocol_id(aa.protocol),
         workload_id=baseline_workload_id(loaded.protocol), host=fingerprint(host), repeats=len(d),
         headlines=headlines, log_speedups=d, sd=spread.sd, df=spread.df,
-        window_sd=None if window is None else window.sd, window_df=0 if window is None else window.df,
+        window_sd=None if window is None else window.sd, window_df=0 if window is None else int(window.df),
+        step_sd=None if step is None else step.sd, step_df=0 if step is None else int(step.df),
         mean_log_speedup=math.fsum(d) / len(d), estimate=own.estimate, low=own.low if own.bounded else None,
         high=None if math.isinf(own.high) else own.high, level=own.level,
         triplets_for_5pct=triplets_needed(spread.sd, spread.df),

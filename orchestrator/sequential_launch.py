@@ -16,8 +16,9 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from ledger.cost.store import Ledger
-from ledger.verdict.calibration import find_calibration
+from ledger.verdict.calibration import calibration_step_spread, find_calibration
 from ledger.verdict.evidence import read_steps
+from ledger.verdict.noise import ArmSpread, NoiseEvidence, triplet_arm_spread
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.sequential_doc import Look, asked_record, calibration_spread, look, run_rule
 from ledger.verdict.stats import Spread, triplet_log_speedup
@@ -57,6 +58,8 @@ class SequentialState:
     planned: int = 1  # triplets in the plan now (the last may still be running)
     d: list[float] = field(default_factory=list)
     calibration: Spread | None = None
+    calibration_step: Spread | None = None  # the calibration's baseline step spread (the noise check, issue 34)
+    arms: list[ArmSpread | None] = field(default_factory=list)  # each triplet's step contrasts
     calibration_words: str | None = None  # None until the first look looked the calibration up
     stop: str | None = None
     said: list[str] = field(default_factory=list)  # what the last look has to say, after its package's line
@@ -76,8 +79,9 @@ def begin(ctx: RunContext, until_decided: int | None, say: Callable[[str], None]
     say(f"sequential ({by}): triplets are added one at a time until the rule stops, at most {rule.max_triplets}")
 
 
-def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> float:
-    """d of one recorded triplet: the mean log of its window ratios, from its train packages' step lines."""
+def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> tuple[float, ArmSpread | None]:
+    """d of one recorded triplet: the mean log of its window ratios, from its train packages' step lines; and its
+    arms' step contrasts (ledger/verdict/noise.py), as the audit reads them."""
     times: dict[str, list[float]] = {}
     for role, label in t.labels.items():
         rel = f"packages/train-{label}"
@@ -91,7 +95,7 @@ def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> float:
             raise FailedError(f"the sequential look cannot read {rel}: {problems[0]}")
         times[role] = step_times(steps, m.steps)
     sp = speedup(times, steps=m.steps, warmup=m.warmup, window=m.window, drift_bound=m.drift_bound)
-    return triplet_log_speedup([w.ratio for w in sp.windows])
+    return triplet_log_speedup([w.ratio for w in sp.windows]), triplet_arm_spread(sp)
 
 
 def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
@@ -102,6 +106,7 @@ def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
                                              ctx.host.model_dump(), first_seq,
                                              baseline_workload_id(ctx.loaded.protocol))
     state.calibration = calibration_spread(block)
+    state.calibration_step = calibration_step_spread(block)
     if state.calibration is not None:
         state.record = state.record.model_copy(update={"calibration_run": block.get("run_id")})
         state.calibration_words = (f"pooled with the A/A calibration of run {block.get('run_id')} (triplet SD "
@@ -120,11 +125,13 @@ def after_triplet(ctx: RunContext) -> Look | None:
     assert state is not None
     m = ctx.loaded.protocol.measurement
     k = state.planned
-    state.d.append(triplet_d(ctx.run_dir, m, triplets(k, sequential=True)[k - 1]))
+    d, arms = triplet_d(ctx.run_dir, m, triplets(k, sequential=True)[k - 1])
+    state.d.append(d)
+    state.arms.append(arms)
     if state.calibration_words is None:
         _find_calibration(ctx, state)
         state.said.append(f"sequential rule: {state.rule.words}; the looks' spread is {state.calibration_words}")
-    one = look(state.rule, state.d, state.calibration)
+    one = look(state.rule, state.d, state.calibration, NoiseEvidence(tuple(state.arms), state.calibration_step))
     if one is None:
         first = state.rule.first_look(state.calibration)
         state.said.append(f"triplet {k}: d = {state.d[-1]:+.4f} (speedup {math.exp(state.d[-1]):.4f}x); "

@@ -48,6 +48,10 @@ class Calibration(BaseModel):
     df: int = Field(ge=1)
     window_sd: float | None = Field(None, ge=0)  # within-triplet SD between windows (log scale)
     window_df: int = Field(0, ge=0)
+    # the baseline arm's within-launch SD of a measured step (log scale), from the step contrasts of every A/A
+    # launch (ledger/verdict/noise.py); None: recorded before issue 34 (the candidate's noise is then not checked)
+    step_sd: float | None = Field(None, ge=0)
+    step_df: int = Field(0, ge=0)
     mean_log_speedup: float  # the A/A mean of d: near 0 unless the position in the triplet matters
     estimate: float  # exp(mean d) with the A/A run's own interval
     low: float | None
@@ -63,6 +67,10 @@ class Calibration(BaseModel):
     @property
     def window_spread(self) -> Spread | None:
         return Spread(self.window_sd, self.window_df) if self.window_sd is not None and self.window_df else None
+
+    @property
+    def step_spread(self) -> Spread | None:
+        return Spread(self.step_sd, self.step_df) if self.step_sd is not None and self.step_df else None
 
     @property
     def covers_one(self) -> bool:
@@ -112,6 +120,14 @@ def calibration_spreads(block: Mapping[str, Any] | None) -> tuple[Spread | None,
     ws = block.get("window_sd")
     window = Spread(float(ws), int(block["window_df"])) if ws is not None and block.get("window_df") else None
     return Spread(float(block["sd"]), int(block["df"])), window
+
+
+def calibration_step_spread(block: Mapping[str, Any] | None) -> Spread | None:
+    """The baseline's within-launch step spread of an audit's calibration block; None when not usable or recorded
+    before issue 34 (then the calibration is pooled unscaled, as it was)."""
+    if not block or not block.get("usable") or block.get("step_sd") is None or not block.get("step_df"):
+        return None
+    return Spread(float(block["step_sd"]), int(block["step_df"]))
 
 
 def find_calibration(
@@ -185,6 +201,8 @@ def _summary(cal: Calibration) -> dict[str, Any]:
         "level": cal.level,
         "covers_one": cal.covers_one,
         "recorded_at": cal.recorded_at,
+        # only when recorded: an audit of a run calibrated before issue 34 recomputes to the same block
+        **({"step_sd": cal.step_sd, "step_df": cal.step_df} if cal.step_sd is not None else {}),
     }
 
 
@@ -197,6 +215,8 @@ def calibration_words(cal: Calibration) -> str:
     bias = ("covers 1" if cal.covers_one else
             "EXCLUDES 1: identical arms read as different on this host (a position or warm-up effect)")
     window = "" if cal.window_sd is None else f", within-triplet window SD {cal.window_sd:.4f} (df {cal.window_df})"
+    if cal.step_sd is not None:
+        window += f", the baseline's within-launch step SD {cal.step_sd:.4f} (df {cal.step_df})"
     if cal.run_ids:
         what = (f"A/A calibration {cal.run_id} on this host ({cal.repeats} launches of one triplet): null headlines "
                 f"{heads}; between-launch SD")

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ledger.verdict.noise import NoiseEvidence, without_window
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import Interval, Outlier, Spread, paired_interval, triplet_log_speedup
 from ledger.verdict.windows import Speedup, speedup
@@ -50,9 +51,13 @@ def log_speedups(sps: Sequence[Speedup]) -> list[float]:
     return [triplet_log_speedup(r) for r in window_ratios(sps)]
 
 
-def verdict_interval(d: Sequence[float], calibration: Spread | None, rule: SequentialRule | None) -> Interval:
-    """The interval the verdict reads: the sequential rule's repeated interval at this look, else the fixed one."""
-    return rule.interval(d, calibration) if rule is not None else paired_interval(d, calibration)
+def verdict_interval(d: Sequence[float], calibration: Spread | None, rule: SequentialRule | None,
+                     noise: NoiseEvidence | None = None) -> Interval:
+    """The interval the verdict reads: the sequential rule's repeated interval at this look, else the fixed one;
+    with a calibration that records the baseline's step spread, scaled by the candidate's noise (noise.py)."""
+    if rule is not None:
+        return rule.interval(d, calibration, noise)
+    return paired_interval(d, calibration, noise=None if noise is None else noise.scale(len(d), calibration))
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,25 @@ def outlier_effects(d: Sequence[float], flagged: Sequence[Outlier], calibration:
             for o in flagged]
 
 
+@dataclass(frozen=True)
+class WindowEffect:
+    """A window flagged against the calibrated window SD in a one-triplet run, and that triplet's interval without
+    it (estimate, low, high)."""
+
+    outlier: Outlier
+    without: tuple[float, float, float]
+
+
+def window_effects(ratios: Sequence[Sequence[float]], flagged: Sequence[Outlier], iv: Interval,
+                   calibration: Spread | None, window_sd: Spread | None) -> list[WindowEffect]:
+    """At K = 1 with a calibration that records the step spread (iv.noise set): each flagged window's effect. An
+    outlier window never decides alone at K = 1 (issue 34); at K >= 2 it stays a diagnostic."""
+    if iv.triplets != 1 or calibration is None or window_sd is None or iv.noise is None:
+        return []
+    return [WindowEffect(o, without_window(ratios[0], o.window, calibration, window_sd, iv.noise, iv.nominal_level))
+            for o in flagged if o.window is not None and len(ratios[0]) >= 2]
+
+
 def _fmt(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.4f}"
 
@@ -81,9 +105,12 @@ def _call(iv: Interval) -> str | None:
 
 
 def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequence[OutlierEffect] = (),
-           triplet_names: Sequence[str] | None = None, stopping: str | None = None) -> tuple[str, str | None, str]:
+           triplet_names: Sequence[str] | None = None, stopping: str | None = None,
+           windows: Sequence[WindowEffect] = (), window_names: Sequence[str] | None = None,
+           ) -> tuple[str, str | None, str]:
     """(verdict, direction, one sentence). triplet_names: how the sentence names triplet i (default its 1-based
-    position); stopping: why a sequential run did not stop where its rule stops (its error rate is then not held)."""
+    position); stopping: why a sequential run did not stop where its rule stops (its error rate is then not held);
+    windows: outlier windows of a one-triplet run, which never decide alone."""
     span = f"{iv.level:.0%} interval [{_fmt(iv.low)}, {_fmt(iv.high)}]"
     if not exact:
         return NOT_EXACT, None, "the candidate does not compute the same bits; its speed is not judged"
@@ -107,6 +134,15 @@ def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequen
             return NO_DIFFERENCE, None, (
                 f"the {span} excludes 1 only with triplet {name}, an outlier (z = {eff.outlier.z:.2f}): without it "
                 f"the interval is [{_fmt(eff.without.low)}, {_fmt(eff.without.high)}]; one triplet does not decide")
+    for w in windows:
+        est, low, high = w.without
+        if not (low > 1.0 if direction == "faster" else high < 1.0):
+            j = w.outlier.window if w.outlier.window is not None else 0
+            name = window_names[j] if window_names is not None and j < len(window_names) else str(j + 1)
+            return NO_DIFFERENCE, None, (
+                f"the {span} excludes 1 only with window {name}, an outlier against the calibrated window SD "
+                f"(z = {w.outlier.z:.2f}): without it the speedup is {est:.4f}x in [{_fmt(low)}, {_fmt(high)}]; one "
+                "window does not decide at K = 1")
     return ACCEPTED, direction, f"the candidate is {direction}: the {span} of the speedup excludes 1"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.probe_cost import probe_cost_doc
-from ledger.verdict.calibration import calibration_spreads
+from ledger.verdict.calibration import calibration_spreads, calibration_step_spread
 from ledger.verdict.compile_cache_doc import compile_cache_doc
 from ledger.verdict.decision import (
     decide,
@@ -23,6 +23,7 @@ from ledger.verdict.decision import (
     replication_doc,
     triplet_speedups,
     verdict_interval,
+    window_effects,
     window_ratios,
 )
 from ledger.verdict.evidence import RunEvidence
@@ -31,6 +32,7 @@ from ledger.verdict.host_report import clock_doc, quiet_host_doc
 from ledger.verdict.host_watch import busy_windows, host_watch_doc
 from ledger.verdict.interval_doc import interval_doc
 from ledger.verdict.mismatch import Mismatch
+from ledger.verdict.noise import NoiseEvidence, triplet_arm_spread
 from ledger.verdict.recipe_check import recipe_doc
 from ledger.verdict.sequential_doc import run_rule, sequential_doc
 from ledger.verdict.stats import outlier_triplets, outlier_windows, window_spread
@@ -277,18 +279,21 @@ def compute_audit(
     )
     cal_spread, cal_window = calibration_spreads(calibration)
     d = log_speedups(sps)
-    iv = verdict_interval(d, cal_spread, rule)
+    noise = NoiseEvidence(tuple(triplet_arm_spread(s) for s in sps), calibration_step_spread(calibration))
+    iv = verdict_interval(d, cal_spread, rule, noise)
     flagged = outlier_effects(d, outlier_triplets(d, cal_spread), cal_spread, rule)
     ratios = window_ratios(sps)
     win_out = outlier_windows(ratios, cal_window)
+    win_eff = window_effects(ratios, win_out, iv, cal_spread, cal_window)
     watch = host_watch_doc(ev, labels)
     busy = busy_windows(watch) if watch else []
     cost = _cost_doc(ev)
     seq = None if rule is None else sequential_doc(
         rule, ev.run.sequential.asked if ev.run.sequential is not None else "protocol", d, cal_spread,
-        cost["gpu_seconds"], ev.run.sequential, cost["wall_s"])
+        cost["gpu_seconds"], ev.run.sequential, cost["wall_s"], noise)
     stopping = None if seq is None or seq["integrity"]["ok"] else seq["integrity"]["words"]
-    verdict, direction, sentence = decide(ex.exact, iv, busy, flagged, [str(t.index) for t in trips], stopping)
+    verdict, direction, sentence = decide(ex.exact, iv, busy, flagged, [str(t.index) for t in trips], stopping,
+                                          win_eff, [w.name for w in sp.windows])
     caches = compile_cache_doc(ev.run, cost["gpu_seconds"], ex.exact)
     reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
     if caches is not None and not ex.exact:
@@ -298,7 +303,8 @@ def compute_audit(
     interval = interval_doc(
         iv, headlines=[s.headline for s in sps], calibration_run=(calibration or {}).get("run_id"),
         window_spread=window_spread(ratios), outlier_triplets=flagged, outlier_windows=win_out,
-        triplet_index=[t.index for t in trips], rule=rule, calibration=cal_spread, sequential=seq)
+        triplet_index=[t.index for t in trips], rule=rule, calibration=cal_spread, sequential=seq,
+        window_effects=win_eff, calibration_window=cal_window)
     return {
         "schema": AUDIT_SCHEMA,
         "run_id": ev.run_id,

@@ -10,7 +10,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledger.verdict.decision import HOW_TO_BOUND, OutlierEffect
+from ledger.verdict.decision import HOW_TO_BOUND, OutlierEffect, WindowEffect
+from ledger.verdict.noise import NoiseScale
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import Interval, Outlier, Spread, SpreadCheck
 
@@ -36,11 +37,18 @@ def _check_doc(c: SpreadCheck | None) -> dict[str, Any] | None:
             "p_value": c.p_value, "larger": c.larger, "words": words}
 
 
+def _noise_words(n: NoiseScale) -> str:
+    return (f", scaled by the candidate's within-launch noise (R = {n.ratio:.3g}, F({n.d1}, {n.d2}), one-sided "
+            f"p = {n.p_value:.3g}: the calibration measured the baseline only; a candidate noisier inside its "
+            f"launches is taken to vary more between launches by the same factor)")
+
+
 def _source_words(iv: Interval, cal_run: str | None) -> str:
+    scaled = "" if iv.noise is None else _noise_words(iv.noise)
     if iv.variance_source == "pooled":
-        return f"the run's triplets pooled with A/A calibration run {cal_run}"
+        return f"the run's triplets pooled with A/A calibration run {cal_run}{scaled}"
     if iv.variance_source == "calibration":
-        return f"A/A calibration run {cal_run} alone (one triplet has no spread of its own)"
+        return f"A/A calibration run {cal_run} alone (one triplet has no spread of its own){scaled}"
     if iv.check is not None and iv.check.larger:
         return "the run's own triplets (their spread is larger than the calibration's, which is not used)"
     return "the run's own triplets (no usable calibration)"
@@ -64,14 +72,17 @@ def interval_doc(
     iv: Interval, *, headlines: Sequence[float], calibration_run: str | None, window_spread: Spread | None,
     outlier_triplets: Sequence[OutlierEffect], outlier_windows: Sequence[Outlier], triplet_index: Sequence[int],
     rule: SequentialRule | None = None, calibration: Spread | None = None,
-    sequential: Mapping[str, Any] | None = None,
+    sequential: Mapping[str, Any] | None = None, window_effects: Sequence[WindowEffect] = (),
+    calibration_window: Spread | None = None,
 ) -> dict[str, Any]:
     """Everything the verdict read (orch.audit/2 'interval'); triplet_index: the plan's index of triplet i;
-    sequential: the audit's "sequential" block of a run under a rule."""
+    sequential: the audit's "sequential" block of a run under a rule; window_effects: the window check of a
+    one-triplet run (issue 34; its keys appear only when the calibration records the step spread)."""
     uses_cal = iv.variance_source in ("pooled", "calibration")
     if iv.bounded:
+        df = f"{iv.df}" if iv.noise is None else f"{iv.df:.3g} (the scaled pivot's t multiplier {iv.critical:.4g})"
         words = (f"speedup {_fmt(iv.estimate)}x, {iv.level:.0%} interval [{_fmt(iv.low)}, {_fmt(iv.high)}] (paired "
-                 f"over {iv.triplets} triplet(s); SD {iv.sd:.4f} of the per-triplet log speedup, df {iv.df}, from "
+                 f"over {iv.triplets} triplet(s); SD {iv.sd:.4f} of the per-triplet log speedup, df {df}, from "
                  f"{_source_words(iv, calibration_run)}); half-width {iv.half_width:.1%}")
         need = ("a +-5% interval is out of reach at this spread" if iv.triplets_for_target is None else
                 f"about {iv.triplets_for_target} triplet(s) would give a +-5% interval at this spread")
@@ -82,7 +93,16 @@ def interval_doc(
     if rule is not None:
         words += (f"; repeated interval at look {iv.triplets} of at most {rule.max_triplets} (nominal level "
                   f"{iv.nominal_level:.4%} at this look)")
+    extra: dict[str, Any] = {}
+    if iv.noise is not None:
+        n = iv.noise
+        extra["noise"] = {"ratio": n.ratio, "candidate": _spread(n.candidate), "baseline_step": _spread(n.baseline),
+                          "df": [n.d1, n.d2], "p_value": n.p_value, "equivalent_df": iv.df, "words": n.words}
+    if iv.noise is not None and calibration_window is not None:
+        extra["window_check"] = _window_check(window_effects, calibration_window, iv.triplets)
+        words += f"; window check: {extra['window_check']['words']}"
     return {
+        **extra,
         "estimate": iv.estimate,
         "low": iv.low if iv.bounded else None,
         "high": _finite(iv.high),
@@ -116,6 +136,23 @@ def interval_doc(
         "sequential": None if sequential is None else _sequential_summary(sequential),
         "words": words,
     }
+
+
+def _window_check(effects: Sequence[WindowEffect], window_sd: Spread, triplets: int) -> dict[str, Any]:
+    """Outlier windows judged against the calibrated window SD; at K = 1 one never decides alone."""
+    if triplets != 1:
+        words = "at K >= 2 an outlier window is a diagnostic (an outlier triplet is judged instead)"
+    elif not effects:
+        words = (f"no window stands apart from its triplet against the calibrated window SD {window_sd.sd:.4f} "
+                 f"(df {window_sd.df}, Bonferroni over the windows)")
+    else:
+        words = "; ".join(
+            f"window {e.outlier.window} stands apart (z = {e.outlier.z:.2f} against the calibrated window SD "
+            f"{window_sd.sd:.4f}); without it {e.without[0]:.4f}x in [{_fmt(e.without[1])}, {_fmt(e.without[2])}]"
+            for e in effects) + "; the decision must hold without it"
+    return {"window_sd": _spread(window_sd),
+            "windows": [{"window": e.outlier.window, "z": e.outlier.z, "p_value": e.outlier.p_value,
+                         "without": list(e.without)} for e in effects], "words": words}
 
 
 def _legacy_lines(iv: Mapping[str, Any]) -> list[str]:

@@ -22,6 +22,7 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
+from ledger.verdict.noise import NoiseEvidence
 from ledger.verdict.stats import LEVEL, TARGET_HALF_WIDTH, Interval, Spread, paired_interval
 
 METHOD = (
@@ -97,9 +98,12 @@ class SequentialRule:
         looks = nominal_alphas(first, self.max_triplets, round(1.0 - self.level, 12))
         return 1.0 - looks[min(k, self.max_triplets) - first]
 
-    def interval(self, d: Sequence[float], calibration: Spread | None) -> Interval:
-        """The repeated confidence interval at look K = len(d)."""
-        return paired_interval(d, calibration, self.level, self.nominal_level(len(d), calibration))
+    def interval(self, d: Sequence[float], calibration: Spread | None,
+                 noise: NoiseEvidence | None = None) -> Interval:
+        """The repeated confidence interval at look K = len(d); noise: the calibration scaled by the candidate's
+        within-launch noise of these K triplets (ledger/verdict/noise.py)."""
+        scale = None if noise is None else noise.scale(len(d), calibration)
+        return paired_interval(d, calibration, self.level, self.nominal_level(len(d), calibration), scale)
 
     def stop(self, iv: Interval) -> str | None:
         """Why the run stops after this look (decided | precise | maximum), or None to add a triplet."""

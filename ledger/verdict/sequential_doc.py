@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ledger.verdict.noise import NoiseEvidence
 from ledger.verdict.sequential import METHOD, SequentialRule
 from ledger.verdict.stats import LEVEL, Interval, Spread
 from protocol.plan import DEFAULT_TARGET_HALF_WIDTH, triplets, triplets_in
@@ -86,7 +87,7 @@ class Look:
         iv = self.interval
         return SequentialLook(
             triplets=self.triplets, estimate=iv.estimate, low=iv.low if iv.bounded else None,
-            high=iv.high if iv.bounded else None, nominal_level=iv.nominal_level, df=iv.df,
+            high=iv.high if iv.bounded else None, nominal_level=iv.nominal_level, df=int(iv.df),
             variance_source=iv.variance_source, stop=cast(StopReason | None, self.stop))
 
     def words(self, max_triplets: int) -> str:
@@ -96,7 +97,7 @@ class Look:
             span = "unbounded (no spread yet)"
         else:
             span = (f"{iv.level:.0%} repeated interval [{iv.low:.4f}, {iv.high:.4f}] (nominal {iv.nominal_level:.2%} "
-                    f"at this look, df {iv.df}, {iv.variance_source} spread, half-width {iv.half_width:.1%})")
+                    f"at this look, df {iv.df:.4g}, {iv.variance_source} spread, half-width {iv.half_width:.1%})")
         if self.stop == "decided":
             why = f"excludes 1: stop, decided {'faster' if iv.low > 1.0 else 'slower'}"
         elif self.stop == "precise":
@@ -108,20 +109,22 @@ class Look:
         return f"{head}, {span}; {why}"
 
 
-def look(rule: SequentialRule, d: Sequence[float], calibration: Spread | None) -> Look | None:
+def look(rule: SequentialRule, d: Sequence[float], calibration: Spread | None,
+         noise: NoiseEvidence | None = None) -> Look | None:
     """The look after len(d) triplets, or None before the rule's first look."""
     k = len(d)
     if k < rule.first_look(calibration):
         return None
-    iv = rule.interval(d, calibration)
+    iv = rule.interval(d, calibration, noise)
     return Look(k, iv, rule.stop(iv))
 
 
-def replay(rule: SequentialRule, d: Sequence[float], calibration: Spread | None) -> list[Look]:
+def replay(rule: SequentialRule, d: Sequence[float], calibration: Spread | None,
+           noise: NoiseEvidence | None = None) -> list[Look]:
     """The looks the rule takes over the recorded d in order, up to the first that stops (or the last triplet)."""
     looks: list[Look] = []
     for k in range(1, len(d) + 1):
-        one = look(rule, d[:k], calibration)
+        one = look(rule, d[:k], calibration, noise)
         if one is not None:
             looks.append(one)
             if one.stop is not None:
@@ -163,7 +166,7 @@ def _iv_doc(iv: Interval) -> dict[str, Any]:
 def sequential_doc(
     rule: SequentialRule, asked: str, d: Sequence[float], calibration: Spread | None,
     gpu_seconds: Mapping[str, float], recorded: SequentialRecord | None = None,
-    wall_s: Mapping[str, float] | None = None,
+    wall_s: Mapping[str, float] | None = None, noise: NoiseEvidence | None = None,
 ) -> dict[str, Any]:
     """The audit's "sequential" block: the rule in words, each look replayed from the triplets' d (in launch order),
     the triplets taken, why the run stopped, the GPU-seconds of the decision, and the integrity check
@@ -171,7 +174,7 @@ def sequential_doc(
     replay; the audit must not accept it). gpu_seconds, wall_s: package name -> GPU-seconds, seconds (the ledger's
     close records; a CPU protocol's GPU-seconds are 0, its wall seconds say what the decision took)."""
     taken = len(d)
-    looks = replay(rule, d, calibration)
+    looks = replay(rule, d, calibration, noise)
     ok, words = integrity(rule, taken, looks, rule.first_look(calibration))
     problems = [] if ok else [words]
     if recorded is not None:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scipy import stats as sps
+
+if TYPE_CHECKING:
+    from ledger.verdict.noise import NoiseScale
 
 LEVEL = 0.95
 TARGET_HALF_WIDTH = 0.05  # the audit says how many triplets would bring the interval to +-5 %
@@ -37,7 +41,7 @@ class Spread:
     """An estimate of a standard deviation (log scale) with its degrees of freedom."""
 
     sd: float
-    df: int
+    df: float  # an integer, except the equivalent df of a calibration scaled by the candidate's noise (noise.py)
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread | None:
@@ -95,7 +99,7 @@ def spread_check(run: Spread, calibration: Spread, alpha: float = SPREAD_ALPHA) 
     return SpreadCheck(run, calibration, f, p, p < alpha)
 
 
-def t_critical(level: float, df: int) -> float:
+def t_critical(level: float, df: float) -> float:
     """Two-sided Student t multiplier: P(|T_df| <= c) = level."""
     return float(sps.t.ppf(0.5 + level / 2.0, df))
 
@@ -113,11 +117,12 @@ class Interval:
     triplets: int
     log_speedups: tuple[float, ...]  # d of each triplet
     sd: float | None  # the between-triplet SD used (log scale)
-    df: int
+    df: float
     variance_source: str  # pooled | run | calibration | none
     critical: float | None
     check: SpreadCheck | None
     triplets_for_target: int | None  # triplets for a +-5 % interval at this SD (None: beyond reach or unknown)
+    noise: NoiseScale | None = None  # the calibration was scaled by the candidate's within-launch noise
 
     @property
     def bounded(self) -> bool:
@@ -137,7 +142,7 @@ class Interval:
         return tuple(math.exp(d) for d in self.log_speedups)
 
 
-def triplets_needed(sd: float, calibration_df: int = 0, level: float = LEVEL,
+def triplets_needed(sd: float, calibration_df: float = 0, level: float = LEVEL,
                     target: float = TARGET_HALF_WIDTH) -> int | None:
     """Smallest K whose fixed-design interval (df = calibration_df + K - 1) has relative half-width <= target."""
     goal = math.log1p(target)
@@ -172,14 +177,20 @@ def variance_for(d: Sequence[float], calibration: Spread | None) -> tuple[Spread
 
 
 def paired_interval(d: Sequence[float], calibration: Spread | None = None, level: float = LEVEL,
-                    nominal_level: float | None = None) -> Interval:
+                    nominal_level: float | None = None, noise: NoiseScale | None = None) -> Interval:
     """The interval of exp(mean d) over K triplets. `nominal_level`: the level of this look's t multiplier when a
-    sequential rule holds the overall `level` (ledger/verdict/sequential.py); None for a fixed design."""
+    sequential rule holds the overall `level` (ledger/verdict/sequential.py); None for a fixed design. `noise`: the
+    candidate's within-launch noise (ledger/verdict/noise.py): the calibration is scaled by sqrt(R), with the df
+    whose t multiplier is the exact one of the scaled pivot at this look's level."""
     if not d:
         raise ValueError("the interval needs at least one triplet")
     nominal = level if nominal_level is None else nominal_level
     k = len(d)
     mean = math.fsum(d) / k
+    if calibration is not None and calibration.df > 0 and noise is not None:
+        calibration = noise.scaled(calibration, nominal)
+    else:
+        noise = None
     spread, source, check = variance_for(d, calibration)
     if spread is None:
         return Interval(math.exp(mean), 0.0, math.inf, level, nominal, METHOD, k, tuple(d), None, 0, source, None,
@@ -192,6 +203,7 @@ def paired_interval(d: Sequence[float], calibration: Spread | None = None, level
         nominal_level=nominal, method=METHOD, triplets=k, log_speedups=tuple(d), sd=spread.sd, df=spread.df,
         variance_source=source, critical=crit, check=check,
         triplets_for_target=triplets_needed(spread.sd, cal_df, level),
+        noise=noise if source in ("pooled", "calibration") else None,
     )
 
 
@@ -203,7 +215,7 @@ class Outlier:
     window: int | None
     z: float  # studentized deviation
     p_value: float  # two-sided, before the Bonferroni correction
-    df: int
+    df: float
 
 
 def outlier_triplets(d: Sequence[float], calibration: Spread | None = None,

@@ -1,0 +1,212 @@
+"""The candidate's own noise, seen inside one triplet (issue 34): arm-by-arm step contrasts, the F ratio of the
+candidate's within-launch variance to the baseline's, and the calibration scaled by it, with its exact critical value.
+
+Model (DESIGN.md section 5, "The candidate's noise"): the log time of arm X at measured step s of launch L is
+mu_s + a_L + e_Ls, with launch effect SD lambda_X * tau and step noise SD lambda_X * sigma (the scale model: a
+noisier candidate is noisier at every level by one factor lambda). Per triplet and measured step:
+  y_s = log C_s - (log A_s + log B_s) / 2     residual variance about its mean: (lambda^2 + 1/2) sigma^2
+  v_s = log A_s - log B_s                     residual variance about its mean: 2 sigma^2
+The workload mu_s, the launch effects and any drift linear in launch position cancel in both; y and v are
+uncorrelated (Cov = -sigma^2/2 + sigma^2/2 = 0), so independent for normal noise. An A/A calibration (C is the
+baseline) measures sigma^2 from both. R = s_y^2 / (1.5 sigma_hat^2) estimates theta = (lambda^2 + 1/2) / 1.5, the
+factor by which the variance of a triplet's d exceeds the calibrated one, and R / theta ~ F(d1, d2). So
+  T = mean d / (s_cal sqrt(R)) ~ Z / sqrt(Q * F),  Q = chi2_a / a, F ~ F(d1, d2)
+whatever lambda is: the critical value of that pivot (critical_scaled) gives a K = 1 interval with exact coverage
+for a candidate noisier or quieter than the baseline, with no threshold and nothing tuned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from scipy import optimize
+from scipy import stats as sps
+
+from ledger.verdict.stats import Spread, pooled
+from ledger.verdict.windows import Speedup
+
+Y_FACTOR = 1.5  # E[var y] / sigma^2 for equal arms (1 + 1/2)
+V_FACTOR = 2.0  # E[var v] / sigma^2
+
+
+def _ss(xs: Sequence[float]) -> tuple[float, int]:
+    m = math.fsum(xs) / len(xs)
+    return math.fsum((x - m) ** 2 for x in xs), len(xs) - 1
+
+
+@dataclass(frozen=True)
+class ArmSpread:
+    """The within-launch step contrasts of one or more triplets (log scale), pooled over triplets: the candidate's
+    (y, variance (lambda^2 + 1/2) sigma^2) and the baseline pair's (v, variance 2 sigma^2)."""
+
+    candidate: Spread
+    baseline: Spread
+
+    @property
+    def baseline_step(self) -> Spread:
+        """The baseline arm's own step SD sigma from its A/B contrast alone."""
+        return Spread(self.baseline.sd / math.sqrt(V_FACTOR), self.baseline.df)
+
+    @property
+    def aa_step(self) -> Spread:
+        """For an A/A triplet (C is the baseline too): sigma from both contrasts, pooled."""
+        return pooled(Spread(self.candidate.sd / math.sqrt(Y_FACTOR), self.candidate.df), self.baseline_step)
+
+
+def arm_spread(times: Sequence[Mapping[str, Sequence[float]]]) -> ArmSpread | None:
+    """times: per triplet, the step times (s) of roles A, C, B at the measured steps (the owner's windows, in step
+    order). None when no triplet has two measured steps."""
+    ss_y = ss_v = 0.0
+    df = 0
+    for t in times:
+        a, c, b = t["A"], t["C"], t["B"]
+        if not len(a) == len(b) == len(c) or len(a) < 2:
+            continue
+        la, lc, lb = ([math.log(x) for x in arm] for arm in (a, c, b))
+        sy, n = _ss([z - (x + w) / 2.0 for x, z, w in zip(la, lc, lb, strict=True)])
+        sv, _ = _ss([x - w for x, w in zip(la, lb, strict=True)])
+        ss_y, ss_v, df = ss_y + sy, ss_v + sv, df + n
+    if df == 0:
+        return None
+    return ArmSpread(Spread(math.sqrt(ss_y / df), df), Spread(math.sqrt(ss_v / df), df))
+
+
+_NODES = 400  # Gauss-Legendre nodes over the F distribution's probability (c agrees with adaptive quadrature to 1e-5)
+
+
+@lru_cache(maxsize=64)
+def _f_nodes(d1: float, d2: float) -> tuple[np.ndarray, np.ndarray]:
+    x, w = np.polynomial.legendre.leggauss(_NODES)
+    u = (x + 1.0) / 2.0
+    return np.sqrt(sps.f.ppf(u, d1, d2)), w / 2.0
+
+
+@lru_cache(maxsize=512)
+def critical_scaled(level: float, a: float, d1: float, d2: float) -> float:
+    """c with P(|Z| <= c sqrt(Q F)) = level, Q = chi2_a / a, F ~ F(d1, d2) independent: the two-sided critical
+    value of mean d / (s_cal sqrt(R)). One integral over F's probability u of the Student t probability of
+    t_a = Z / sqrt(Q) (a smooth integrand on [0, 1])."""
+    root_f, w = _f_nodes(d1, d2)
+
+    def coverage(c: float) -> float:
+        return float(np.sum(w * (2.0 * sps.t.cdf(c * root_f, a) - 1.0)))
+
+    return float(optimize.brentq(lambda c: coverage(c) - level, 1e-6, 1e4, xtol=1e-12))
+
+
+@lru_cache(maxsize=512)
+def equivalent_df(level: float, a: float, d1: float, d2: float) -> float:
+    """The Student t df whose two-sided critical value at `level` is critical_scaled's: the weight of the scaled
+    calibration when it is pooled with a run's own triplets (K >= 2), and its df at K = 1 (same critical value)."""
+    c = critical_scaled(level, a, d1, d2)
+    if sps.t.ppf(0.5 + level / 2.0, 1e7) >= c:
+        return 1e7
+    return float(optimize.brentq(lambda v: float(sps.t.ppf(0.5 + level / 2.0, v)) - c, 0.05, 1e7, xtol=1e-10))
+
+
+@dataclass(frozen=True)
+class NoiseScale:
+    """R = the candidate's within-launch step variance over the baseline's, as the variance factor of d."""
+
+    ratio: float  # R (1: as noisy as the baseline)
+    candidate: Spread  # y of the run's triplets
+    baseline: Spread  # sigma: the calibration's A/A steps pooled with the run's A/B contrast
+    calibration_df: int  # a: the df of the calibration's between-launch SD it scales
+
+    @property
+    def d1(self) -> int:
+        return int(self.candidate.df)
+
+    @property
+    def d2(self) -> int:
+        return int(self.baseline.df)
+
+    @property
+    def p_value(self) -> float:
+        """One-sided: P(F(d1, d2) >= R) for a candidate as noisy as the baseline (small: noisier)."""
+        return float(sps.f.sf(self.ratio, self.d1, self.d2))
+
+    def df(self, level: float) -> float:
+        return equivalent_df(round(level, 12), self.calibration_df, self.d1, self.d2)
+
+    def scaled(self, calibration: Spread, level: float) -> Spread:
+        """The calibration's between-launch SD times sqrt(R), with the equivalent df at this level."""
+        return Spread(calibration.sd * math.sqrt(self.ratio), self.df(level))
+
+    @property
+    def words(self) -> str:
+        cmp = ("noisier than" if self.p_value < 0.05 else "quieter than" if self.ratio < 1.0 else
+               "as noisy as (within chance)")
+        return (f"the candidate's steps are {cmp} the baseline's inside their launches: within-launch variance "
+                f"ratio R = {self.ratio:.3g} (F({self.d1}, {self.d2}), one-sided p = {self.p_value:.3g}); the "
+                f"calibration's spread, which measured the baseline only, is scaled by sqrt(R) = "
+                f"{math.sqrt(self.ratio):.3g}")
+
+
+def noise_scale(run: ArmSpread | None, calibration_step: Spread | None,
+                calibration: Spread | None) -> NoiseScale | None:
+    """None without a calibration that records the baseline's step spread (orch.calibration/2 written before issue
+    34) or without step contrasts: the calibration is then used unscaled, as before."""
+    if run is None or calibration_step is None or calibration is None or calibration_step.sd <= 0.0:
+        return None
+    base = pooled(calibration_step, run.baseline_step)
+    ratio = run.candidate.sd**2 / (Y_FACTOR * base.sd**2)
+    return NoiseScale(ratio, run.candidate, base, int(calibration.df))
+
+
+def without_window(ratios: Sequence[float], window: int, calibration: Spread, window_sd: Spread,
+                   scale: NoiseScale | None, level: float) -> tuple[float, float, float]:
+    """(estimate, low, high) of one triplet's d without one window: the mean log ratio of the others, its variance
+    the calibrated var(d) plus the window variance that dropping a window adds (sigma_w^2 (1/(n-1) - 1/n)), both
+    scaled by R when given; the critical value is that of the scaled (or plain) calibration."""
+    rest = [math.log(r) for i, r in enumerate(ratios) if i != window]
+    n = len(ratios)
+    mean = math.fsum(rest) / len(rest)
+    var = calibration.sd**2 + window_sd.sd**2 * (1.0 / (n - 1) - 1.0 / n)
+    if scale is not None:
+        crit = critical_scaled(round(level, 12), scale.calibration_df, scale.d1, scale.d2)
+        var *= scale.ratio
+    else:
+        crit = float(sps.t.ppf(0.5 + level / 2.0, calibration.df))
+    half = crit * math.sqrt(var)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def pool_arms(arms: Sequence[ArmSpread | None]) -> ArmSpread | None:
+    """The contrasts of several triplets pooled (df added)."""
+    got = [a for a in arms if a is not None]
+    if not got:
+        return None
+    return ArmSpread(pooled(*(a.candidate for a in got)), pooled(*(a.baseline for a in got)))
+
+
+def triplet_arm_spread(sp: Speedup) -> ArmSpread | None:
+    """One triplet's contrasts at the steps of the owner's windows (Speedup: ledger/verdict/windows.py)."""
+    steps = {role: [s for w in sp.windows for s in getattr(w, f"{role.lower()}_steps")] for role in ("A", "C", "B")}
+    return arm_spread([steps])
+
+
+def aa_step_spread(speedup_doc: Mapping[str, Any]) -> Spread | None:
+    """The baseline's step SD sigma of one A/A launch, from its audit's "speedup" block (both contrasts)."""
+    windows = speedup_doc.get("windows") or []
+    steps = {role: [float(s) for w in windows for s in w["step_times"][role]] for role in ("A", "C", "B")}
+    arms = arm_spread([steps])
+    return None if arms is None else arms.aa_step
+
+
+@dataclass(frozen=True)
+class NoiseEvidence:
+    """What the noise check reads: each triplet's step contrasts (in launch order) and the calibration's baseline
+    step spread (None: a calibration recorded before issue 34; no scaling, as before)."""
+
+    triplets: tuple[ArmSpread | None, ...]
+    calibration_step: Spread | None
+
+    def scale(self, k: int, calibration: Spread | None) -> NoiseScale | None:
+        """The scale at a look after the first k triplets."""
+        return noise_scale(pool_arms(self.triplets[:k]), self.calibration_step, calibration)
