@@ -13,6 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.cli_common import CONTEXT, HomeOpt, JsonOpt, OrchCommand, OrchGroup, examples, guard, report
+from orchestrator.cli_init import INIT_EXAMPLES
+from orchestrator.cli_init import init as init_command
 from orchestrator.cli_ledger import ledger_app
 from orchestrator.entry import run_app
 from protocol.errors import FailedError, UsageError
@@ -33,6 +35,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(ledger_app, name="ledger")
+app.command(name="init", cls=OrchCommand, epilog=INIT_EXAMPLES)(init_command)
 # checked while parsing (one usage line, exit 2), before any run folder, ledger record or lock exists
 LockTimeoutOpt = Annotated[
     float | None,

@@ -28,7 +28,7 @@ from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last
 from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
 from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
-from orchestrator.run_plan import RunContext, VerifiedArm, run_plan
+from orchestrator.run_plan import RunContext, VerifiedArm, run_plan, trainer_command
 from orchestrator.sealing import seal_arm, unseal_for_removal
 from orchestrator.sequential_launch import begin as begin_sequential
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, UsageError, os_error_line
@@ -203,7 +203,8 @@ def open_run(
         {name: ArmRecord(commitment=a.spec.commitment, commitment_root=a.commitment_root,
                          sources_root=a.sources_root, switches=dict(a.spec.switches), config=dict(a.spec.config),
                          source=a.spec.source if a.spec.source == "tree" else {"git": a.spec.source.git},
-                         under_evaluation=a.spec.under_evaluation, note=a.note)
+                         under_evaluation=a.spec.under_evaluation, note=a.note,
+                         command=trainer_command(loaded, a.spec))
          for name, a in arms.items()},
         calibration_of,
     )

@@ -61,6 +61,11 @@ def _arm_args(loaded: LoadedProtocol, arm: Arm) -> list[str]:
     return [*loaded.protocol.launcher.args, *extra]
 
 
+def trainer_command(loaded: LoadedProtocol, arm: Arm) -> list[str]:
+    """The trainer's command line of an arm (run.json): script, recipe flags, launcher.args, the arm's config."""
+    return [loaded.protocol.launcher.script, *_arm_args(loaded, arm)]
+
+
 @dataclass
 class RunContext:
     loaded: LoadedProtocol

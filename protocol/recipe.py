@@ -21,7 +21,8 @@ RUN_COPY: Final = "recipe.yaml"  # the recipe file's bytes in a run folder, besi
 ALLOWED_PRECISIONS: Final = ("fp32", "bf16")
 FORBIDDEN_PRECISIONS: Final = ("fp16", "fp8", "int8")
 # orch.protocol/1 documents name no recipe file: they were written under R3's, the first recipe file, pinned here
-V1_RECIPE_PATH: Final = Path(__file__).resolve().parents[1] / "recipes" / "r3_tree_rl_bagel7b.yaml"
+# (protocol/v1_recipe/ links to recipes/ in the repository; a wheel holds a copy, so an installed orch reads it too)
+V1_RECIPE_PATH: Final = Path(__file__).resolve().parent / "v1_recipe" / "r3_tree_rl_bagel7b.yaml"
 V1_RECIPE_SHA256: Final = "27ea00d8ce839a2cf57981cca87348d24d80e5eda3849bcfee9e591df511961e"
 
 Value = bool | int | float | str

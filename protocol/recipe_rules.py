@@ -128,6 +128,7 @@ class Checked:
     overrides: Mapping[str, int]
     configs: Mapping[str, Mapping[str, str]]
     model_layers: int | None
+    rendered: int = 0  # the short form: the first `rendered` arguments are the recipe's flags, rendered by orch
 
 
 def check_recipe(path: Path, root_node: Any, protocol: Checked, recipe: RecipeFile, named: str) -> None:
@@ -158,9 +159,19 @@ def check_recipe(path: Path, root_node: Any, protocol: Checked, recipe: RecipeFi
     if flags:
         line = line_of(node_at(root_node, ("launcher", "args")))
         raise RefusedError(
-            f"{path}:{line}: launcher.args do not carry the recipe: {'; '.join(flags)}; pass every recipe value"
+            f"{path}:{line}: launcher.args do not carry the recipe: {'; '.join(flags)}; pass every recipe value "
+            "(or leave `recipe:` out: orch then renders every recipe flag)"
         )
     configs = protocol.configs
+    if protocol.rendered:  # the short form: the recipe's flags are orch's to write, none of them the user's
+        again = recipe_overrides(args[protocol.rendered:], {}, recipe)
+        again += [f"{flag} {args[i + 1] if i + 1 < len(args) else ''}".strip()
+                  for i, flag in enumerate(args) if i >= protocol.rendered and flag in recipe.flags().values()]
+        if again:
+            line = line_of(node_at(root_node, ("launcher", "args")))
+            raise RefusedError(
+                f"{path}:{line}: launcher.args set the recipe again ({'; '.join(again)}), but a protocol without "
+                f"`recipe:` has orch render every recipe flag from {named}; remove them from launcher.args")
     again = recipe_overrides(args, configs, recipe)
     if again:
         line = line_of(node_at(root_node, ("launcher", "args")))

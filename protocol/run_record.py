@@ -57,6 +57,9 @@ class ArmRecord(_Strict):
     source: Literal["tree"] | dict[str, str]  # "tree", or {"git": REV}
     under_evaluation: bool
     note: str | None  # how a candidate under evaluation differs from its commitment
+    # the trainer's command line as orch renders it: script, the recipe's flags (rendered by orch for a protocol
+    # without `recipe:`), launcher.args, the arm's config; placeholders ({trainer_dir}, ...) as the protocol writes them
+    command: list[str] | None = None
 
 
 class LockRecord(_Strict):

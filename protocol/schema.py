@@ -16,7 +16,7 @@ from protocol.errors import RefusedError
 from protocol.hashing import canonical_json as dumps_canonical
 from protocol.plan import DEFAULT_MAX_REPEATS, DEFAULT_TARGET_HALF_WIDTH, MAX_REPEATS
 from protocol.protocol_yaml import field_name, line_of, node_at, parse_yaml, read_text
-from protocol.recipe import ALLOWED_PRECISIONS, LoadedRecipe, Value, load_recipe, v1_recipe
+from protocol.recipe import ALLOWED_PRECISIONS, LoadedRecipe, Value, load_recipe, recipe_flags, v1_recipe
 from protocol.recipe_rules import Checked, check_recipe, normalized_values
 
 PROTOCOL_SCHEMA = "orch.protocol/2"  # /2 names its frozen recipe file; /1 documents were written under R3's
@@ -214,7 +214,10 @@ class Protocol(_Frozen):
     name: str
     base: str = Field("..", description="directory the protocol's paths are relative to, from the protocol file")
     recipe_file: RecipeFileRef | None = Field(None, description="orch.protocol/2: the frozen recipe file it gives")
-    recipe: dict[str, Value] = Field(description="the frozen recipe's values, key for key (recipe_file)")
+    recipe: dict[str, Value] = Field(
+        default_factory=dict, description="the frozen recipe's values, key for key (recipe_file); left out "
+        "(orch.protocol/2, the short form): the file's values, and orch renders `--flag VALUE` of every key that has a "
+        "flag before launcher.args")
     precision: str
     sources: Sources
     arms: Arms
@@ -233,6 +236,9 @@ class Protocol(_Frozen):
                              "see docs/RECIPES.md")
         if self.schema_ == "orch.protocol/1" and self.recipe_file is not None:
             raise ValueError("recipe_file needs schema: orch.protocol/2 (/1 protocols are read under R3's recipe)")
+        if self.schema_ == "orch.protocol/1" and not self.recipe:
+            raise ValueError("an orch.protocol/1 document gives its recipe: add recipe (or name recipe_file under "
+                             "orch.protocol/2 and leave recipe out: orch renders its flags)")
         return self
 
     @field_validator("precision")
@@ -323,6 +329,14 @@ def protocol_recipe(protocol: Protocol, base: Path) -> LoadedRecipe:
     return load_recipe((base / ref.path).resolve(), ref.path, ref.sha256)
 
 
+def rendered_recipe(protocol: Protocol, recipe: LoadedRecipe) -> Protocol:
+    """The short form (no `recipe:`) as the explicit one: the recipe file's values, and `--flag VALUE` of every key
+    that has a flag (in the file's order) rendered before launcher.args, so the trainer gets
+    `SCRIPT <recipe flags> <launcher.args> <arm config>`. Its id is the id of that explicit protocol."""
+    launcher = protocol.launcher.model_copy(update={"args": [*recipe_flags(recipe.recipe), *protocol.launcher.args]})
+    return protocol.model_copy(update={"recipe": recipe.recipe.values(), "launcher": launcher})
+
+
 def load_protocol(path: str | Path) -> LoadedProtocol:
     """Load, validate and check a protocol file; RefusedError (exit 3) names file, line and field."""
     path = Path(path)
@@ -344,12 +358,15 @@ def load_protocol(path: str | Path) -> LoadedProtocol:
     except RefusedError as err:
         line = line_of(node_at(root_node, ("recipe_file", "sha256" if "sha256" in err.message else "path")))
         raise RefusedError(f"{path}:{line}: {err.message}") from None
-    protocol = protocol.model_copy(update={"recipe": normalized_values(protocol.recipe, recipe.recipe)})
+    rendered = not protocol.recipe  # the short form
+    protocol = rendered_recipe(protocol, recipe) if rendered else protocol.model_copy(
+        update={"recipe": normalized_values(protocol.recipe, recipe.recipe)})
     checked = Checked(
         recipe=protocol.recipe, args=protocol.launcher.args, nproc=protocol.launcher.nproc,
         overrides=protocol.rehearsal.recipe_overrides if protocol.rehearsal is not None else {},
         configs={arm: getattr(protocol.arms, arm).config for arm in ("baseline", "candidate")},
         model_layers=protocol.model.layers if protocol.model is not None else None,
+        rendered=len(recipe_flags(recipe.recipe)) if rendered else 0,
     )
     check_recipe(path, root_node, checked, recipe.recipe, recipe.named)
     m = protocol.measurement

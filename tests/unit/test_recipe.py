@@ -202,7 +202,8 @@ def test_another_recipes_flags_are_checked_and_a_key_without_a_flag_is_not(tmp_p
             '    --max_grad_norm, "1", --warmup_steps, "2", --freeze_embeddings, "True",\n')
     assert _refusal(_tiny_protocol(tmp_path, args=args)).endswith(
         "launcher.args do not carry the recipe: --adam_beta2 0.999 (recipe adam_beta2 = 0.99); --num_generations "
-        "missing (recipe num_generations = 4); pass every recipe value")
+        "missing (recipe num_generations = 4); pass every recipe value "
+        "(or leave `recipe:` out: orch then renders every recipe flag)")
     twice = ('    --learning_rate, "1e-4", --adam_beta2, "0.99", --amsgrad, "False", --max_grad_norm, "1",\n'
              '    --warmup_steps, "2", --num_generations, "4", --freeze_embeddings, "True", --learning=1,\n')
     assert "launcher.args '--learning=1' sets --learning_rate" in _refusal(_tiny_protocol(tmp_path, args=twice))

@@ -289,7 +289,8 @@ def test_a_rehearsal_may_override_only_the_policy_group_size_and_it_must_divide_
 def test_a_recipe_value_missing_from_the_arguments_is_refused_at_the_args_line(tmp_path: Path) -> None:
     path = variant(tmp_path, '    --lr, "5e-6",\n', "")
     assert refusal(path) == (f"{path}:{line_starting(path, 'args:')}: launcher.args do not carry the recipe: "
-                             "--lr missing (recipe lr = 5e-06); pass every recipe value")
+                             "--lr missing (recipe lr = 5e-06); pass every recipe value "
+        "(or leave `recipe:` out: orch then renders every recipe flag)")
     path = variant(tmp_path, '    --lr, "5e-6",\n', '    --lr, "5e-6", "--lr=1",\n')
     assert refusal(path) == (f"{path}:{line_starting(path, 'args:')}: the recipe is set again behind its checked "
                              "flag: launcher.args '--lr=1' sets --lr (write it once as `--lr VALUE`); remove the "
@@ -338,7 +339,8 @@ def test_the_published_json_schema_names_fields_as_a_protocol_file_writes_them()
     doc = json_schema()
     assert doc["properties"]["schema"]["enum"] == ["orch.protocol/1", "orch.protocol/2"]
     assert "schema_" not in doc["properties"] and "recipe_file" in doc["properties"]
-    assert {"name", "recipe", "precision", "sources", "arms", "launcher", "scorer"} <= set(doc["required"])
+    assert {"name", "precision", "sources", "arms", "launcher", "scorer"} <= set(doc["required"])
+    assert "recipe" not in doc["required"]  # the short form (issue 33) leaves it out
 
 
 def test_several_problems_of_one_kind_are_listed_in_one_line(tmp_path: Path) -> None:
@@ -351,7 +353,8 @@ def test_several_problems_of_one_kind_are_listed_in_one_line(tmp_path: Path) -> 
     path.write_text(path.read_text().replace('    --eps, "1e-8",\n', ""))
     args = line_starting(path, "args:")
     assert refusal(path) == (f"{path}:{args}: launcher.args do not carry the recipe: --lr missing (recipe lr = "
-                             "5e-06); --eps missing (recipe eps = 1e-08); pass every recipe value")
+                             "5e-06); --eps missing (recipe eps = 1e-08); pass every recipe value "
+        "(or leave `recipe:` out: orch then renders every recipe flag)")
     path = variant(tmp_path, '    --lr, "5e-6",\n', '    --lr, "5e-6", "--lr=1", --lr, "5e-6",\n')
     assert refusal(path) == (f"{path}:{args}: the recipe is set again behind its checked flag: launcher.args "
                              "'--lr=1' sets --lr (write it once as `--lr VALUE`); launcher.args give --lr twice (the "
