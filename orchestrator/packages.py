@@ -179,6 +179,7 @@ def _run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None,
     isolation: str, prefix: Sequence[str] = (), surface: Sequence[str] | None = None, cache: str | None = None,
 ) -> PackageOutcome:
+    isolating = time.time()  # start-up figures (orchestrator.startup): the package's set-up begins
     spec_path = write_spec(spec)
     pkg_dir = Path(spec.package_dir)
     run_dir = pkg_dir.parent.parent  # runs/<id>/packages/<name>
@@ -189,11 +190,12 @@ def _run_package(
     worker = [sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
     cmd = iso.command([*prefix, *worker], spec.sealed_dir)
     env = iso.env(env)
-    started, t0 = utc_now(), time.monotonic()
+    started, t0, spawned = utc_now(), time.monotonic(), time.time()
     try:
         outcome = _run(spec, cmd, env, timeout_s, on_tick, started, t0, iso)
     finally:
         iso.finish()
+    outcome.extra["startup"] = {"isolate": isolating, "spawn": spawned}
     # run.json's isolation says which guarantee held: namespace (read-only root, PID namespace) or scan+ENDING
     outcome.extra["isolation"] = iso.mode if iso.mode == "namespace" else f"scan+{iso.ending}"
     outcome.extra["ending"] = iso.ending

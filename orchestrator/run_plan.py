@@ -23,6 +23,7 @@ from orchestrator.packages import PackageOutcome, env_summary, package_env, prob
 from orchestrator.progress import Progress
 from orchestrator.sealing import SealedArm, check_seal, unseal_for_removal
 from orchestrator.sequential_launch import SequentialState, after_triplet
+from orchestrator.startup import startup_phases
 from protocol.errors import FailedError
 from protocol.fileio import write_atomic
 from protocol.hashing import sha256_file
@@ -329,6 +330,10 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             said["host_watch"] = watched.model_dump()
         if outcome.extra.get("stragglers"):
             said["stragglers"] = outcome.extra["stragglers"]
+        if outcome.status == "ok" and pkg.kind in ("train", "replay", "prime") and ctx.slurm is None:
+            phases = startup_phases(outcome.extra.get("startup"), outcome.result)  # type: ignore[arg-type]
+            if phases is not None:
+                said["startup"] = phases
         if pkg.kind in ("train", "replay", "prime"):  # blinding: the trainer's own outputs never stay in the run folder
             moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
             said["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}

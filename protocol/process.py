@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -31,3 +32,17 @@ def die_with_parent(sig: int = signal.SIGKILL, *, parent: int | None = None) -> 
             os.kill(os.getpid(), signal.SIGKILL)
 
     return arm
+
+
+def process_started(pid: int | str = "self") -> float | None:
+    """When a process was created, as a Unix time: the kernel's start time (clock ticks after boot) read against
+    CLOCK_BOOTTIME now, so that it compares with time.time() to a tick (/proc/stat's boot time has whole seconds
+    only); None where /proc cannot tell (not Linux). Start-up figures only, never a measurement."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])  # field 22 (starttime); the name may hold spaces
+        now, since_boot = time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
+        return now - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

@@ -112,6 +112,7 @@ class RankSummary(_Strict):
     checkpoint_sha256: str | None = None
     host_controls: dict[str, str] = {}  # what the probe applied to this rank (same for every arm)
     clock: ClockCheck | None = None  # the step times cross-checked against the train worker's clock
+    startup: dict[str, float] = {}  # the probe's start-up times of this rank (ProbeSummary.startup)
 
 
 class ProbeSummary(_Strict):
@@ -136,6 +137,9 @@ class ProbeSummary(_Strict):
     watched_steps: list[int] = []
     logged_calls: int = 0  # logger / wandb calls with at least one number
     clock_replaced: dict[str, int] = {}  # time.<name> the trainer replaced -> first step it was seen
+    # Unix times of the rank's start-up: process (created), probe (its main), torch (the trainer imported it),
+    # installed (the probe's hooks), step0_end (the first optimizer step ended); informational, never a measurement
+    startup: dict[str, float] = {}
 
 
 class TrainResult(_Strict):
@@ -150,6 +154,7 @@ class TrainResult(_Strict):
     stopped_cleanly: bool
     watched_steps: list[int] = []  # steps the forbidden-dtype watch covered (all of them in the watched replay)
     quiet_host: QuietHost | None = None  # what else the host did while this package ran (observed only)
+    startup: dict[str, float] = {}  # Unix times: worker (its process created), torchrun (started by the worker)
 
 
 class ReloadRank(_Strict):

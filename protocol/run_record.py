@@ -127,6 +127,8 @@ class PackageEntry(_Strict):
     trainer_outputs: TrainerOutputs | None = None
     host_watch: HostWatchRef | None = None  # a train package: orch's samples of the host (host_watch.json)
     compile_cache: CacheUse | None = None  # every package after the prime (the prime: the sealed cache it made)
+    # a train, replay or prime package: seconds of each start-up phase to the end of step 0 (orchestrator.startup)
+    startup: dict[str, float] | None = None
 
     def finish(self, **fields: Any) -> PackageEntry:
         """This entry with how the package ended, validated."""

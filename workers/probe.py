@@ -7,8 +7,6 @@ Usage: python -m workers.probe --out DIR --steps 16 --digest-steps 0-13 --watch-
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.util
 import os
 import runpy
 import signal
@@ -16,9 +14,9 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
-from protocol.process import die_with_parent
+from protocol.process import die_with_parent, process_started
+from workers.after_import import AfterImport as _AfterImport
 from workers.common import RANK_FAILED
 from workers.probe_steps import Probe, ProbeStop
 from workers.rank_end import arm_watchdog, destroy_process_group, end_children
@@ -33,41 +31,6 @@ def parse_steps(text: str) -> set[int]:
         lo, _, hi = part.partition("-")
         out.update(range(int(lo), int(hi or lo) + 1))
     return out
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `then(module)` right after the trainer imports `name` (torch: the probe; wandb: its log hook), so a
-    module is imported when the trainer says, never earlier."""
-
-    def __init__(self, name: str, then: Any) -> None:
-        self.name = name
-        self.then = then
-        self.busy = False
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        # every spec asked for is wrapped: a library's availability check (transformers calls
-        # importlib.util.find_spec("torch")) gets one that is never executed; the import that runs ends the finder
-        if name != self.name or self.busy:
-            return None
-        self.busy = True
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            self.busy = False
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        original = loader.exec_module
-        then = self.then
-
-        def exec_module(module: Any) -> None:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            original(module)
-            then(module)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
 
 
 def _die_with_launcher() -> None:
@@ -91,6 +54,7 @@ def pin_cpus() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    entered = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     _die_with_launcher()
     if "--" not in argv:
@@ -121,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     probe = Probe(
         opts.out, opts.steps, parse_steps(opts.digest_steps), parse_steps(opts.watch_steps), opts.ckpt_dir, controls
     )
+    probe.startup.update(process=process_started() or entered, probe=entered)  # start-up figures (run.json)
     if "pin_cpus" in controls:
         probe.applied_controls["cpus"] = pin_cpus()  # before the trainer starts its threads
     if opts.clock_socket is not None:

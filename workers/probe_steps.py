@@ -67,6 +67,8 @@ class Probe:
         self.numbers = TrainerNumbers(os.getcwd())  # the trainer's sources are the cwd (the sealed copy)
         self.clock_replaced: dict[str, int] = {}  # time.<name> the trainer replaced -> first step it was seen
         self.clock_sock: Any = None  # the train worker's step-clock socket
+        # Unix times of this rank's start-up (process, probe, torch, installed, step0_end): run.json's `startup`
+        self.startup: dict[str, float] = {}
         out.mkdir(parents=True, exist_ok=True)
         self.steps_path = out / f"steps.rank{self.rank}.jsonl"
         self.steps_file = self.steps_path.open("w")
@@ -83,6 +85,7 @@ class Probe:
         if self.installed:
             return
         self.installed = True
+        self.startup["torch"] = time.time()  # the trainer's import of torch has just ended
         if "gc_at_boundaries" in self.host_controls:
             gc.disable()  # cyclic collection only at step boundaries, inside the probe's excluded time
             self.applied_controls["gc"] = "disabled within steps; full collection at each step boundary"
@@ -114,9 +117,13 @@ class Probe:
         self.numbers.install_logging()
         if self.watch_steps:
             self.watch = make_watch(self.log, lambda: self.watching)
-            self.watch_note = inspect_compiled_graphs(self.log, lambda: self.watching)
+            self.watch_note = inspect_compiled_graphs(self.log, lambda: self.watching, self._note_watch)
             if 0 in self.watch_steps:
                 self._watch_on()
+        self.startup["installed"] = time.time()
+
+    def _note_watch(self, why: str) -> None:
+        self.watch_note = why  # Dynamo was imported later and its compiled graphs cannot be inspected
 
     def _watch_on(self) -> None:
         if not self.watching:
@@ -210,6 +217,8 @@ class Probe:
             return
         k = self.step
         t_boundary = self._stamped_clock(k, "end")
+        if k == 0:
+            self.startup["step0_end"] = time.time()
         duration = t_boundary - self.t_end
         self._check_clocks(k)
         from torch.utils._python_dispatch import _disable_current_modes
@@ -325,6 +334,7 @@ class Probe:
             watched_steps=sorted(s for s in self.watch_steps if s < self.steps),
             logged_calls=self.numbers.logged_calls,
             clock_replaced=dict(sorted(self.clock_replaced.items())),
+            startup=self.startup,
         )
         path = self.out / f"probe.rank{self.rank}.json"
         doc = summary.model_dump(mode="json", by_alias=True)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -26,7 +27,7 @@ from protocol.clock import (
 )
 from protocol.hashing import sha256_file
 from protocol.package import PackageSpec
-from protocol.process import die_with_parent
+from protocol.process import die_with_parent, process_started
 from protocol.results import ObservedRecipe, ProbeSummary, RankSummary, StepRecord, TrainResult
 from workers.clock import StepClock
 from workers.common import WorkerFailed, run_entry_point
@@ -100,6 +101,7 @@ def collect(spec: PackageSpec, stopped_cleanly: bool, clock: StepClock | None = 
                 checkpoint_sha256=None if ckpt_file is None else summary.checkpoint_sha256,
                 host_controls=summary.host_controls,
                 clock=checked,
+                startup=summary.startup,
             )
         )
     if any(r != recipes[0] for r in recipes):
@@ -201,6 +203,7 @@ def run(spec: PackageSpec) -> TrainResult:
         clock.start()
     watch = HostWatch()
     watch.start()
+    startup = {"worker": process_started() or time.time(), "torchrun": time.time()}
     try:
         with log.open("wb") as out:  # the trainer's own output stays in scratch: it may log sealed evaluations
             proc = subprocess.Popen(
@@ -232,7 +235,8 @@ def run(spec: PackageSpec) -> TrainResult:
         from workers.node import load_clock
 
         clock = load_clock(spec)
-    result = collect(spec, stopped_cleanly=not leftovers, clock=clock).model_copy(update={"quiet_host": quiet})
+    result = collect(spec, stopped_cleanly=not leftovers, clock=clock)
+    result = result.model_copy(update={"quiet_host": quiet, "startup": startup})
     if leftovers:
         raise WorkerFailed(f"{len(leftovers)} process(es) outlived the trainer's stop; they were killed")
     return result

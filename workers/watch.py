@@ -5,13 +5,17 @@ graphs torch.compile hands its backend) and what it says it could not see. Which
 from __future__ import annotations
 
 import functools
+import importlib.util
 import operator
 import os
+import sys
 import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from workers.after_import import AfterImport
 
 FORBIDDEN_MM = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "dot", "conv")
 INT8_OPS = ("_int_mm", "_weight_int8pack_mm", "_weight_int4pack_mm", "_scaled_mm", "_scaled_grouped_mm")
@@ -227,19 +231,39 @@ def make_watch(log: WatchLog, active: Callable[[], bool]) -> Any:
     return _ForbiddenWatch()
 
 
-def inspect_compiled_graphs(log: WatchLog, active: Callable[[], bool]) -> str | None:
+def inspect_compiled_graphs(
+    log: WatchLog, active: Callable[[], bool], note: Callable[[str], None] | None = None
+) -> str | None:
     """Have every graph Dynamo hands a backend read (not changed) by graph_findings, and each run of the compiled
     artifact counted in `log.hops` as `compiled:<file>:<function>` with those findings, while `active()`.
 
     The backend's generated kernels, and the backward of a compiled region, are not dispatched to the watch:
-    each run says so in `log.uninspected`. Returns why the hook could not be installed, or None.
+    each run says so in `log.uninspected`. Returns why the hook could not be installed, or None. Dynamo not yet
+    imported: the hook goes in when it is (torch.compile imports it), and a reason it could not is given to `note`.
     """
+    module = sys.modules.get("torch._dynamo.output_graph")
+    if module is not None:
+        return _hook_output_graph(module, log, active)
     try:
-        from torch._dynamo.output_graph import OutputGraph
+        found = importlib.util.find_spec("torch._dynamo") is not None
     except Exception as exc:  # a torch without Dynamo: nothing is compiled, nothing to inspect
         return f"torch._dynamo unavailable: {type(exc).__name__}"
-    original = getattr(OutputGraph, "call_user_compiler", None)
-    if original is None:
+    if not found:
+        return "torch._dynamo unavailable: ModuleNotFoundError"
+
+    def hook(imported: Any) -> None:
+        why = _hook_output_graph(imported, log, active)
+        if why is not None and note is not None:
+            note(why)
+
+    sys.meta_path.insert(0, AfterImport("torch._dynamo.output_graph", hook))
+    return None
+
+
+def _hook_output_graph(module: Any, log: WatchLog, active: Callable[[], bool]) -> str | None:
+    output_graph = getattr(module, "OutputGraph", None)
+    original = getattr(output_graph, "call_user_compiler", None)
+    if output_graph is None or original is None:
         return "torch._dynamo OutputGraph.call_user_compiler not found: compiled graphs are not inspected"
     if getattr(original, _HOOKED, False):
         return None
@@ -257,7 +281,7 @@ def inspect_compiled_graphs(log: WatchLog, active: Callable[[], bool]) -> str | 
         return _counted(compiled, label, found, log, active)
 
     setattr(call_user_compiler, _HOOKED, True)
-    OutputGraph.call_user_compiler = call_user_compiler  # type: ignore[method-assign]
+    output_graph.call_user_compiler = call_user_compiler
     return None
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from launchutil import EDITED, CompleteRun, edit_protocol, end_started, make_project, small_protocol, start_until
@@ -12,6 +16,25 @@ from launchutil import EDITED, CompleteRun, edit_protocol, end_started, make_pro
 def _no_launch_outlives_its_test() -> Iterator[None]:
     yield
     end_started()
+
+
+@pytest.fixture(autouse=True)
+def _profile(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With ORCH_E2E_PROFILE=FILE, one JSON line per test: its seconds, and the orch launches it made (run.json
+    files under its folders) with the packages that ran (docs/validation/e2e_durations.md is made from it)."""
+    out = os.environ.get("ORCH_E2E_PROFILE")
+    t0 = time.monotonic()
+    yield
+    if not out:
+        return
+    folder = request.node.funcargs.get("tmp_path")  # a test that launches does so under its own tmp_path
+    launches, packages = 0, 0
+    for run in (folder.rglob("runs/*/run.json") if isinstance(folder, Path) else []):
+        launches += 1
+        packages += len(json.loads(run.read_text()).get("packages", []))
+    with open(out, "a") as fh:
+        fh.write(json.dumps({"test": request.node.nodeid, "seconds": round(time.monotonic() - t0, 1),
+                             "launches": launches, "packages": packages}) + "\n")
 
 
 @pytest.fixture(scope="session")
