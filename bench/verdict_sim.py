@@ -210,7 +210,8 @@ def _judge(lk: Looks) -> tuple[np.ndarray, np.ndarray]:
     return (lk.mean - lk.half > 0.0) & keep, (lk.mean + lk.half < 0.0) & keep
 
 
-def window_check(lk: Looks, logr: np.ndarray, cal: np.ndarray, cal_w: np.ndarray, noise: Noise) -> Looks:
+def window_check(lk: Looks, logr: np.ndarray, cal: np.ndarray, cal_w: np.ndarray, noise: Noise,
+                 level: float = LEVEL) -> Looks:
     """K = 1: a window flagged against the calibrated window SD (df CAL_TRIPLETS * 2, Bonferroni over 3 windows,
     stats.outlier_windows) takes the decision back unless the interval without it decides the same way
     (decision.window_effects, noise.without_window). logr [n, windows] of the one triplet."""
@@ -219,7 +220,7 @@ def window_check(lk: Looks, logr: np.ndarray, cal: np.ndarray, cal_w: np.ndarray
     z = dev / (cal_w[:, None] * math.sqrt((nw - 1) / nw))
     flagged = 2.0 * sps.t.sf(np.abs(z), CAL_TRIPLETS * (nw - 1)) * nw < OUTLIER_ALPHA
     r, d1, d2 = noise.scale(1)
-    crit = critical_scaled(round(LEVEL, 12), CAL_TRIPLETS - 1, d1, d2)
+    crit = critical_scaled(round(level, 12), CAL_TRIPLETS - 1, d1, d2)  # the look's own (nominal) level
     half = crit * np.sqrt((cal**2 + cal_w**2 * (1.0 / (nw - 1) - 1.0 / nw)) * r)
     faster, slower = lk.mean - lk.half > 0.0, lk.mean + lk.half < 0.0
     veto = np.zeros(lk.mean.shape, bool)
@@ -360,7 +361,8 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
         if name.startswith("seq"):
             lk, taken, why = sequential(d, c, ns)
             if ns is not None and c is not None:  # a stop at look 1 is a one-triplet run: the window check applies
-                checked = window_check(lk, np.log(ratios[:, 0]), c, cal_w, ns)
+                first = SequentialRule(MAX_TRIPLETS).nominal_level(1, Spread(1.0, CAL_TRIPLETS - 1))
+                checked = window_check(lk, np.log(ratios[:, 0]), c, cal_w, ns, first)
                 lk = Looks(lk.mean, lk.half, checked.veto & (taken == 1))  # type: ignore[operator]
             stops[name] = {w: int((why == i).sum()) for i, w in enumerate(("decided", "precise", "maximum"))}
         else:
