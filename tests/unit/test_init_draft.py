@@ -156,3 +156,22 @@ def test_argparse_scripts_and_what_init_refuses(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--set nope: not an argument of the script"):
         init_command(InitOptions(script=tmp_path / "t.py", device="cpu", root=tmp_path, sets=["nope=1"],
                                  force=True), recorded)
+
+
+def test_orch_init_on_the_command_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    (tmp_path / "train.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                       "p.add_argument('--lr', type=float, default=3e-4)\n")
+    runner = CliRunner()
+    done = runner.invoke(app, ["init", str(tmp_path / "train.py"), "--gpus", "1", "--root", str(tmp_path),
+                               "--set", "lr=1e-3", "--candidate-switch", "FUSED=1", "--json"])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    assert doc["keys"] == {"lr": "a number the script defines itself"}
+    data = yaml.safe_load((tmp_path / "protocol" / "train_cuda1.yaml").read_text())
+    assert data["arms"]["candidate"]["switches"] == {"FUSED": "1"} and data["name"] == "train-cuda1"
+    assert "value: 0.001" in (tmp_path / "recipes" / "train.yaml").read_text()
+    assert runner.invoke(app, ["init", str(tmp_path / "train.py")]).exit_code == 2  # neither --device nor --gpus
