@@ -116,6 +116,12 @@ def main() -> None:
     ap.add_argument("--cores-per-stream", type=int, default=2, help="--real: cores pinned to each stream (taskset)")
     ap.add_argument("--budget-s", type=float, default=520.0, help="--real: start no work that would end later")
     ap.add_argument("--calibration-repeats", type=int, default=5, help="--real: A/A triplets of each calibration")
+    ap.add_argument("--k1", action="store_true",
+                    help="--real (issue 34): per stream `orch calibrate --repeats N` (N separate A/A launches), then "
+                         "K = 1 launches each decided by its own audit; --kinds null,noisy (stream i: the i-th)")
+    ap.add_argument("--noise-sleep-s", type=float, default=0.1,
+                    help="--real --k1, kind noisy: both arms sleep after each scheduler.step(), the baseline this "
+                         "many seconds, the candidate uniform in [0, 2x] (same median step, noisier)")
     ap.add_argument("--small", action="store_true", help="--real: shorter rollouts (as bench_null --small)")
     ap.add_argument("--kinds", default=None,
                     help="--real: comma list of null, slow25, slow10; with 3+ streams stream i runs the i-th "

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_null import env, null_protocol, orch, project, slowdown_protocol
+import yaml
+from bench_null import ANCHOR, GIT, env, null_protocol, orch, project, slowdown_protocol
 from bench_verdict import no_paths
 from verdict_sim import cp
 
@@ -37,6 +38,7 @@ from protocol.home import resolve_home
 from protocol.plan import triplets
 
 KINDS = {"null": 0.0, "slow25": 0.25, "slow10": 0.10}  # the candidate sleeps this fraction of the baseline step
+K1_KINDS = ("null", "noisy")  # --k1 (issue 34): K = 1 nulls, and a noisier candidate of the same median step
 MAX_REPEATS = 3  # triplets per launch (fewer when the budget is short)
 GRACE_S = 45.0  # a run still going this long past the budget is stopped (its triplets are not used)
 SEQ_MAX = 6
@@ -53,6 +55,7 @@ class Stream:
     notes: list[str] = field(default_factory=list)
     per_triplet_s: float | None = None
     overhead_s: float | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # --k1: each launch's audit
 
 
 def read_run(home: Path, run_id: str) -> tuple[list[dict[str, Any]], float, float]:
@@ -91,8 +94,89 @@ def _run(cmd: list[str], cwd: Path, s: Stream, timeout: float) -> tuple[str | No
         return None, f"no JSON (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1]}"
 
 
+NOISY_LINE = ('        time.sleep(float(os.environ.get("R3_BENCH_SLEEP_S", "0")) * (1.0 + float(os.environ.get('
+              '"R3_BENCH_SLEEP_SPREAD", "0")) * (2.0 * int.from_bytes(os.urandom(4), "little") / 4294967296.0 - 1.0)))'
+              '  # bench-verdict: uniform sleep, median m\n')
+
+
+def noisy_protocol(work: Path, device: str, small: bool, sleep_s: float) -> tuple[Path, Path]:
+    """A project whose committed trainer sleeps after each scheduler.step(): the baseline a constant m, the candidate
+    uniform in [0, 2m] (os.urandom: no RNG of the trainer is drawn), so its median step is the baseline's and it is
+    noisier (issue 34). Both arms run the same committed sources (manifests/bench_noisy.json)."""
+    proj = project(work)
+    trainer = proj / "examples" / "r3_mini" / "train" / "online_rl.py"
+    text = trainer.read_text()
+    assert text.count(ANCHOR) == 1, "the trainer's scheduler.step() anchor moved"
+    trainer.write_text(text.replace(ANCHOR, ANCHOR + NOISY_LINE))
+    subprocess.run([*GIT, "commit", "-q", "-am", "bench-verdict noisy trainer"], cwd=proj, check=True)
+    path = null_protocol(proj, device, 1, small)
+    data = yaml.safe_load(path.read_text())
+    switches = dict(data["arms"]["baseline"]["switches"]) | {"R3_BENCH_SLEEP_S": f"{sleep_s:.6f}"}
+    data["arms"] = {arm: {"commitment": "manifests/bench_noisy.json", "source": "tree",
+                          "switches": switches | {"R3_BENCH_SLEEP_SPREAD": spread}}
+                    for arm, spread in (("baseline", "0"), ("candidate", "1"))}
+    data["name"] = f"{data['name']}-noisier"
+    path = path.with_name("noisy_k1.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    frozen = subprocess.run(orch("freeze", "--protocol", str(path), "--arm", "baseline", "-o",
+                                 "manifests/bench_noisy.json"), cwd=proj, env=env(), capture_output=True, text=True)
+    if frozen.returncode != 0:
+        raise SystemExit(f"orch freeze failed: {frozen.stderr[-2000:]}")
+    subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
+    subprocess.run([*GIT, "commit", "-q", "-m", "bench-verdict noisy manifest"], cwd=proj, check=True)
+    return proj, path
+
+
+def audit_row(s: Stream, kind: str, home: Path, run_id: str, wall: float) -> dict[str, Any]:
+    """One K = 1 decision as the audit made it (its calibration: the stream's own `orch calibrate`)."""
+    a = json.loads((home / "runs" / run_id / "audit.json").read_text())
+    iv = a["interval"]
+    return {"stream": s.index, "kind": kind, "run_id": run_id, "estimate": iv["estimate"], "low": iv["low"],
+            "high": iv["high"], "verdict": a["verdict"], "direction": a["direction"],
+            "variance_source": iv["variance_source"], "calibration_run": (iv.get("calibration_used") or {}).get(
+                "run_id"), "noise_ratio": (iv.get("noise") or {}).get("ratio"),
+            "window_check": (iv.get("window_check") or {}).get("words"), "exact": a["exact"],
+            "words": a["verdict_words"], "wall_s": round(wall, 1)}
+
+
+def stream_k1(s: Stream, opts: argparse.Namespace, deadline: float, save: threading.Event) -> None:
+    """Issue 34: `orch calibrate --repeats N` (N separate A/A launches) of the stream's protocol, then K = 1
+    launches until the budget, each decided by its own audit with that calibration."""
+    kind = s.kinds[0]
+    home, locks = s.work / "home", s.work / "locks"
+    common = ["--home", str(home), "--lock-dir", str(locks), "--json"]
+    if kind == "noisy":
+        proj, proto = noisy_protocol(s.work / "noisy", opts.device, opts.small, opts.noise_sleep_s)
+    else:
+        proj = project(s.work / "null")
+        proto = null_protocol(proj, opts.device, 1, opts.small)
+    t0 = time.monotonic()
+    run_id, why = _run(orch("calibrate", str(proto), "--repeats", str(opts.calibration_repeats), *common), proj, s,
+                       deadline + GRACE_S - time.monotonic())
+    s.runs.append({"kind": "calibration", "run_id": run_id, "wall_s": round(time.monotonic() - t0, 1), "why": why})
+    save.set()
+    if run_id is None:
+        return
+    per_run = (time.monotonic() - t0) / opts.calibration_repeats
+    while deadline - time.monotonic() >= 1.1 * per_run:
+        t1 = time.monotonic()
+        run_id, why = _run(orch("launch", str(proto), *common), proj, s, deadline + GRACE_S - time.monotonic())
+        row: dict[str, Any] = {"kind": kind, "run_id": run_id, "wall_s": round(time.monotonic() - t1, 1), "why": why}
+        if run_id is not None:
+            try:
+                s.decisions.append(audit_row(s, kind, home, run_id, time.monotonic() - t1))
+            except (OSError, ValueError, KeyError) as err:
+                row["why"] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        per_run = max(per_run, time.monotonic() - t1)
+        s.runs.append(row)
+        save.set()
+
+
 def stream_main(s: Stream, opts: argparse.Namespace, deadline: float, save: threading.Event) -> None:
     try:
+        if opts.k1:
+            stream_k1(s, opts, deadline, save)
+            return
         stream_work(s, opts, deadline, save)
     except BaseException as err:  # a stream that fails says why in the figures; the others go on
         last = (str(err).strip().splitlines() or [""])[-1]
@@ -255,6 +339,31 @@ def tally(decs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def k1_tally(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per kind: K = 1 decisions (exact ones), accepted (a false accept: both kinds are nulls), 95% Clopper-Pearson."""
+    out: dict[str, Any] = {}
+    for kind in K1_KINDS:
+        got = [r for r in rows if r["kind"] == kind and r["exact"]]
+        if got:
+            fa = sum(r["verdict"] == "accepted" for r in got)
+            out[kind] = {"decisions": len(got), "false_accepts": fa, "false_accept_ci95": cp(fa, len(got)),
+                         "mean_triplets": 1.0}
+    return out
+
+
+def k1_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["stream | kind | run id | estimate | 95% interval | verdict | variance", "--- | --- | --- | --- | --- | "
+             "--- | ---"]
+    for r in rows:
+        high = "inf" if r["high"] is None else f"{r['high']:.4f}"
+        low = "0" if r["low"] is None else f"{r['low']:.4f}"
+        noise = "" if r["noise_ratio"] is None else f", R = {r['noise_ratio']:.3g}"
+        lines.append(f"{r['stream']} | {r['kind']} | {r['run_id']} | {r['estimate']:.4f} | [{low}, {high}] | "
+                     f"{r['verdict']}{' (' + r['direction'] + ')' if r['direction'] else ''} | "
+                     f"{r['variance_source']}{noise}")
+    return "\n".join(lines)
+
+
 def assign(opts: argparse.Namespace) -> list[tuple[list[str], list[int] | None]]:
     n = opts.streams
     cpus = sorted(os.sched_getaffinity(0))
@@ -266,7 +375,7 @@ def assign(opts: argparse.Namespace) -> list[tuple[list[str], list[int] | None]]
                              f"{len(cpus)}: give fewer streams")
         cores = [cpus[i * c:(i + 1) * c] for i in range(n)]
     order = (opts.kinds or "null,slow25,slow10").split(",")
-    if any(k not in KINDS for k in order):
+    if any(k not in (K1_KINDS if opts.k1 else KINDS) for k in order):
         raise SystemExit(f"--kinds {opts.kinds}: give a comma list of {', '.join(KINDS)}")
     if n >= 3 and opts.kinds:
         kinds = [[order[i % len(order)]] for i in range(n)]
@@ -317,6 +426,11 @@ def run_real(opts: argparse.Namespace, prov: dict[str, Any]) -> None:
                    "wall_s": round(time.monotonic() - t0, 1), "figures": fig, "decisions": decs,
                    "streams_detail": [{"index": s.index, "kinds": s.kinds, "runs": s.runs, "notes": s.notes,
                                        "triplets": s.triplets} for s in streams]}
+            if opts.k1:
+                rows = [r for s in streams for r in s.decisions]
+                doc |= {"k1": True, "noise_sleep_s": opts.noise_sleep_s, "k1_decisions": rows,
+                        "k1_figures": k1_tally(rows)}
+                fig = {"k1": doc["k1_figures"]}
             out.write_text(json.dumps(doc, indent=1) + "\n")
             return fig
 
@@ -325,8 +439,10 @@ def run_real(opts: argparse.Namespace, prov: dict[str, Any]) -> None:
                 save.clear()
                 write()
         fig = write()
+    if opts.k1:
+        print(k1_table([r for s in streams for r in s.decisions]))
     for s in streams:
-        runs = ", ".join(f"{r['kind']} K={r['triplets']} {r['wall_s']:.0f}s ({r['why']})" for r in s.runs)
+        runs = ", ".join(f"{r['kind']} K={r.get('triplets', 1)} {r['wall_s']:.0f}s ({r['why']})" for r in s.runs)
         print(f"stream {s.index} {'/'.join(s.kinds)}: {runs or 'no run'}" + "".join(f"; {n}" for n in s.notes))
     print(table(fig))
     print(f"figures: {out}")
@@ -344,6 +460,23 @@ def merge(files: list[Path], out: Path, prov: dict[str, Any]) -> None:
             s = Stream(len(streams), sd["kinds"], None, Path("."), triplets=sd["triplets"], runs=sd["runs"],
                        notes=sd["notes"])
             streams.append(s)
+    if all(d.get("k1") for d in docs):  # issue 34: the K = 1 rows of every call, streams renumbered
+        rows, base = [], 0
+        for d in docs:
+            rows += [r | {"stream": r["stream"] + base} for r in d["k1_decisions"]]
+            base += len(d["streams_detail"])
+        k1 = {"schema": "orch.bench-verdict-real/1", **prov, "device": devices.pop(), "k1": True,
+              "merged": [{k: d.get(k) for k in ("commit", "files_differ_from_commit", "streams", "budget_s", "wall_s",
+                                                "noise_sleep_s", "calibration_repeats")}
+                         | {"command": " ".join(no_paths(a) for a in str(d.get("command", "")).split(" "))}
+                         for d in docs],
+              "k1_figures": k1_tally(rows), "k1_decisions": rows,
+              "streams_detail": [sd for d in docs for sd in d["streams_detail"]]}
+        out.write_text(json.dumps(k1, indent=1) + "\n")
+        print(k1_table(rows))
+        print(json.dumps(k1["k1_figures"], indent=1))
+        print(f"figures: {out}")
+        return
     decs = [d for c in CALIBRATIONS for d in decisions(streams, c)]
     fig = {c: tally([d for d in decs if d["calibration"] == c]) for c in CALIBRATIONS}
     doc = {"schema": "orch.bench-verdict-real/1", **prov, "device": devices.pop(), "merged": [
