@@ -173,6 +173,18 @@ class RunCaches:
                 f"the baseline's compile cache changed during {after}: {len(changed)} file(s) ({shown}); it is "
                 "sealed after the prime package and every arm loads it: a package may write only its own copy")
 
+    def check_compiled_nothing(self, package: str) -> None:
+        """measurement.compile: none: the package's cache folder is still empty, else FailedError naming what it
+        compiled or tuned (cold compiles in every arm can pick different kernels, so such a trainer needs the prime)."""
+        made = list(inventory(self.work / package))
+        if made:
+            tuned = sum(is_tuned(rel) for rel in made)
+            shown = ", ".join(made[:3]) + (f" and {len(made) - 3} more" if len(made) > 3 else "")
+            raise FailedError(
+                f"{package} compiled {len(made)} file(s) into its compile cache ({tuned} tuned pick(s): {shown}) but "
+                "the protocol says measurement.compile: none; a trainer that compiles needs the prime, so that every "
+                "arm runs the same tuned kernels: set measurement.compile: prime (the default)")
+
     def use(self, package: str, kind: str) -> CacheUse | None:
         """What a package's folder holds after it ran, against the sealed baseline: taken (equal files), made (new),
         changed (rewritten), the digest of every tuned pick it ran with, and the kernels it tuned itself."""

@@ -94,8 +94,13 @@ class RunContext:
         return self.loaded.protocol.measurement.fixed_repeats or 1, False
 
     @property
+    def primes(self) -> bool:
+        """The plan has a prime package (measurement.compile: prime, the default)."""
+        return self.loaded.protocol.measurement.compile == "prime"
+
+    @property
     def plan(self) -> tuple[PlannedPackage, ...]:
-        return plan(*self.shape)
+        return plan(*self.shape, prime=self.primes)
 
     @property
     def gpus(self) -> int:
@@ -308,6 +313,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                 for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy
                     check_seal(ctx.sealed[arm])
                 ctx.caches.check_baseline(pkg.name)  # nor may it edit the compile cache every arm loads
+                if not ctx.primes:  # measurement.compile: none is checked after every package, never trusted
+                    ctx.caches.check_compiled_nothing(pkg.name)
                 if ctx.slurm is not None:  # after this package, so before the next: nothing runs in between
                     ctx.slurm.check_seals(_seal_roots(ctx), f"after {pkg.name}")
                 if init_digest is not None and pkg.kind != "score":

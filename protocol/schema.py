@@ -127,6 +127,12 @@ class Measurement(_Frozen):
         DEFAULT_MAX_REPEATS, ge=1, le=MAX_REPEATS,
         description="repeats: auto only: the most triplets the sequential rule may take",
     )
+    compile: Literal["prime", "none"] = Field(
+        "prime",
+        description="prime: an untimed run of the baseline fills the compile cache once, and every launch starts from "
+        "its tuned kernels (a trainer that compiles); none: the trainer compiles nothing, no prime runs, and any "
+        "package that compiles or tunes a kernel fails, named (the claim is checked, not trusted)",
+    )
     target_half_width: float | None = Field(
         DEFAULT_TARGET_HALF_WIDTH, gt=0, lt=1,
         description="repeats: auto only: stop once the repeated interval's relative half-width is at most this "
@@ -277,6 +283,7 @@ LATER_FIELDS = ("model", "rehearsal", "recipe_file")
 # fields added later inside a section: at their default they stay out of the canonical JSON likewise
 _LATER_DEFAULTS: dict[tuple[str, str], object] = {
     ("measurement", "repeats"): 1, ("launcher", "scheduler"): "local", ("launcher", "slurm"): None,
+    ("measurement", "compile"): "prime",
 }
 
 

@@ -117,6 +117,8 @@ def evidence_document(audit: Mapping[str, Any], audit_sha256: str, ledger_id: st
 
 def _compile_cache(cc: Mapping[str, Any]) -> dict[str, Any]:
     """The compile caches in aggregate: counts and digests per launch, the kernels a launch tuned itself by name."""
+    if cc.get("mode") == "none":  # no prime: the packages orch found compiling nothing
+        return dict(cc)
     return {
         "baseline": cc["baseline"],
         "same_baseline_picks": cc["same_baseline_picks"],

@@ -22,8 +22,14 @@ def _launch(use: CacheUse) -> dict[str, Any]:
     }
 
 
-def compile_cache_doc(run: RunRecord, gpu_seconds: Mapping[str, float], exact: bool) -> dict[str, Any] | None:
-    """None for a run recorded before the prime package existed."""
+def compile_cache_doc(
+    run: RunRecord, gpu_seconds: Mapping[str, float], exact: bool, mode: str = "prime"
+) -> dict[str, Any] | None:
+    """None for a run recorded before the prime package existed. measurement.compile: none: no prime ran, and orch
+    found every package's compile cache empty after it (a package that compiled failed the run, named)."""
+    if mode == "none":
+        return {"mode": "none", "checked": [e.name for e in run.packages if e.status == "ok"],
+                "prime_gpu_seconds": 0.0, "prime_share": 0.0, "diagnosis": []}
     prime = run.package("prime")
     if prime is None or prime.compile_cache is None:
         return None

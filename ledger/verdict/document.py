@@ -294,7 +294,7 @@ def compute_audit(
     stopping = None if seq is None or seq["integrity"]["ok"] else seq["integrity"]["words"]
     verdict, direction, sentence = decide(ex.exact, iv, busy, flagged, [str(t.index) for t in trips], stopping,
                                           win_eff, [w.name for w in sp.windows])
-    caches = compile_cache_doc(ev.run, cost["gpu_seconds"], ex.exact)
+    caches = compile_cache_doc(ev.run, cost["gpu_seconds"], ex.exact, m.compile)
     reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
     if caches is not None and not ex.exact:
         reasons += [f"compile cache: {line}" for line in caches["diagnosis"]]

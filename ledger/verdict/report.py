@@ -133,6 +133,9 @@ def compile_cache_lines(doc: Mapping[str, Any]) -> list[str]:
     cc = doc.get("compile_cache")
     if not cc:
         return []
+    if cc.get("mode") == "none":
+        return [f"compile cache: measurement.compile none: no prime; {len(cc['checked'])} package(s) checked, each "
+                "compiled and tuned nothing"]
     base = cc["baseline"]
     trainers = cc["same_baseline_picks"] + cc["differing_baseline_picks"]
     lines = [f"compile cache: the prime sealed {base['files']} file(s), {base['tuned']} tuned pick(s) "

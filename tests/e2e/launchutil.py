@@ -49,10 +49,13 @@ def small_protocol(data: dict[str, Any]) -> None:
 
 def prepare_only(data: dict[str, Any]) -> None:
     """Shorter rollouts and checks that only prepare the initial state (no diagnostic, no static graph): for the
-    launches whose tests read no diagnostic. The complete run (conftest.py) keeps every check."""
+    launches whose tests read no diagnostic. The complete run (conftest.py) keeps every check. r3-mini compiles
+    nothing, so these launches declare it (measurement.compile: none): no prime package runs, and orch checks after
+    every package that nothing was compiled; the complete run and the tuned-kernel tests keep the prime."""
     small_protocol(data)
     data["checks"]["diagnostics"] = []
     data["checks"]["static_graph"] = None
+    data["measurement"]["compile"] = "none"
 
 
 def quick_protocol(data: dict[str, Any]) -> None:

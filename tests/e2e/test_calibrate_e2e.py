@@ -37,7 +37,7 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
         run_dir = home / "runs" / aa_id
         run = json.loads((run_dir / "run.json").read_text())
         assert [p["name"] for p in run["packages"]] == [
-            "checks", "prime", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C",
+            "checks", "train-A", "reload-A", "train-C", "reload-C", "train-B", "reload-B", "watch-C",
             "score"]
         audit = json.loads((run_dir / "audit.json").read_text())
         assert audit["replication"]["repeats"] == 1 and audit["exact"] is True

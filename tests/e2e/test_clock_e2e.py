@@ -117,7 +117,7 @@ def test_launch_refuses_a_candidate_whose_clocks_run_at_0_8x(tmp_path: Path) -> 
     closes = {r["package"]: r for r in records(home) if r["run_id"] == run_dir.name and r["status"] != "open"}
     assert closes["train-C"]["status"] == "failed" and "clock disagreement" in closes["train-C"]["note"]
     assert {name: r["status"] for name, r in closes.items()} == {
-        "checks": "ok", "prime": "ok", "train-A": "ok", "reload-A": "ok", "train-C": "failed", "reload-C": "not-run",
+        "checks": "ok", "train-A": "ok", "reload-A": "ok", "train-C": "failed", "reload-C": "not-run",
         "train-B": "not-run", "reload-B": "not-run", "watch-C": "not-run", "score": "not-run"}
     # orch audit of that run writes nothing and shows no score
     shown = subprocess.run(orch("audit", run_dir.name, "--home", str(home), cwd=proj), cwd=proj, env=env(),

@@ -44,9 +44,12 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def tuned_project(tmp_path: Path, candidate: tuple[str, str] | None = None) -> tuple[Path, Path]:
+def tuned_project(
+    tmp_path: Path, candidate: tuple[str, str] | None = None, compile_mode: str = "prime"
+) -> tuple[Path, Path]:
     """r3-mini with the tuned kernels, committed as the baseline (git HEAD); the candidate is the working tree with
-    `candidate` edited into tuned_sum.py (None: the identical candidate). Both commitments frozen here."""
+    `candidate` edited into tuned_sum.py (None: the identical candidate). Both commitments frozen here. The quick
+    protocol, with the prime (`compile_mode`: what measurement.compile says)."""
     proj = make_project(tmp_path)
     shutil.copy(REPO / "tests" / "fixtures" / "tuned_sum.py", proj / TRAIN / "tuned_sum.py")
     trainer = proj / TRAIN / "online_rl.py"
@@ -65,6 +68,7 @@ def tuned_project(tmp_path: Path, candidate: tuple[str, str] | None = None) -> t
                       "under_evaluation": candidate is not None},
     }
     quick_protocol(data)
+    data["measurement"]["compile"] = compile_mode
     protocol = proj / "protocol" / "tuned.yaml"
     protocol.write_text(yaml.safe_dump(data, sort_keys=False))
     for arm, out in (("baseline", "manifests/tuned_base.json"), ("candidate", "manifests/tuned_cand.json")):
@@ -74,8 +78,10 @@ def tuned_project(tmp_path: Path, candidate: tuple[str, str] | None = None) -> t
     return proj, protocol
 
 
-def _launch(tmp_path: Path, candidate: tuple[str, str] | None) -> tuple[subprocess.CompletedProcess[str], Path]:
-    proj, protocol = tuned_project(tmp_path, candidate)
+def _launch(
+    tmp_path: Path, candidate: tuple[str, str] | None, compile_mode: str = "prime"
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    proj, protocol = tuned_project(tmp_path, candidate, compile_mode)
     home = tmp_path / "home"
     done = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,
                           timeout=900)
@@ -135,3 +141,17 @@ def test_a_candidate_that_changes_one_kernel_is_named_as_its_own_tuning(tmp_path
         assert cc["launches"][name]["own_kernels"] == [] and cc["launches"][name]["made"] == 0
     said = [r for r in doc["reasons"] if r.startswith("compile cache: ")]
     assert any("train-C tuned 1 kernel(s) itself" in r and "toy_blocked_sum_1" in r for r in said), doc["reasons"]
+
+
+def test_a_trainer_that_tunes_under_compile_none_fails_its_first_launch_naming_the_picks(tmp_path: Path) -> None:
+    """measurement.compile: none is a claim orch checks: the tuned-kernel trainer without the prime fails train-A,
+    the first package that compiles, with its tuned picks named, and nothing later runs on cold picks."""
+    done, run_dir = _launch(tmp_path, None, compile_mode="none")
+    assert done.returncode == 1, done.stderr[-3000:]
+    packages = {p["name"]: p for p in _run_json(run_dir)["packages"]}
+    assert "prime" not in packages and packages["checks"]["status"] == "ok"
+    assert packages["train-A"]["status"] == "failed" and "train-C" not in packages
+    note = packages["train-A"]["note"]
+    assert "train-A compiled 6 file(s) into its compile cache (3 tuned pick(s): " in note, note
+    assert "the protocol says measurement.compile: none" in note and "set measurement.compile: prime" in note
+    assert not (run_dir / "audit.json").exists()

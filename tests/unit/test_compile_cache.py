@@ -160,3 +160,33 @@ def test_a_run_with_the_prime_package_is_read_with_it_and_one_without_it_as_reco
     assert "compile_cache" not in doc  # its prime entry recorded no cache use
     make_run(tmp_path / "old", spec=RunSpec(calibrated=True))
     assert "prime" not in collect_evidence(resolve_home(tmp_path / "old"), "run1").names
+
+
+def test_compile_none_passes_an_empty_folder_and_refuses_one_that_compiled(tmp_path: Path) -> None:
+    caches = RunCaches.for_run({}, tmp_path / "scratch", tmp_path / "run", "a" * 64, "r1")
+    caches.prepare("train-A", "train")
+    caches.check_compiled_nothing("train-A")  # the empty inductor/ and triton/ folders are nothing compiled
+    folder = caches.prepare("train-C", "train")
+    (folder / "inductor" / "ab").mkdir()
+    (folder / "inductor" / "ab" / "k1.py").write_text(KERNEL)
+    (folder / "inductor" / "ab" / "k1.best_config").write_text(json.dumps({"XBLOCK": 64}))
+    (folder / "triton" / "x.lock").write_text("")  # a writer's lock file is not a compiled artifact
+    with pytest.raises(FailedError) as err:
+        caches.check_compiled_nothing("train-C")
+    assert err.value.message.startswith(
+        "train-C compiled 2 file(s) into its compile cache (1 tuned pick(s): inductor/ab/k1.best_config, "
+        "inductor/ab/k1.py) but the protocol says measurement.compile: none"), err.value.message
+    assert err.value.message.endswith("set measurement.compile: prime (the default)")
+
+
+def test_the_audit_block_of_a_compile_none_run_names_the_packages_checked(tmp_path: Path) -> None:
+    run = RunRecord.model_validate_json((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(
+        "*/run.json").__next__().read_bytes())
+    run = run.updated(packages=[_entry("checks", "checks", None, None), _entry("train-A", "train", "A", None)])
+    doc = compile_cache_doc(run, {"train-A": 3.0}, True, "none")
+    assert doc == {"mode": "none", "checked": ["checks", "train-A"], "prime_gpu_seconds": 0.0, "prime_share": 0.0,
+                   "diagnosis": []}
+    from ledger.verdict.report import compile_cache_lines
+
+    assert compile_cache_lines({"compile_cache": doc}) == [
+        "compile cache: measurement.compile none: no prime; 2 package(s) checked, each compiled and tuned nothing"]
