@@ -211,6 +211,11 @@ class AuditDocument(_Doc):
         "rank, with and without digests, the digest part split out (ledger.probe_cost); unitless fractions")
     calibration_of: CalibrationOf | None = Field(
         None, description="for an A/A run of `orch calibrate`: the protocol (id and name) whose noise it measures")
+    compile_cache: dict[str, Any] | None = Field(
+        None, description="the compile caches: what the prime sealed, what each launch took and tuned itself, the "
+        "diagnosis (ledger.verdict.compile_cache_doc); mode none: the packages checked to have compiled nothing")
+    commands: dict[str, list[str]] | None = Field(
+        None, description="each arm's trainer command as orch rendered it (run.json's arms.NAME.command)")
     ledger_head: LedgerHead
 
 

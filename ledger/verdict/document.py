@@ -47,7 +47,7 @@ STATISTICS_KEYS = ("schema", "verdict", "direction", "verdict_words", "reasons",
                    "replication", "calibration", "sequential")
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 # sections an audit.json recorded before them lacks: it stays as recorded
-ADDED_LATER = ("probe_cost", "host_watch", "recipe", "compile_cache")
+ADDED_LATER = ("probe_cost", "host_watch", "recipe", "compile_cache", "commands")
 # the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
 AUDIT_UNITS = {
     "speedup.windows[].A|C|B": "s: the window's time, the SUM of its steps' times",
@@ -204,6 +204,11 @@ def _cost_doc(ev: RunEvidence) -> dict[str, Any]:
     }
 
 
+def _commands(ev: RunEvidence) -> dict[str, list[str]]:
+    """Each arm's trainer command as run.json recorded it (runs recorded before it was recorded have none)."""
+    return {name: list(arm.command) for name, arm in sorted(ev.run.arms.items()) if arm.command}
+
+
 def _attribution_doc(ev: RunEvidence) -> dict[str, Any]:
     """What differs between the arms; 'training-code-only' only when nothing but code and switches differ."""
     arms = ev.run.arms
@@ -331,6 +336,8 @@ def compute_audit(
         **({} if caches is None else {"compile_cache": caches}),
         "cost": cost,
         "attribution": _attribution_doc(ev),
+        # the trainer command orch rendered for each arm (recipe flags first for a short-form protocol)
+        **({} if not _commands(ev) else {"commands": _commands(ev)}),
         "integrity": {
             "seals_verified": list(ARMS),
             "result_sha256": {name: ev.closes[name].result_digest for name in ev.names},

@@ -226,6 +226,8 @@ def render_terminal(result: AuditResult, console: Console) -> None:
         console.print(f"  {line}", markup=False)
     console.print(f"scope: {doc['scope']}", markup=False)
     console.print(attribution_line(doc), markup=False)
+    for arm, command in (doc.get("commands") or {}).items():
+        console.print(f"command ({arm}): {' '.join(command)}", markup=False)
     print_whole(whole_table(WINDOW_HEADER, window_rows(doc), left=2,
                             title="step-time windows: mean ms per step (max over ranks, probe work excluded)"),
                 console)

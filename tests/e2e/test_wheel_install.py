@@ -117,5 +117,6 @@ def test_the_wheel_gives_orch_and_gpu_run_that_freeze_launch_and_audit_outside_t
     # the run record shows the command orch rendered: the script, then the recipe's flags, then launcher.args
     run = json.loads((home / "runs" / run_id / "run.json").read_text())
     command = run["arms"]["candidate"]["command"]
+    assert audit["commands"] == {"baseline": run["arms"]["baseline"]["command"], "candidate": command}  # and the audit
     assert command[:3] == ["train/online_rl.py", "--group_size", "16"] and "--debug" in command
     assert command[1:1 + len(recipe_flags())] == recipe_flags()
