@@ -32,8 +32,8 @@ lint: $(STAMP)
 # packages install in the background when ORCH_INSTALL_SYSTEM_PACKAGES=1 (.ci/run); the README's set-up section says
 # why each step runs as it does, with the measured times
 test: slurm-packages lint
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n auto --maxprocesses 4 tests/unit
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n 3 --dist loadfile tests/e2e --ignore=tests/e2e/test_slurm_e2e.py
+	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n auto --maxprocesses 4 --durations=20 tests/unit
+	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n 3 --dist loadfile --durations=20 tests/e2e --ignore=tests/e2e/test_slurm_e2e.py
 	@bash scripts/slurm_packages.sh wait
 	ORCH_SLURM_TESTS=ci $(BIN)/pytest -q -p no:cacheprovider --timeout=900 -m slurm_ci tests/e2e/test_slurm_e2e.py
 
