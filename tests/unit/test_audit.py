@@ -10,7 +10,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cliutil import orch
 
 from ledger.cost.store import Ledger
 from ledger.verdict.audit import audit_run
@@ -393,9 +393,7 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
 
 
 def _orch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True, check=False
-    )
+    return orch(*args, cwd=cwd)  # in this process (tests/cliutil.py): same entry point, no new interpreter
 
 
 WRITTEN = ("audit.json", "audit.md", "step_times.png")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cliutil import orch as orch_in_process
 from rich.console import Console
 
 from ledger.cost.store import Ledger
@@ -29,6 +30,11 @@ def orch(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
                           cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80", **(env or {})},
                           timeout=120)
+
+
+def orch_here(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """orch() in this process (tests/cliutil.py): same entry point and environment, no new interpreter per call."""
+    return orch_in_process(*args, cwd=cwd, env={**os.environ, "COLUMNS": "80"})
 
 
 def _home(tmp_path: Path, runs: int = 3) -> Path:
@@ -129,29 +135,29 @@ def test_audit_json_is_one_document_and_launch_exit_follows_the_verdict(tmp_path
     make_run(tmp_path, "run3", drift)
     make_run(tmp_path, "run1", RunSpec(calibrated=True))  # one triplet, bounded by the host's A/A calibration
     make_run(tmp_path, "run2", RunSpec(diverge=("C", 3, 0, TENSORS[0])))  # the candidate's bits differ: not exact
-    ok = orch("audit", "run1", "--home", str(tmp_path), "--json", cwd=tmp_path)
+    ok = orch_here("audit", "run1", "--home", str(tmp_path), "--json", cwd=tmp_path)
     tool = subprocess.run([sys.executable, "-m", "json.tool"], input=ok.stdout, capture_output=True, text=True)
     assert ok.returncode == 0 and tool.returncode == 0
     doc = json.loads(ok.stdout)
     AuditDocument.model_validate(doc["audit"])  # the published schema describes what is written
     assert "verdict: accepted" in ok.stderr and "SUM" in doc["units"]["speedup.windows[].A|C|B"]
-    bad_run = orch("audit", "run2", "--home", str(tmp_path), "--json", cwd=tmp_path)
+    bad_run = orch_here("audit", "run2", "--home", str(tmp_path), "--json", cwd=tmp_path)
     bad = json.loads(bad_run.stdout)
     assert bad_run.returncode == 1 and bad["exit_code"] == 1 and bad["audit"]["verdict"] == "not exact"
-    same = orch("audit", "run3", "--home", str(tmp_path), "--json", cwd=tmp_path)
+    same = orch_here("audit", "run3", "--home", str(tmp_path), "--json", cwd=tmp_path)
     assert same.returncode == 0 and json.loads(same.stdout)["audit"]["verdict"] == "no difference shown"
     statuses = {r.run_id: r.status for r in Ledger(tmp_path / "ledger" / "ledger.arrows").records()
                 if r.kind == "audit"}
     # the audit package's status is the verdict, never `failed`
     assert statuses == {"run1": "accepted", "run2": "not exact", "run3": "no difference shown"}
-    none = orch("audit", "run9", "--home", str(tmp_path), "--json", cwd=tmp_path)
+    none = orch_here("audit", "run9", "--home", str(tmp_path), "--json", cwd=tmp_path)
     assert none.returncode == 2 and json.loads(none.stdout)["exit_code"] == 2  # no such run: one document too
-    mixed = orch("audit", "run1", "run2", "--home", str(tmp_path), cwd=tmp_path)
+    mixed = orch_here("audit", "run1", "run2", "--home", str(tmp_path), cwd=tmp_path)
     assert mixed.returncode == 2 and "never multiplied or mixed" in mixed.stderr
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     (repo / "docs" / "validation").mkdir(parents=True)
-    published = orch("publish", "run1", "--to", "docs/validation/e.json", "--home", str(tmp_path), "--json",
+    published = orch_here("publish", "run1", "--to", "docs/validation/e.json", "--home", str(tmp_path), "--json",
                      cwd=repo)
     assert published.returncode == 0, published.stderr
     assert json.loads(published.stdout)["run_id"] == "run1"

@@ -25,8 +25,8 @@ from protocol.plan import package_names
 from protocol.schema import Protocol, canonical_json, load_protocol, protocol_id
 
 REPO = Path(__file__).resolve().parents[2]
-ORCH = Path(sys.executable).parent / "orch"
 sys.path.insert(0, str(REPO / "tests"))
+from cliutil import orch  # noqa: E402
 from protocolutil import v1_text  # noqa: E402
 
 # protocol id of every shipped protocol in its orch.protocol/1 form (SHA256 of its canonical JSON): the ids of every
@@ -174,7 +174,8 @@ def _golden_copy(tmp_path: Path) -> Path:
 def _orch(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ORCH_HOME": str(home), "COLUMNS": "200", "NO_COLOR": "1"}
     env.pop("ORCH_WITNESS", None)
-    return subprocess.run([str(ORCH), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    # the console script's main() in this process (tests/cliutil.py): same entry point, no new interpreter
+    return orch(*args, cwd=REPO, env=env)
 
 
 def _placeholder(text: str, home: Path) -> str:

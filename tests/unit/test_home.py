@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from cliutil import orch
 from test_audit import make_run
 
 from protocol.errors import UsageError
@@ -19,8 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _orch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return orch(*args, cwd=cwd)  # in this process (tests/cliutil.py): same entry point, no new interpreter
 
 
 @pytest.mark.parametrize("run_id", ["../outside/runs/run1", "/abs/run1", "run1/..", "..", ".", "a/b", ""])

@@ -9,11 +9,11 @@ import io
 import json
 import struct
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from cliutil import orch
 
 from ledger.files.hygiene import Finding, scan_paths, this_host_names
 
@@ -153,9 +153,7 @@ def test_this_host_names_skip_tiny_and_generic(monkeypatch: pytest.MonkeyPatch) 
 
 
 def _orch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True, check=False
-    )
+    return orch(*args, cwd=cwd)  # in this process (tests/cliutil.py): same entry point, no new interpreter
 
 
 def test_cli_fails_naming_token_checkpoint_and_home_path(tmp_path: Path, repo: Path) -> None:

@@ -8,12 +8,12 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from cliutil import orch
 
 from ledger.cost.export import ledger_table
 from ledger.cost.merkle import parse_head
@@ -45,8 +45,8 @@ def home(tmp_path: Path) -> Path:
 
 
 def _orch(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=120)
+    # in this process (tests/cliutil.py): same entry point, no new interpreter
+    return orch(*args, cwd=cwd, env={**os.environ, **(env or {})})
 
 
 def test_new_records_have_timestamps_and_the_login_name(home: Path) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cliutil import orch
 from test_audit import RunSpec, make_run
 
 from ledger.files.hygiene import scan_paths
@@ -17,9 +17,7 @@ from protocol.errors import RefusedError
 
 
 def _orch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True, check=False
-    )
+    return orch(*args, cwd=cwd)  # in this process (tests/cliutil.py): same entry point, no new interpreter
 
 
 def _repo(tmp_path: Path) -> Path:

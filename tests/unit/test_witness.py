@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from cliutil import orch
 from test_audit import RunSpec, make_run
 
 from ledger.cost.store import Ledger
@@ -74,8 +73,7 @@ def test_forged_run_is_refused_by_the_cli_in_one_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
     _honest_history(home)
     _forge(home)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "audit", "run1", "--home", str(home)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    proc = orch("audit", "run1", "--home", str(home), cwd=tmp_path)  # in this process (tests/cliutil.py)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1
     assert "not an extension of head" in proc.stderr
