@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ledger.verdict.noise import NoiseEvidence, without_window
+from ledger.verdict.noise import NoiseEvidence, as_noise, without_window
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import Interval, Outlier, Spread, paired_interval, triplet_log_speedup
 from ledger.verdict.windows import Speedup, speedup
@@ -89,7 +89,8 @@ def window_effects(ratios: Sequence[Sequence[float]], flagged: Sequence[Outlier]
     outlier window never decides alone at K = 1 (issue 34); at K >= 2 it stays a diagnostic."""
     if iv.triplets != 1 or calibration is None or window_sd is None or iv.noise is None:
         return []
-    return [WindowEffect(o, without_window(ratios[0], o.window, calibration, window_sd, iv.noise, iv.nominal_level))
+    noise = as_noise(iv.noise)
+    return [WindowEffect(o, without_window(ratios[0], o.window, calibration, window_sd, noise, iv.nominal_level))
             for o in flagged if o.window is not None and len(ratios[0]) >= 2]
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ledger.verdict.decision import HOW_TO_BOUND, OutlierEffect, WindowEffect
-from ledger.verdict.noise import NoiseScale
+from ledger.verdict.noise import NoiseScale, as_noise
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import Interval, Outlier, Spread, SpreadCheck
 
@@ -44,7 +44,8 @@ def _noise_words(n: NoiseScale) -> str:
 
 
 def _source_words(iv: Interval, cal_run: str | None) -> str:
-    scaled = "" if iv.noise is None else _noise_words(iv.noise)
+    noise = as_noise(iv.noise)
+    scaled = "" if noise is None else _noise_words(noise)
     if iv.variance_source == "pooled":
         return f"the run's triplets pooled with A/A calibration run {cal_run}{scaled}"
     if iv.variance_source == "calibration":
@@ -94,8 +95,8 @@ def interval_doc(
         words += (f"; repeated interval at look {iv.triplets} of at most {rule.max_triplets} (nominal level "
                   f"{iv.nominal_level:.4%} at this look)")
     extra: dict[str, Any] = {}
-    if iv.noise is not None:
-        n = iv.noise
+    n = as_noise(iv.noise)
+    if n is not None:
         extra["noise"] = {"ratio": n.ratio, "candidate": _spread(n.candidate), "baseline_step": _spread(n.baseline),
                           "df": [n.d1, n.d2], "p_value": n.p_value, "equivalent_df": iv.df, "words": n.words}
     if iv.noise is not None and calibration_window is not None:

@@ -159,6 +159,12 @@ def noise_scale(run: ArmSpread | None, calibration_step: Spread | None,
     return NoiseScale(ratio, run.candidate, base, int(calibration.df))
 
 
+def as_noise(scale: object) -> NoiseScale | None:
+    """An interval's noise scale as this module's type (stats.py knows it only by its protocol, to import nothing
+    of this module)."""
+    return scale if isinstance(scale, NoiseScale) else None
+
+
 def without_window(ratios: Sequence[float], window: int, calibration: Spread, window_sd: Spread,
                    scale: NoiseScale | None, level: float) -> tuple[float, float, float]:
     """(estimate, low, high) of one triplet's d without one window: the mean log ratio of the others, its variance

@@ -10,12 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from scipy import stats as sps
-
-if TYPE_CHECKING:
-    from ledger.verdict.noise import NoiseScale
 
 LEVEL = 0.95
 TARGET_HALF_WIDTH = 0.05  # the audit says how many triplets would bring the interval to +-5 %
@@ -50,6 +47,14 @@ class Spread:
             return None
         m = math.fsum(values) / len(values)
         return cls(math.sqrt(math.fsum((x - m) ** 2 for x in values) / (len(values) - 1)), len(values) - 1)
+
+
+class NoiseScale(Protocol):
+    """What the interval needs of ledger/verdict/noise.py's NoiseScale (the candidate's within-launch noise against the
+    baseline's): the calibration scaled by it. A protocol, so that this module imports nothing of noise.py, which
+    builds on it."""
+
+    def scaled(self, calibration: Spread, level: float) -> Spread: ...
 
 
 def pooled(*spreads: Spread) -> Spread:

@@ -151,6 +151,9 @@ def test_a_whole_run_through_the_optimizer_hook(tmp_path: Path, env: dict[str, A
     assert not (tmp_path / "out" / "pkg" / "probe.rank0.tmp").exists()
     ckpt = tmp_path / "ck" / "rank0.pt"
     recipe = summary.pop("observed_recipe")
+    startup = summary.pop("startup")  # Unix times of the start-up (main() of workers.probe adds process and probe)
+    assert set(startup) == {"torch", "installed", "step0_end"}
+    assert startup["torch"] <= startup["installed"] <= startup["step0_end"]
     assert summary == {
         "schema": "orch.probe/2", "rank": 0, "world_size": 1, "complete": True, "steps": 3,
         "steps_file": "steps.rank0.jsonl", "steps_sha256": hashlib.sha256(probe.steps_path.read_bytes()).hexdigest(),
@@ -289,7 +292,7 @@ def test_the_watch_is_on_exactly_in_the_watched_steps(tmp_path: Path, env: dict[
 
     monkeypatch.setattr(probe_steps, "make_watch", make_watch)
 
-    def inspect(log: Any, active: Any) -> str:
+    def inspect(log: Any, active: Any, note: Any = None) -> str:
         made.append((log, active))
         return "compiled graphs: not inspected"
 
@@ -330,7 +333,7 @@ def test_a_watch_under_the_trainers_own_mode_is_left_in_place_but_passive(tmp_pa
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     mode, trainer = _Mode(), _Mode()
     monkeypatch.setattr(probe_steps, "make_watch", lambda log, active: mode)
-    monkeypatch.setattr(probe_steps, "inspect_compiled_graphs", lambda log, active: None)
+    monkeypatch.setattr(probe_steps, "inspect_compiled_graphs", lambda log, active, note=None: None)
     probe = Probe(tmp_path, steps=4, digest_steps=set(), watch_steps={0}, ckpt_dir=None)
     _quiet(probe)
     probe.install()
@@ -356,7 +359,7 @@ def test_a_watch_not_asked_for_step_0_starts_off(tmp_path: Path, env: dict[str, 
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     mode = _Mode()
     monkeypatch.setattr(probe_steps, "make_watch", lambda log, active: mode)
-    monkeypatch.setattr(probe_steps, "inspect_compiled_graphs", lambda log, active: None)
+    monkeypatch.setattr(probe_steps, "inspect_compiled_graphs", lambda log, active, note=None: None)
     probe = Probe(tmp_path, steps=4, digest_steps=set(), watch_steps={1}, ckpt_dir=None)
     _quiet(probe)
     probe.install()
