@@ -139,7 +139,7 @@ def test_kill9_of_gpu_run_kills_its_child_and_frees_the_lock(env: dict[str, str]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     child, grandchild = int(child_pid.read_text()), int(grandchild_pid.read_text())
-    assert _until(lambda: gone(child) and gone(grandchild), bound_s=2.0)
+    assert _until(lambda: gone(child) and gone(grandchild))  # a wait bound only (15 s): loaded hosts took > 2 s
     assert is_free(lock)
 
 
