@@ -30,6 +30,14 @@ from slurm_cluster import Cluster, _alive, missing
 from ledger.cost.store import Ledger
 from orchestrator.slurm import node_hash
 
+
+def quick_primed(data: dict) -> None:  # type: ignore[type-arg]
+    """The quick protocol with the prime package (measurement.compile: prime): the two-node test sees it span both
+    nodes."""
+    quick_protocol(data)
+    data["measurement"]["compile"] = "prime"
+
+
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "protocol" / "r3_mini_slurm2.yaml"
 
@@ -118,7 +126,7 @@ def test_two_nodes_run_exact_and_reconcile_with_sacct(cluster: Cluster, tmp_path
     out, err = tmp_path / "job.json", tmp_path / "job.err"
     _, state, rc = sbatch_wait(cluster, [
         "--nodes=2", "--ntasks-per-node=1", "--exclusive", "--gres=gpu:1", f"--output={out}", f"--error={err}",
-        "--wrap", f"{sys.executable} -m orchestrator.cli launch {protocol(tmp_path, quick_protocol if CI else None)} "
+        "--wrap", f"{sys.executable} -m orchestrator.cli launch {protocol(tmp_path, quick_primed if CI else None)} "
         f"--home {home} --json"], timeout=900)  # fmt: skip
     assert (state, rc) == ("COMPLETED", 0), err.read_text()[-3000:] if err.exists() else f"{state}, exit {rc}"
     doc = json.loads(out.read_text())
