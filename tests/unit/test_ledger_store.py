@@ -318,3 +318,24 @@ def test_two_processes_append_concurrently(ledger: Ledger) -> None:
     assert report.ok and report.size == 10_001
     ids = ledger.table(["run_id"])["run_id"].to_pylist()
     assert ids.count("w1") == ids.count("w2") == 5000
+
+
+def test_a_record_whose_time_a_flip_put_out_of_range_is_unparseable_not_a_crash(tmp_path: Path) -> None:
+    """A flipped byte in a timestamp's high bits gives a value Python's datetime cannot hold: the record does not
+    decode (UNPARSEABLE, so verify names it), it never raises OverflowError out of the scan."""
+    from ledger.cost.record import INSTANT, schema_of
+    from ledger.cost.scan import UNPARSEABLE, decode_message
+
+    schema = schema_of(2)
+    times = [i for i, f in enumerate(schema) if f.type == INSTANT]
+    assert times, "the version 2 schema stores times as timestamps"
+    columns = [pa.array([2**62 if i == times[0] else None], type=f.type) if i == times[0] or f.nullable
+               else pa.array([pa.scalar(0, type=f.type) if pa.types.is_integer(f.type) else None], type=f.type)
+               for i, f in enumerate(schema)]
+    batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(batch)
+    raw = sink.getvalue().to_pybytes()[len(schema_message(2)):-8]  # the record batch message alone
+    with pytest.raises(UNPARSEABLE):
+        decode_message(raw, 2)
