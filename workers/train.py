@@ -32,7 +32,7 @@ from protocol.results import ObservedRecipe, ProbeSummary, RankSummary, StepReco
 from workers.clock import StepClock
 from workers.common import WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
-from workers.rank_failure import RANK_FAILED_LINE, failure_cause, signal_name
+from workers.rank_failure import RANK_FAILED_LINE, failure_cause, killed_rank, signal_name
 from workers.torchrun import torchrun_command
 
 
@@ -171,13 +171,17 @@ def node_cause(spec: PackageSpec) -> str | None:
     found = []
     for node, rc, text in failed_nodes(spec):
         cause = failure_cause(text)
-        if rc < 0:
+        # 0: a rank killed by a signal nobody in the chain sends; 1: torchrun itself killed so; 2: a rank that raised
+        # or exited; 3: torchrun ended by SIGTERM, which srun sends every node once another node's task failed: a
+        # consequence, never the cause, whichever node's report arrives first
+        order = 0 if killed_rank(text) else 2
+        if rc < 0 and order:  # a rank's kill it logged before srun ended it stays the cause
             cause = f"torchrun was killed by signal {-rc} ({signal_name(-rc)})"
+            order = 3 if -rc == signal.SIGTERM else 1
         raised = [float(m.group(2)) for m in map(RANK_FAILED_LINE.match, text.splitlines()) if m]
-        killed = cause is not None and "killed by signal" in cause
-        found.append((not killed, min(raised, default=float("inf")), node, cause or f"torchrun exited with {rc}", text))
+        found.append((order, min(raised, default=float("inf")), node, cause or f"torchrun exited with {rc}", text))
     silent = silent_nodes(spec)
-    if silent and not any(not f[0] for f in found):  # the others' errors (peer lost) follow from it
+    if silent and not any(f[0] <= 1 for f in found):  # the others' errors (peer lost) follow from it
         return f"node {silent[0]}: no report from it (its node agent was killed, or the node died)"
     if not found:
         return None

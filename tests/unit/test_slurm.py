@@ -200,6 +200,35 @@ def test_a_stopped_node_whose_torchrun_reported_a_killed_rank_is_the_cause(tmp_p
     assert node_cause(spec) == "node 0: rank 0: RuntimeError: Connection closed by peer"  # a stopped node's raise
 
 
+def test_a_torchrun_that_srun_ended_with_sigterm_is_never_the_cause(tmp_path: Path) -> None:
+    """Seen in make test (test_killed_ranks_on_one_node_fail_the_run_with_nothing_left, now and then): node 1's ranks
+    SIGKILLed, srun then SIGTERMed node 0's torchrun, and the note named node 0's 'torchrun was killed by signal 15'
+    whenever that report came in first (both counted as kills, the lower node index won). srun's SIGTERM follows
+    from another node's failure; it is named only when nothing else is known."""
+    from protocol.package import SlurmStep, TrainSpec
+    from workers.node import EXIT_FILE, LOG_FILE
+    from workers.train import node_cause
+
+    step = SlurmStep(srun=["srun"], nodes=2, nproc_per_node=1, port=20001, rdzv_id="r", clock_dir=str(tmp_path))
+    spec = TrainSpec(run_id="r", name="train-A", kind="train", package_dir=str(tmp_path), sealed_dir=str(tmp_path),
+                     scratch_dir=str(tmp_path), result_path=str(tmp_path / "r.json"), device="cpu",
+                     precision="fp32", nproc=2, slurm=step)
+
+    def node(i: int, rc: int | None, stopped: bool, log: str) -> None:
+        (tmp_path / EXIT_FILE.format(node=i)).write_text(json.dumps({"rc": rc, "stopped": stopped}))
+        (tmp_path / LOG_FILE.format(node=i)).write_text(log)
+
+    node(0, -15, False, "")
+    node(1, 1, False, _summary(1, -9))
+    assert node_cause(spec) == "node 1: rank 1 was killed by signal 9 (SIGKILL)"
+    node(1, -15, False, _summary(1, -9))  # node 1's torchrun reported its rank, then srun's SIGTERM reached it too
+    assert node_cause(spec) == "node 1: rank 1 was killed by signal 9 (SIGKILL)"
+    node(1, -9, False, "")  # node 1's torchrun itself SIGKILLed
+    assert node_cause(spec) == "node 1: torchrun was killed by signal 9 (SIGKILL)"
+    node(1, -15, False, "")  # both ended by SIGTERM and nothing else known: the first node's
+    assert node_cause(spec) == "node 0: torchrun was killed by signal 15 (SIGTERM)"
+
+
 def test_node_names_are_scrubbed_from_notes_and_logs(tmp_path: Path) -> None:
     (tmp_path / "ledger").mkdir()
     run = slurm.SlurmRun(slurm.Allocation("9", ["gpu-a1", "gpu-a10"], 0, 1), "R", tmp_path / "ledger")
