@@ -3,7 +3,10 @@
 # tree: the job runs from a copy in /tmp): the cold rehearsal of unmodified upstream R3 (the identical candidate must
 # be exact with every arm on the prime's tuned kernels), then r3-mini's CUDA candidate and null at K = 1.
 #   start: bash scripts/gpu_tuned_kernels.sh start     poll: bash scripts/gpu_tuned_kernels.sh wait SECONDS
-# Needs beside the repository .up/ (git archive of sen-ye/R3 e9912ac: modeling train data scripts) and .whl/.
+# Needs beside the repository .up/ (git archive of sen-ye/R3 e9912ac: modeling train data scripts), .whl/ (upstream's
+# needs: docs/REFERENCE.md "Rehearse before you spend eight GPUs") and, for the issue's two cache tables, TOOLS (a
+# folder holding compile_cache_determinism.py and compile_cache_ranks.py; default .whl-tools): they run beside the
+# rehearsal's untimed prime, once orch holds the GPU lock. Everything small comes back as one bundle.tgz.
 set -u
 W=/tmp/gpu31
 case "${1:-}" in
@@ -25,12 +28,29 @@ triton.__version__, 'transformers', transformers.__version__)"
   H=$W/home; mkdir -p "$H"
   t0=$(date +%s)
   python3 -m orchestrator.cli rehearse protocol/r3_bagel7b_8xh100.yaml --upstream .up --gpus 1 --home "$H" --json \
-    > "$W/rehearse.json" 2> "$W/rehearse.err"
+    > "$W/rehearse.json" 2> "$W/rehearse.err" &
+  REH=$!
+  T=${TOOLS:-.whl-tools}
+  if [ -f "$T/compile_cache_determinism.py" ]; then
+    # the tables' tools start once the run is under way (the lock is taken before the first package's folder exists)
+    until ls "$H"/runs/*/packages/prime >/dev/null 2>&1 || ! kill -0 $REH 2>/dev/null; do sleep 2; done
+    echo "tools start at $(( $(date +%s) - t0 )) s"
+    mkdir -p "$W/tools"
+    ( python3 "$T/compile_cache_determinism.py" "$W/tools" > "$W/tools/determinism.log" 2>&1
+      echo "determinism exit $? at $(( $(date +%s) - t0 )) s" ) &
+    ( python3 "$T/compile_cache_ranks.py" "$W/tools" > "$W/tools/ranks.log" 2>&1
+      echo "ranks exit $? at $(( $(date +%s) - t0 )) s" ) &
+  fi
+  wait $REH
   echo "rehearse exit $? after $(( $(date +%s) - t0 )) s"
   RUN=$(ls "$H/runs" | tail -n 1)
   python3 -m orchestrator.cli audit "$RUN" --home "$H" > "$W/rehearsal_audit.txt" 2>&1; echo "audit exit $?"
   python3 -m orchestrator.cli publish "$RUN" --to "$W/rehearsal.json" --home "$H"; echo "publish exit $?"
   cp "$H/runs/$RUN/run.json" "$W/rehearsal_run.json" 2>/dev/null
+  # the run's record (run folder and ledger, no scratch, no generated inputs): audited again here at a later commit
+  tar -czf "$W/rehearsal_home.tgz" --exclude='*/sealed/*' --exclude='*cache*' --exclude='*/scratch/*' -C "$H" runs ledger \
+    2>/dev/null; ls -l "$W/rehearsal_home.tgz"
+  wait  # the tools, if still running (orch's lock would wait for them anyway)
   echo "rehearsal done"
   for p in r3_mini_cuda1 r3_mini_cuda1_null; do
     t0=$(date +%s)
@@ -45,7 +65,8 @@ triton.__version__, 'transformers', transformers.__version__)"
 wait)
   end=$(( $(date +%s) + ${2:-500} ))
   while [ "$(date +%s)" -lt "$end" ] && ! grep -q "${3:-all done}" "$W/job.log" 2>/dev/null; do sleep 10; done
-  cat "$W/job.log"; tail -n 3 "$W/rehearse.err" 2>/dev/null
-  for f in "$W"/*.json "$W"/*.txt; do [ -f "$f" ] && cp "$f" "${OUT:-/tmp}/" 2>/dev/null; done
+  cat "$W/job.log"; tail -n 3 "$W/rehearse.err" 2>/dev/null; tail -n 2 "$W"/tools/*.log 2>/dev/null
+  ( cd "$W" && tar -czf "${OUT:-/tmp}/bundle.tgz" --exclude=orch --exclude=home --exclude='home-*' . ) 2>/dev/null
+  ls -l "${OUT:-/tmp}/bundle.tgz"
   ;;
 esac
