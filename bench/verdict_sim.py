@@ -16,8 +16,17 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from ledger.verdict.decision import decide, verdict_interval, window_effects
-from ledger.verdict.noise import ArmSpread, NoiseEvidence, arm_spread, critical_scaled, equivalent_df
+from ledger.verdict.decision import baseline_effects, decide, verdict_interval, window_effects
+from ledger.verdict.noise import (
+    AB_FACTOR,
+    ArmSpread,
+    NoiseEvidence,
+    arm_spread,
+    baseline_disagreement,
+    baseline_outliers,
+    critical_scaled,
+    equivalent_df,
+)
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import (
     LEVEL,
@@ -165,10 +174,21 @@ class Noise:
         return self.ss_y[:, :k].sum(1) / d1 / (1.5 * base), d1, d1 + CAL_STEP_DF
 
 
+def _windows(times: np.ndarray) -> np.ndarray:
+    """Each arm's summed step time in each of the owner's windows: [sequence, triplet, role, window]."""
+    return np.stack([times[..., list(s)].sum(axis=-1) for s in window_steps(STEPS, WARMUP, WINDOW)], axis=-1)
+
+
 def window_ratios(times: np.ndarray) -> np.ndarray:
     """The owner's ratio_w = mean(A_w, B_w) / C_w of each window: [sequence, triplet, window]."""
-    wins = np.stack([times[..., list(s)].sum(axis=-1) for s in window_steps(STEPS, WARMUP, WINDOW)], axis=-1)
+    wins = _windows(times)
     return ((wins[:, :, 0] + wins[:, :, 2]) / 2.0) / wins[:, :, 1]
+
+
+def ab_disagreement(times: np.ndarray) -> np.ndarray:
+    """u = mean over windows of log(A_w / B_w) of each triplet: [sequence, triplet] (noise.baseline_disagreement)."""
+    wins = _windows(times)
+    return np.log(wins[:, :, 0] / wins[:, :, 2]).mean(axis=-1)
 
 
 @dataclass
@@ -231,6 +251,32 @@ def window_check(lk: Looks, logr: np.ndarray, cal: np.ndarray, cal_w: np.ndarray
     return Looks(lk.mean, lk.half, veto)
 
 
+def baseline_check(lk: Looks, d: np.ndarray, u: np.ndarray, cal: np.ndarray, noise: Noise, taken: np.ndarray,
+                   nominal: dict[int, float]) -> Looks:
+    """A triplet whose A/B disagreement u stands apart from the calibrated between-launch spread (z = u / (s_cal
+    sqrt(4/3)), t with the calibration's df, Bonferroni over the run's triplets: noise.baseline_outliers) takes the
+    decision back unless the same rule's interval without it decides the same way (decision.baseline_effects); at
+    K = 1 nothing is left, so it always does. taken: each sequence's triplets; nominal[k]: the level of look k."""
+    faster, slower = _judge(lk)
+    p = 2.0 * sps.t.sf(np.abs(u) / (cal[:, None] * math.sqrt(AB_FACTOR)), CAL_TRIPLETS - 1)
+    veto = np.zeros(lk.mean.shape, bool)
+    for k in np.unique(taken):
+        k = int(k)
+        for i in range(k):
+            hit = (taken == k) & (p[:, i] * k < OUTLIER_ALPHA) & (faster | slower)
+            if not hit.any():
+                continue
+            if k == 1:
+                veto |= hit
+                continue
+            keep = [j for j in range(d.shape[1]) if j != i]
+            rest = Noise(noise.ss_y[:, keep], noise.ss_v[:, keep], noise.cal_var)
+            w = intervals(d[:, keep][:, :k - 1], cal, nominal[k - 1], rest)
+            holds = np.where(faster, w.mean - w.half > 0.0, w.mean + w.half < 0.0)
+            veto |= hit & ~holds
+    return Looks(lk.mean, lk.half, veto if lk.veto is None else veto | lk.veto)
+
+
 def sequential(d: np.ndarray, cal: np.ndarray | None,
                noise: Noise | None = None) -> tuple[Looks, np.ndarray, np.ndarray]:
     """SequentialRule(MAX_TRIPLETS) with optional stopping: the interval at each sequence's stop, triplets taken,
@@ -290,11 +336,13 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
     noise.arm_spread, paired_interval, SequentialRule, decision.window_effects and decide); the largest
     disagreement (log scale), and every decision must be the same."""
     worst = 0.0
-    flags = {"outlier_triplet_k3": 0, "outlier_window_k3": 0, "window_check_k1": 0}
+    flags = {"outlier_triplet_k3": 0, "outlier_window_k3": 0, "window_check_k1": 0, "ab_check_k1": 0}
     for i in range(m):
+        sps = []
         for t in range(MAX_TRIPLETS):
             sp = speedup({r: list(times[i, t, j]) for j, r in enumerate("ACB")}, steps=STEPS, warmup=WARMUP,
                          window=WINDOW, drift_bound=0.02)
+            sps.append(sp)
             got = [w.ratio for w in sp.windows]
             worst = max(worst, max(abs(math.log(g / r)) for g, r in zip(got, ratios[i, t], strict=True)),
                         abs(triplet_log_speedup(got) - d[i, t]))
@@ -321,12 +369,16 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
             ref = (math.log(iv.low) if iv.low > 0 else -math.inf, math.log(iv.high))
             for a, b in zip((lo, hi), ref, strict=True):
                 worst = max(worst, 0.0 if a == b else abs(a - b))
-            if k == 1 and ns is not None:  # the window check, as the audit decides
+            if ns is not None:  # the window check (K = 1) and the A/B launch check, as the audit decides
                 r1 = [list(ratios[i, 0])]
-                eff = window_effects(r1, outlier_windows(r1, cal_w), iv, c, cal_w)
-                verdict, _, _ = decide(True, iv, windows=eff)
+                eff = window_effects(r1, outlier_windows(r1, cal_w), iv, c, cal_w) if k == 1 else []
+                us = [baseline_disagreement(sp) for sp in sps[:k]]
+                ab = baseline_effects(us, baseline_outliers(us, c), list(d[i, :k]), c,
+                                      SequentialRule(MAX_TRIPLETS) if name.startswith("seq") else None, ns)
+                verdict, _, _ = decide(True, iv, windows=eff, baselines=ab)
                 faster, slower = _judge(lk)
-                flags["window_check_k1"] += bool(eff)
+                flags["window_check_k1"] += bool(eff) and name == "K=1 + cal"
+                flags["ab_check_k1"] += bool(ab) and name == "K=1 + cal"
                 if (verdict == "accepted") != bool(faster[i] or slower[i]):
                     raise SystemExit(f"cross-check: sequence {i} rule {name}: the audit says {verdict}")
         flags["outlier_triplet_k3"] += bool(outlier_triplets(list(d[i, :3]), cal))
@@ -353,6 +405,7 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
     m = len(MEASURED) - 1
     run_y, run_v = contrasts(times)
     noise = Noise(run_y, run_v, (aa_y.sum(1) / 1.5 + aa_v.sum(1) / 2.0) / (CAL_TRIPLETS * 2 * m))
+    u = ab_disagreement(times)
     looks: dict[str, tuple[Looks, np.ndarray]] = {}
     stops: dict[str, dict[str, int]] = {}
     for name in RULES:
@@ -365,11 +418,17 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
                 checked = window_check(lk, np.log(ratios[:, 0]), c, cal_w, ns, first)
                 lk = Looks(lk.mean, lk.half, checked.veto & (taken == 1))  # type: ignore[operator]
             stops[name] = {w: int((why == i).sum()) for i, w in enumerate(("decided", "precise", "maximum"))}
+            if ns is not None and c is not None:
+                rule = SequentialRule(MAX_TRIPLETS)
+                levels = {j: rule.nominal_level(j, Spread(1.0, CAL_TRIPLETS - 1)) for j in range(1, MAX_TRIPLETS + 1)}
+                lk = baseline_check(lk, d, u, c, ns, taken, levels)
         else:
             k = int(name[2])
             lk, taken = intervals(d[:, :k], c, LEVEL, ns), np.full(n, k)
             if k == 1 and c is not None and ns is not None:
                 lk = window_check(lk, np.log(ratios[:, 0]), c, cal_w, ns)
+            if c is not None and ns is not None:
+                lk = baseline_check(lk, d, u, c, ns, taken, dict.fromkeys(range(1, k + 1), LEVEL))
         looks[name] = (lk, taken)
     rules = {name: rule_figures(lk, taken, scenario.ratio, CAL_TRIPLETS if "cal" in name else 0)
              for name, (lk, taken) in looks.items()}

@@ -94,6 +94,34 @@ def window_effects(ratios: Sequence[Sequence[float]], flagged: Sequence[Outlier]
             for o in flagged if o.window is not None and len(ratios[0]) >= 2]
 
 
+@dataclass(frozen=True)
+class BaselineEffect:
+    """A triplet whose baseline launches A and B disagree beyond the calibrated between-launch spread
+    (noise.baseline_outliers), and the same rule's interval without that triplet (None at K = 1: nothing is left)."""
+
+    outlier: Outlier
+    disagreement: float  # exp(u): A's window times over B's
+    without: Interval | None
+
+
+def baseline_effects(us: Sequence[float], flagged: Sequence[Outlier], d: Sequence[float],
+                     calibration: Spread | None, rule: SequentialRule | None,
+                     noise: NoiseEvidence | None) -> list[BaselineEffect]:
+    """Each flagged triplet's effect. Applied only with a calibration that records the step spread (as the window
+    check), so audits of runs calibrated before issue 34 recompute unchanged. One of A, B is then likely a whole
+    launch outlier, which moves d by half its size: such a triplet never decides alone."""
+    if calibration is None or noise is None or noise.calibration_step is None:
+        return []
+    out = []
+    for o in flagged:
+        keep = [j for j in range(len(d)) if j != o.triplet]
+        rest = NoiseEvidence(tuple(a for j, a in enumerate(noise.triplets) if j != o.triplet),
+                             noise.calibration_step)
+        without = verdict_interval([d[j] for j in keep], calibration, rule, rest) if keep else None
+        out.append(BaselineEffect(o, math.exp(us[o.triplet]), without))
+    return out
+
+
 def _fmt(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.4f}"
 
@@ -108,10 +136,12 @@ def _call(iv: Interval) -> str | None:
 def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequence[OutlierEffect] = (),
            triplet_names: Sequence[str] | None = None, stopping: str | None = None,
            windows: Sequence[WindowEffect] = (), window_names: Sequence[str] | None = None,
+           baselines: Sequence[BaselineEffect] = (),
            ) -> tuple[str, str | None, str]:
     """(verdict, direction, one sentence). triplet_names: how the sentence names triplet i (default its 1-based
     position); stopping: why a sequential run did not stop where its rule stops (its error rate is then not held);
-    windows: outlier windows of a one-triplet run, which never decide alone."""
+    windows: outlier windows of a one-triplet run, which never decide alone; baselines: triplets whose A/B launches
+    disagree beyond the calibration, which never decide alone (at K = 1 the run is not decided)."""
     span = f"{iv.level:.0%} interval [{_fmt(iv.low)}, {_fmt(iv.high)}]"
     if not exact:
         return NOT_EXACT, None, "the candidate does not compute the same bits; its speed is not judged"
@@ -135,6 +165,20 @@ def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequen
             return NO_DIFFERENCE, None, (
                 f"the {span} excludes 1 only with triplet {name}, an outlier (z = {eff.outlier.z:.2f}): without it "
                 f"the interval is [{_fmt(eff.without.low)}, {_fmt(eff.without.high)}]; one triplet does not decide")
+    for b in baselines:
+        if b.without is None or _call(b.without) != direction:
+            i = b.outlier.triplet
+            name = triplet_names[i] if triplet_names is not None else str(i + 1)
+            what = (f"the baseline launches A and B of triplet {name} disagree beyond the calibrated between-launch "
+                    f"spread (A/B = {b.disagreement:.4f}, z = {b.outlier.z:.2f}, p = {b.outlier.p_value:.2g}): one "
+                    "of them is likely a whole-launch outlier, which moves the speedup by half its size")
+            if b.without is None:
+                return NO_DIFFERENCE, None, (
+                    f"the {span} excludes 1, but {what}; one triplet has nothing to decide without it: re-run, or "
+                    "set measurement.repeats >= 2")
+            return NO_DIFFERENCE, None, (
+                f"the {span} excludes 1, but {what}; without that triplet the interval is "
+                f"[{_fmt(b.without.low)}, {_fmt(b.without.high)}]; one triplet does not decide")
     for w in windows:
         est, low, high = w.without
         if not (low > 1.0 if direction == "faster" else high < 1.0):

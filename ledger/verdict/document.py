@@ -15,6 +15,7 @@ from ledger.probe_cost import probe_cost_doc
 from ledger.verdict.calibration import calibration_spreads, calibration_step_spread
 from ledger.verdict.compile_cache_doc import compile_cache_doc
 from ledger.verdict.decision import (
+    baseline_effects,
     decide,
     drift_notes,
     log_speedups,
@@ -32,7 +33,7 @@ from ledger.verdict.host_report import clock_doc, quiet_host_doc
 from ledger.verdict.host_watch import busy_windows, host_watch_doc
 from ledger.verdict.interval_doc import interval_doc
 from ledger.verdict.mismatch import Mismatch
-from ledger.verdict.noise import NoiseEvidence, triplet_arm_spread
+from ledger.verdict.noise import NoiseEvidence, baseline_disagreement, baseline_outliers, triplet_arm_spread
 from ledger.verdict.recipe_check import recipe_doc
 from ledger.verdict.sequential_doc import run_rule, sequential_doc
 from ledger.verdict.stats import outlier_triplets, outlier_windows, window_spread
@@ -290,6 +291,8 @@ def compute_audit(
     ratios = window_ratios(sps)
     win_out = outlier_windows(ratios, cal_window)
     win_eff = window_effects(ratios, win_out, iv, cal_spread, cal_window)
+    us = [baseline_disagreement(s) for s in sps]
+    ab_eff = baseline_effects(us, baseline_outliers(us, cal_spread), d, cal_spread, rule, noise)
     watch = host_watch_doc(ev, labels)
     busy = busy_windows(watch) if watch else []
     cost = _cost_doc(ev)
@@ -298,7 +301,7 @@ def compute_audit(
         cost["gpu_seconds"], ev.run.sequential, cost["wall_s"], noise)
     stopping = None if seq is None or seq["integrity"]["ok"] else seq["integrity"]["words"]
     verdict, direction, sentence = decide(ex.exact, iv, busy, flagged, [str(t.index) for t in trips], stopping,
-                                          win_eff, [w.name for w in sp.windows])
+                                          win_eff, [w.name for w in sp.windows], ab_eff)
     caches = compile_cache_doc(ev.run, cost["gpu_seconds"], ex.exact, m.compile)
     reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
     if caches is not None and not ex.exact:
@@ -309,7 +312,8 @@ def compute_audit(
         iv, headlines=[s.headline for s in sps], calibration_run=(calibration or {}).get("run_id"),
         window_spread=window_spread(ratios), outlier_triplets=flagged, outlier_windows=win_out,
         triplet_index=[t.index for t in trips], rule=rule, calibration=cal_spread, sequential=seq,
-        window_effects=win_eff, calibration_window=cal_window)
+        window_effects=win_eff, calibration_window=cal_window,
+        baseline_check=None if noise.calibration_step is None or cal_spread is None else (us, ab_eff))
     return {
         "schema": AUDIT_SCHEMA,
         "run_id": ev.run_id,

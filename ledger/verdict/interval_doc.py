@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledger.verdict.decision import HOW_TO_BOUND, OutlierEffect, WindowEffect
+from ledger.verdict.decision import HOW_TO_BOUND, BaselineEffect, OutlierEffect, WindowEffect
 from ledger.verdict.noise import NoiseScale, as_noise
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import Interval, Outlier, Spread, SpreadCheck
@@ -75,6 +75,7 @@ def interval_doc(
     rule: SequentialRule | None = None, calibration: Spread | None = None,
     sequential: Mapping[str, Any] | None = None, window_effects: Sequence[WindowEffect] = (),
     calibration_window: Spread | None = None,
+    baseline_check: tuple[Sequence[float], Sequence[BaselineEffect]] | None = None,
 ) -> dict[str, Any]:
     """Everything the verdict read (orch.audit/2 'interval'); triplet_index: the plan's index of triplet i;
     sequential: the audit's "sequential" block of a run under a rule; window_effects: the window check of a
@@ -102,6 +103,9 @@ def interval_doc(
     if iv.noise is not None and calibration_window is not None:
         extra["window_check"] = _window_check(window_effects, calibration_window, iv.triplets)
         words += f"; window check: {extra['window_check']['words']}"
+    if baseline_check is not None and calibration is not None:
+        extra["baseline_check"] = _baseline_check(*baseline_check, calibration, triplet_index)
+        words += f"; A/B launch check: {extra['baseline_check']['words']}"
     return {
         **extra,
         "estimate": iv.estimate,
@@ -154,6 +158,29 @@ def _window_check(effects: Sequence[WindowEffect], window_sd: Spread, triplets: 
     return {"window_sd": _spread(window_sd),
             "windows": [{"window": e.outlier.window, "z": e.outlier.z, "p_value": e.outlier.p_value,
                          "without": list(e.without)} for e in effects], "words": words}
+
+
+def _baseline_check(us: Sequence[float], effects: Sequence[BaselineEffect], calibration: Spread,
+                    triplet_index: Sequence[int]) -> dict[str, Any]:
+    """Each triplet's A/B disagreement judged against the calibrated between-launch spread (noise.baseline_outliers):
+    a flagged triplet never decides alone; at K = 1 the run is then not decided."""
+    scale = f"the calibrated between-launch SD {calibration.sd:.4f} x sqrt(4/3) (df {calibration.df}, Bonferroni " \
+            f"over {len(us)} triplet(s), 5 %)"
+    if not effects:
+        words = (f"the baseline launches A and B of every triplet agree within {scale}: no whole-launch outlier of the "
+                 "baseline is seen (a slow candidate launch cannot be told from a slowdown at K = 1)")
+    else:
+        words = "; ".join(
+            f"triplet {triplet_index[e.outlier.triplet]}'s A/B = {e.disagreement:.4f} stands apart (z = "
+            f"{e.outlier.z:.2f} against {scale}); " + ("at K = 1 nothing is left without it" if e.without is None else
+                                                      f"without it [{_fmt(e.without.low)}, {_fmt(e.without.high)}]")
+            for e in effects) + "; the decision must hold without it"
+    return {"calibration_sd": _spread(calibration), "factor": 4.0 / 3.0, "ab_log_ratios": list(us),
+            "triplets": [{"triplet": triplet_index[e.outlier.triplet], "ab_ratio": e.disagreement, "z": e.outlier.z,
+                          "p_value": e.outlier.p_value,
+                          "without": None if e.without is None else [e.without.low if e.without.bounded else None,
+                                                                    _finite(e.without.high)]}
+                         for e in effects], "words": words}
 
 
 def _legacy_lines(iv: Mapping[str, Any]) -> list[str]:

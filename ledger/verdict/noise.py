@@ -27,11 +27,14 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
-from ledger.verdict.stats import Spread, pooled
+from ledger.verdict.stats import OUTLIER_ALPHA, Outlier, Spread, pooled
 from ledger.verdict.windows import Speedup
 
 Y_FACTOR = 1.5  # E[var y] / sigma^2 for equal arms (1 + 1/2)
 V_FACTOR = 2.0  # E[var v] / sigma^2
+# var(u) / var(d) for baseline launches, u = mean_w log(A_w / B_w): launch and window terms enter u with weight
+# 1 + 1 = 2 and an A/A triplet's d with 1/4 + 1/4 + 1 = 1.5 (baseline_outliers)
+AB_FACTOR = V_FACTOR / Y_FACTOR
 
 
 def _ss(xs: Sequence[float]) -> tuple[float, int]:
@@ -216,3 +219,31 @@ class NoiseEvidence:
     def scale(self, k: int, calibration: Spread | None) -> NoiseScale | None:
         """The scale at a look after the first k triplets."""
         return noise_scale(pool_arms(self.triplets[:k]), self.calibration_step, calibration)
+
+
+def baseline_disagreement(sp: Speedup) -> float:
+    """u of one triplet: the mean over the owner's windows of log(A_w / B_w), how far its two baseline launches
+    disagree (positive: A slower)."""
+    return math.fsum(math.log(w.a / w.b) for w in sp.windows) / len(sp.windows)
+
+
+def baseline_outliers(us: Sequence[float], calibration: Spread | None,
+                      alpha: float = OUTLIER_ALPHA) -> list[Outlier]:
+    """Triplets whose baseline launches A and B disagree beyond the calibrated between-launch spread (issue 34).
+
+    A and B are launches of the baseline, the arm the A/A calibration measured, so without a launch outlier u has
+    mean 0 and variance AB_FACTOR * sigma_d^2 (sigma_d^2: the calibration's between-launch variance of d), and
+    z = u / (s_cal sqrt(AB_FACTOR)) ~ t(calibration df) for normal noise (u and s_cal come from different
+    launches). Flagged when the two-sided p times K is below alpha (Bonferroni over the run's triplets). A drift
+    linear in launch position cancels in d but not in u (A and B are two positions apart), so a drifting host is
+    flagged more often than alpha: the check then refuses more, it never accepts more."""
+    if calibration is None or calibration.df <= 0 or calibration.sd <= 0.0:
+        return []
+    scale = calibration.sd * math.sqrt(AB_FACTOR)
+    out = []
+    for i, u in enumerate(us):
+        z = u / scale
+        p = float(2.0 * sps.t.sf(abs(z), calibration.df))
+        if p * len(us) < alpha:
+            out.append(Outlier(i, None, z, p, calibration.df))
+    return out

@@ -15,17 +15,30 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from ledger.verdict.calibration import Calibration, calibration_step_spread, read_calibration
-from ledger.verdict.decision import NO_DIFFERENCE, WindowEffect, decide, window_effects
+from ledger.verdict.decision import (
+    NO_DIFFERENCE,
+    WindowEffect,
+    baseline_effects,
+    decide,
+    verdict_interval,
+    window_effects,
+)
+from ledger.verdict.interval_doc import interval_doc
 from ledger.verdict.noise import (
+    AB_FACTOR,
     NoiseEvidence,
     arm_spread,
+    baseline_disagreement,
+    baseline_outliers,
     critical_scaled,
     equivalent_df,
     noise_scale,
     pool_arms,
+    triplet_arm_spread,
     without_window,
 )
 from ledger.verdict.stats import Outlier, Spread, paired_interval, t_critical
+from ledger.verdict.windows import Speedup, speedup
 
 
 def _times(rng: np.random.Generator, lam: float, sigma: float = 0.05, tau: float = 0.1, n: int = 6,
@@ -85,13 +98,16 @@ def _cal_step(rng: np.random.Generator, launches: int = 5) -> Spread:
         a.aa_step.df for a in arms if a)), sum(int(a.aa_step.df) for a in arms if a))
 
 
-@pytest.mark.parametrize("lam", [1.0, 2.0])
+@pytest.mark.parametrize("lam", [1.0, 2.0, 1 / 1.5])
 def test_k1_coverage_for_a_noisier_candidate_under_the_scale_model(lam: float) -> None:
-    """Identical medians, the candidate lam times noisier at every level: the scaled K = 1 interval errs about 5%,
-    the unscaled one (issue 26) far more at lam = 2 (seeded; 95% CI of a 1500-draw rate is about +-1.1 points)."""
+    """Identical medians, the candidate lam times noisier (or quieter) at every level: the scaled K = 1 interval errs
+    about 5%, the unscaled one (issue 26) far more at lam = 2 (seeded; 95% CI of a 1500-draw rate is about +-1.1
+    points). R estimates theta = (2 lam^2 + 1) / 3, the factor of var(d), not lam^2: a quieter candidate narrows the
+    interval only as far as the baseline half of d allows (theta >= 1/3)."""
     rng = np.random.default_rng(26 + int(lam))
     wrong = wrong_before = 0
     n = 1500
+    ratios = []
     for _ in range(n):
         cal_d = [float(np.mean(np.log(_ratios(_times(rng, 1.0))))) for _ in range(5)]
         cal = Spread.of(cal_d)
@@ -100,9 +116,16 @@ def test_k1_coverage_for_a_noisier_candidate_under_the_scale_model(lam: float) -
         d = [float(np.mean(np.log(_ratios(t))))]
         scale = noise_scale(arm_spread([t]), step, cal)
         iv = paired_interval(d, cal, noise=scale)
+        assert scale is not None
+        ratios.append(scale.ratio)
         wrong += not iv.covers_one
         wrong_before += not paired_interval(d, cal).covers_one
     assert wrong / n == pytest.approx(0.05, abs=0.02)
+    theta = (2 * lam**2 + 1) / 3
+    assert scale is not None
+    assert float(np.mean(ratios)) == pytest.approx(theta * scale.d2 / (scale.d2 - 2), rel=0.05)
+    if lam < 1:
+        assert float(np.mean(ratios)) > lam**2 * 1.25
     if lam == 2.0:
         assert wrong_before / n > 0.10
 
@@ -168,3 +191,89 @@ def test_old_calibration_files_stay_readable_and_unscaled() -> None:
     new = read_calibration(json.dumps({**doc, "step_sd": 0.03, "step_df": 50}).encode())
     assert isinstance(new, Calibration) and new.step_spread == Spread(0.03, 50)
     assert calibration_step_spread({"usable": True, "step_sd": 0.03, "step_df": 50}) == Spread(0.03, 50)
+
+
+def _speedup(t: dict[str, list[float]]) -> Speedup:
+    """The owner's windows over six measured steps (steps 10-15 of 16)."""
+    return speedup({r: [1.0] * 10 + list(v) for r, v in t.items()}, steps=16, warmup=10, window=2, drift_bound=0.02)
+
+
+def test_baseline_disagreement_is_the_mean_log_of_a_over_b_per_window() -> None:
+    t = {"A": [1.0, 1.0, 2.0, 2.0, 1.0, 3.0], "C": [1.0] * 6, "B": [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]}
+    assert baseline_disagreement(_speedup(t)) == pytest.approx((0.0 + math.log(2.0) + 0.0) / 3, rel=1e-12)
+    assert AB_FACTOR == pytest.approx(4 / 3)
+
+
+def test_ab_check_holds_its_level_without_outliers() -> None:
+    """Normal launch and step noise, no drift: u / (s_cal sqrt(4/3)) ~ t(4), so a 5% check flags about 5% of fresh
+    triplets (a factor 1 instead of 4/3 would flag about 7.4%). Seeded; 4000 draws: 95% CI about +-0.7 points."""
+    rng = np.random.default_rng(34)
+    n, flagged = 4000, 0
+    for _ in range(n):
+        cal = Spread.of([float(np.mean(np.log(_ratios(_times(rng, 1.0))))) for _ in range(5)])
+        t = _times(rng, 1.3)
+        flagged += bool(baseline_outliers([baseline_disagreement(_speedup(t))], cal))
+    assert flagged / n == pytest.approx(0.05, abs=0.01)
+
+
+def _k1_run(a_factor: float) -> tuple[list[float], list[float], NoiseEvidence, Spread]:
+    """A quiet host, the candidate truly 1.3x faster; baseline launch A slowed as a whole by a_factor."""
+    rng = np.random.default_rng(5)
+    t = _times(rng, 1.0, sigma=0.01, tau=0.01)
+    t["C"] = [x / 1.3 for x in t["C"]]
+    t["A"] = [x * a_factor for x in t["A"]]
+    sp = _speedup(t)
+    d = [float(np.mean(np.log([w.ratio for w in sp.windows])))]
+    return [baseline_disagreement(sp)], d, NoiseEvidence((triplet_arm_spread(sp),), Spread(0.01, 50)), Spread(0.02, 4)
+
+
+def test_an_ab_launch_outlier_keeps_k1_from_deciding_and_is_named() -> None:
+    us, d, noise, cal = _k1_run(1.4)
+    flagged = baseline_outliers(us, cal)
+    assert [o.triplet for o in flagged] == [0] and flagged[0].z > 5
+    eff = baseline_effects(us, flagged, d, cal, None, noise)
+    assert len(eff) == 1 and eff[0].without is None and eff[0].disagreement == pytest.approx(math.exp(us[0]))
+    iv = verdict_interval(d, cal, None, noise)
+    assert not iv.covers_one  # the interval alone would decide
+    verdict, direction, words = decide(True, iv, baselines=eff, triplet_names=["1"])
+    assert (verdict, direction) == (NO_DIFFERENCE, None)
+    assert "baseline launches A and B of triplet 1 disagree" in words and "nothing to decide without it" in words
+    # the same run without the slow launch: nothing flagged, accepted
+    us, d, noise, cal = _k1_run(1.0)
+    assert baseline_outliers(us, cal) == []
+    assert decide(True, verdict_interval(d, cal, None, noise))[:2] == ("accepted", "faster")
+    # a calibration recorded before issue 34 (no step spread): not judged, as before
+    assert baseline_effects(us, flagged, d, cal, None, NoiseEvidence((None,), None)) == []
+
+
+def test_at_k2_a_flagged_ab_triplet_never_decides_alone() -> None:
+    cal = Spread(0.02, 4)
+    noise = NoiseEvidence((None, None), Spread(0.01, 50))
+    o = Outlier(1, None, 6.0, 1e-4, 4)
+    # the other triplet alone still decides faster: the decision stands
+    eff = baseline_effects([0.0, 0.3], [o], [0.30, 0.32], cal, None, noise)
+    assert eff[0].without is not None and eff[0].without.low > 1.0
+    iv = verdict_interval([0.30, 0.32], cal, None, noise)
+    assert decide(True, iv, baselines=eff)[:2] == ("accepted", "faster")
+    # it does not: taken back, naming the triplet and the interval without it
+    eff = baseline_effects([0.0, 0.3], [o], [0.04, 0.10], cal, None, noise)
+    iv = verdict_interval([0.04, 0.10], cal, None, noise)
+    assert not iv.covers_one and eff[0].without is not None and eff[0].without.covers_one
+    verdict, _, words = decide(True, iv, baselines=eff, triplet_names=["1", "2"])
+    assert verdict == NO_DIFFERENCE and "triplet 2" in words and "without that triplet" in words
+
+
+def test_interval_words_say_the_ab_check_and_the_variance_it_used() -> None:
+    us, d, noise, cal = _k1_run(1.4)
+    eff = baseline_effects(us, baseline_outliers(us, cal), d, cal, None, noise)
+    iv = verdict_interval(d, cal, None, noise)
+    doc = interval_doc(iv, headlines=[1.0], calibration_run="cal", window_spread=None, outlier_triplets=[],
+                       outlier_windows=[], triplet_index=[1], calibration=cal, baseline_check=(us, eff))
+    words = doc["words"]
+    assert "A/B launch check: triplet 1's A/B" in words and "at K = 1 nothing is left without it" in words
+    assert "calibrated between-launch SD 0.0200 x sqrt(4/3) (df 4" in words
+    assert doc["baseline_check"]["triplets"][0]["without"] is None
+    quiet = _k1_run(1.0)
+    doc = interval_doc(iv, headlines=[1.0], calibration_run="cal", window_spread=None, outlier_triplets=[],
+                       outlier_windows=[], triplet_index=[1], calibration=cal, baseline_check=(quiet[0], []))
+    assert "a slow candidate launch cannot be told from a slowdown at K = 1" in doc["words"]
