@@ -3,6 +3,9 @@
 # tree: the job runs from a copy in /tmp): the cold rehearsal of unmodified upstream R3 (the identical candidate must
 # be exact with every arm on the prime's tuned kernels), then r3-mini's CUDA candidate and null at K = 1.
 #   start: bash scripts/gpu_tuned_kernels.sh start     poll: bash scripts/gpu_tuned_kernels.sh wait SECONDS
+# The job lives only as long as the machine: a lent machine goes back after 30 s idle and takes the job with it, so
+# issue each `wait` call at once after the previous one returns (nothing else in between). Device time: the rehearsal
+# about 20 min, each of the two tools about 8 cold compiles of 2 min, each r3-mini launch about 5 min.
 # Needs beside the repository .up/ (git archive of sen-ye/R3 e9912ac: modeling train data scripts), .whl/ (upstream's
 # needs: docs/REFERENCE.md "Rehearse before you spend eight GPUs") and, for the issue's two cache tables, TOOLS (a
 # folder holding compile_cache_determinism.py and compile_cache_ranks.py; default .whl-tools): they run beside the
