@@ -28,6 +28,7 @@ from ledger.verdict.noise import (
     equivalent_df,
 )
 from ledger.verdict.sequential import SequentialRule
+from ledger.verdict.sequential_doc import replay
 from ledger.verdict.stats import (
     LEVEL,
     OUTLIER_ALPHA,
@@ -277,26 +278,36 @@ def baseline_check(lk: Looks, d: np.ndarray, u: np.ndarray, cal: np.ndarray, noi
     return Looks(lk.mean, lk.half, veto if lk.veto is None else veto | lk.veto)
 
 
-def sequential(d: np.ndarray, cal: np.ndarray | None,
-               noise: Noise | None = None) -> tuple[Looks, np.ndarray, np.ndarray]:
-    """SequentialRule(MAX_TRIPLETS) with optional stopping: the interval at each sequence's stop, triplets taken,
-    and why it stopped (0 decided, 1 precise, 2 maximum)."""
+def sequential(d: np.ndarray, cal: np.ndarray | None, noise: Noise | None = None,
+               u: np.ndarray | None = None) -> tuple[Looks, np.ndarray, np.ndarray]:
+    """SequentialRule(MAX_TRIPLETS) with optional stopping, as sequential_doc.look: the interval at each sequence's
+    stop, triplets taken, and why it stopped (0 decided, 1 precise, 2 maximum). With a calibration, the noise check
+    and u (each triplet's A/B contrast), the A/B launch check at every look: a decision that rests on a flagged
+    triplet does not stop; the rule adds a triplet, and at the maximum stops not decided (the returned veto)."""
     rule = SequentialRule(MAX_TRIPLETS)
     calib = Spread(1.0, CAL_TRIPLETS - 1) if cal is not None else None  # only its presence sets the looks
+    levels = {j: rule.nominal_level(j, calib) for j in range(1, MAX_TRIPLETS + 1)}
     n = d.shape[0]
     taken = np.zeros(n, dtype=int)
     why = np.full(n, -1)
-    mean, half = np.zeros(n), np.full(n, math.inf)
+    mean, half, veto = np.zeros(n), np.full(n, math.inf), np.zeros(n, bool)
     for k in range(1, MAX_TRIPLETS + 1):
-        lk = intervals(d[:, :k], cal, rule.nominal_level(k, calib), noise)
+        lk = intervals(d[:, :k], cal, levels[k], noise)
         live = taken == 0
         faster, slower = _judge(lk)
+        decided = faster | slower
+        held = np.zeros(n, bool)
+        if cal is not None and noise is not None and u is not None:
+            checked = baseline_check(lk, d, u, cal, noise, np.full(n, k), levels).veto
+            assert checked is not None
+            held = checked & decided
         bounded = np.isfinite(lk.half)
         precise = bounded & (np.expm1(lk.half) <= TARGET_HALF_WIDTH)
-        reason = np.where(faster | slower, 0, np.where(precise, 1, np.where(k == MAX_TRIPLETS, 2, -1)))
+        reason = np.where(decided & ~held, 0, np.where(precise & ~decided, 1, np.where(k == MAX_TRIPLETS, 2, -1)))
         stop = live & (reason >= 0)
         taken[stop], why[stop], mean[stop], half[stop] = k, reason[stop], lk.mean[stop], lk.half[stop]
-    return Looks(mean, half), taken, why
+        veto[stop] = held[stop]
+    return Looks(mean, half, veto), taken, why
 
 
 def cp(k: int, n: int) -> list[float]:
@@ -333,10 +344,11 @@ def _arms(times: np.ndarray) -> ArmSpread | None:
 def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndarray, cal_d: np.ndarray,
                looks: dict[str, tuple[Looks, np.ndarray]], m: int) -> dict[str, Any]:
     """Judge the first m sequences again with the module's own functions (windows.speedup, triplet_log_speedup,
-    noise.arm_spread, paired_interval, SequentialRule, decision.window_effects and decide); the largest
-    disagreement (log scale), and every decision must be the same."""
+    noise.arm_spread, paired_interval, sequential_doc.replay with the A/B launch check, decision.window_effects and
+    decide); the largest disagreement (log scale), and every decision and every stop must be the same."""
     worst = 0.0
-    flags = {"outlier_triplet_k3": 0, "outlier_window_k3": 0, "window_check_k1": 0, "ab_check_k1": 0}
+    flags = {"outlier_triplet_k3": 0, "outlier_window_k3": 0, "window_check_k1": 0, "ab_check_k1": 0,
+             "ab_held_look_seq": 0}
     for i in range(m):
         sps = []
         for t in range(MAX_TRIPLETS):
@@ -355,12 +367,11 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
             c = cal if "cal" in name else None
             ns = noise if "cal" in name and name != BEFORE else None
             k = int(taken[i])
-            if name.startswith("seq"):
+            if name.startswith("seq"):  # the audit's own replay of the looks, with the A/B launch check
                 rule = SequentialRule(MAX_TRIPLETS)
-                for j in range(1, MAX_TRIPLETS + 1):
-                    iv = rule.interval(list(d[i, :j]), c, ns)
-                    if rule.stop(iv) is not None:
-                        break
+                replayed = replay(rule, list(d[i]), c, ns, [baseline_disagreement(sp) for sp in sps])
+                j, iv = replayed[-1].triplets, replayed[-1].interval
+                flags["ab_held_look_seq"] += any(x.held is not None for x in replayed)
                 if j != k:
                     raise SystemExit(f"cross-check: sequence {i} rule {name} stopped at {j}, the simulation at {k}")
             else:
@@ -412,16 +423,14 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
         c = cal if "cal" in name else None
         ns = noise if c is not None and name != BEFORE else None
         if name.startswith("seq"):
-            lk, taken, why = sequential(d, c, ns)
+            lk, taken, why = sequential(d, c, ns, u)  # the A/B launch check inside each look (sequential_doc.look)
             if ns is not None and c is not None:  # a stop at look 1 is a one-triplet run: the window check applies
                 first = SequentialRule(MAX_TRIPLETS).nominal_level(1, Spread(1.0, CAL_TRIPLETS - 1))
                 checked = window_check(lk, np.log(ratios[:, 0]), c, cal_w, ns, first)
-                lk = Looks(lk.mean, lk.half, checked.veto & (taken == 1))  # type: ignore[operator]
+                lk = Looks(lk.mean, lk.half, (checked.veto & (taken == 1)) | lk.veto)  # type: ignore[operator]
             stops[name] = {w: int((why == i).sum()) for i, w in enumerate(("decided", "precise", "maximum"))}
-            if ns is not None and c is not None:
-                rule = SequentialRule(MAX_TRIPLETS)
-                levels = {j: rule.nominal_level(j, Spread(1.0, CAL_TRIPLETS - 1)) for j in range(1, MAX_TRIPLETS + 1)}
-                lk = baseline_check(lk, d, u, c, ns, taken, levels)
+            if lk.veto is not None:
+                stops[name]["maximum_held_by_ab_check"] = int((lk.veto & (why == 2)).sum())
         else:
             k = int(name[2])
             lk, taken = intervals(d[:, :k], c, LEVEL, ns), np.full(n, k)

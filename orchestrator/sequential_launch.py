@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ledger.cost.store import Ledger
 from ledger.verdict.calibration import calibration_step_spread, find_calibration
 from ledger.verdict.evidence import read_steps
-from ledger.verdict.noise import ArmSpread, NoiseEvidence, triplet_arm_spread
+from ledger.verdict.noise import ArmSpread, NoiseEvidence, baseline_disagreement, triplet_arm_spread
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.sequential_doc import Look, asked_record, calibration_spread, look, run_rule
 from ledger.verdict.stats import Spread, triplet_log_speedup
@@ -60,6 +60,7 @@ class SequentialState:
     calibration: Spread | None = None
     calibration_step: Spread | None = None  # the calibration's baseline step spread (the noise check, issue 34)
     arms: list[ArmSpread | None] = field(default_factory=list)  # each triplet's step contrasts
+    ab: list[float] = field(default_factory=list)  # each triplet's A/B contrast u (the A/B launch check, issue 34)
     calibration_words: str | None = None  # None until the first look looked the calibration up
     stop: str | None = None
     said: list[str] = field(default_factory=list)  # what the last look has to say, after its package's line
@@ -79,9 +80,9 @@ def begin(ctx: RunContext, until_decided: int | None, say: Callable[[str], None]
     say(f"sequential ({by}): triplets are added one at a time until the rule stops, at most {rule.max_triplets}")
 
 
-def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> tuple[float, ArmSpread | None]:
-    """d of one recorded triplet: the mean log of its window ratios, from its train packages' step lines; and its
-    arms' step contrasts (ledger/verdict/noise.py), as the audit reads them."""
+def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> tuple[float, ArmSpread | None, float]:
+    """d of one recorded triplet: the mean log of its window ratios, from its train packages' step lines; its arms'
+    step contrasts and its A/B contrast u (ledger/verdict/noise.py), as the audit reads them."""
     times: dict[str, list[float]] = {}
     for role, label in t.labels.items():
         rel = f"packages/train-{label}"
@@ -95,7 +96,7 @@ def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> tuple[float, ArmSpre
             raise FailedError(f"the sequential look cannot read {rel}: {problems[0]}")
         times[role] = step_times(steps, m.steps)
     sp = speedup(times, steps=m.steps, warmup=m.warmup, window=m.window, drift_bound=m.drift_bound)
-    return triplet_log_speedup([w.ratio for w in sp.windows]), triplet_arm_spread(sp)
+    return triplet_log_speedup([w.ratio for w in sp.windows]), triplet_arm_spread(sp), baseline_disagreement(sp)
 
 
 def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
@@ -119,19 +120,22 @@ def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
 
 
 def after_triplet(ctx: RunContext) -> Look | None:
-    """After the last planned triplet ended ok: its d, and the look (from the rule's first look on). The plan grows
-    by one triplet unless the rule stops; run.json records the look. Raises FailedError when it cannot look."""
+    """After the last planned triplet ended ok: its d, and the look (from the rule's first look on), with the audit's
+    own A/B launch check (sequential_doc.look). The plan grows by one triplet unless the rule stops; run.json records
+    the look. Raises FailedError when it cannot look."""
     state = ctx.sequential
     assert state is not None
     m = ctx.loaded.protocol.measurement
     k = state.planned
-    d, arms = triplet_d(ctx.run_dir, m, triplets(k, sequential=True)[k - 1])
+    d, arms, ab = triplet_d(ctx.run_dir, m, triplets(k, sequential=True)[k - 1])
     state.d.append(d)
     state.arms.append(arms)
+    state.ab.append(ab)
     if state.calibration_words is None:
         _find_calibration(ctx, state)
         state.said.append(f"sequential rule: {state.rule.words}; the looks' spread is {state.calibration_words}")
-    one = look(state.rule, state.d, state.calibration, NoiseEvidence(tuple(state.arms), state.calibration_step))
+    one = look(state.rule, state.d, state.calibration, NoiseEvidence(tuple(state.arms), state.calibration_step),
+               state.ab)
     if one is None:
         first = state.rule.first_look(state.calibration)
         state.said.append(f"triplet {k}: d = {state.d[-1]:+.4f} (speedup {math.exp(state.d[-1]):.4f}x); "

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ledger.verdict.noise import NoiseEvidence, as_noise, without_window
+from ledger.verdict.noise import NoiseEvidence, as_noise, baseline_outliers, without_window
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import Interval, Outlier, Spread, paired_interval, triplet_log_speedup
 from ledger.verdict.windows import Speedup, speedup
@@ -122,6 +122,28 @@ def baseline_effects(us: Sequence[float], flagged: Sequence[Outlier], d: Sequenc
     return out
 
 
+def deciding_baseline(iv: Interval, effects: Sequence[BaselineEffect]) -> BaselineEffect | None:
+    """The first flagged A/B triplet the interval's decision rests on (at K = 1 always; at K >= 2 when the same rule's
+    interval without it does not decide the same way), or None. The one test both the audit (decide) and a
+    sequential look (sequential_doc.look) apply, so that a launch never stops 'decided' where the audit refuses."""
+    direction = _call(iv)
+    if direction is None:
+        return None
+    return next((b for b in effects if b.without is None or _call(b.without) != direction), None)
+
+
+def ab_check(iv: Interval, us: Sequence[float], d: Sequence[float], calibration: Spread | None,
+             rule: SequentialRule | None, noise: NoiseEvidence | None) -> BaselineEffect | None:
+    """The A/B launch check of the first len(d) triplets (us: each triplet's baseline_disagreement, at least len(d)
+    of them): the flagged triplet the decision of iv rests on, or None."""
+    k = len(d)
+    if len(us) < k:
+        raise ValueError(f"the A/B launch check needs each triplet's A/B contrast: {len(us)} for {k} triplets")
+    head = list(us[:k])
+    return deciding_baseline(iv, baseline_effects(head, baseline_outliers(head, calibration), d, calibration, rule,
+                                                  noise))
+
+
 def _fmt(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.4f}"
 
@@ -165,20 +187,20 @@ def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequen
             return NO_DIFFERENCE, None, (
                 f"the {span} excludes 1 only with triplet {name}, an outlier (z = {eff.outlier.z:.2f}): without it "
                 f"the interval is [{_fmt(eff.without.low)}, {_fmt(eff.without.high)}]; one triplet does not decide")
-    for b in baselines:
-        if b.without is None or _call(b.without) != direction:
-            i = b.outlier.triplet
-            name = triplet_names[i] if triplet_names is not None else str(i + 1)
-            what = (f"the baseline launches A and B of triplet {name} disagree beyond the calibrated between-launch "
-                    f"spread (A/B = {b.disagreement:.4f}, z = {b.outlier.z:.2f}, p = {b.outlier.p_value:.2g}): one "
-                    "of them is likely a whole-launch outlier, which moves the speedup by half its size")
-            if b.without is None:
-                return NO_DIFFERENCE, None, (
-                    f"the {span} excludes 1, but {what}; one triplet has nothing to decide without it: re-run, or "
-                    "set measurement.repeats >= 2")
+    b = deciding_baseline(iv, baselines)
+    if b is not None:
+        i = b.outlier.triplet
+        name = triplet_names[i] if triplet_names is not None else str(i + 1)
+        what = (f"the baseline launches A and B of triplet {name} disagree beyond the calibrated between-launch "
+                f"spread (A/B = {b.disagreement:.4f}, z = {b.outlier.z:.2f}, p = {b.outlier.p_value:.2g}): one "
+                "of them is likely a whole-launch outlier, which moves the speedup by half its size")
+        if b.without is None:
             return NO_DIFFERENCE, None, (
-                f"the {span} excludes 1, but {what}; without that triplet the interval is "
-                f"[{_fmt(b.without.low)}, {_fmt(b.without.high)}]; one triplet does not decide")
+                f"the {span} excludes 1, but {what}; one triplet has nothing to decide without it: re-run, or "
+                "set measurement.repeats >= 2")
+        return NO_DIFFERENCE, None, (
+            f"the {span} excludes 1, but {what}; without that triplet the interval is "
+            f"[{_fmt(b.without.low)}, {_fmt(b.without.high)}]; one triplet does not decide")
     for w in windows:
         est, low, high = w.without
         if not (low > 1.0 if direction == "faster" else high < 1.0):

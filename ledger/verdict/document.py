@@ -298,7 +298,7 @@ def compute_audit(
     cost = _cost_doc(ev)
     seq = None if rule is None else sequential_doc(
         rule, ev.run.sequential.asked if ev.run.sequential is not None else "protocol", d, cal_spread,
-        cost["gpu_seconds"], ev.run.sequential, cost["wall_s"], noise)
+        cost["gpu_seconds"], ev.run.sequential, cost["wall_s"], noise, us)
     stopping = None if seq is None or seq["integrity"]["ok"] else seq["integrity"]["words"]
     verdict, direction, sentence = decide(ex.exact, iv, busy, flagged, [str(t.index) for t in trips], stopping,
                                           win_eff, [w.name for w in sp.windows], ab_eff)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ledger.verdict.decision import BaselineEffect, ab_check
 from ledger.verdict.noise import NoiseEvidence
 from ledger.verdict.sequential import METHOD, SequentialRule
 from ledger.verdict.stats import LEVEL, Interval, Spread
@@ -81,6 +82,7 @@ class Look:
     triplets: int
     interval: Interval
     stop: str | None  # decided | precise | maximum | None (add a triplet)
+    held: BaselineEffect | None = None  # the interval excludes 1 only with this flagged A/B triplet: not decided
 
     @property
     def record(self) -> SequentialLook:
@@ -98,7 +100,14 @@ class Look:
         else:
             span = (f"{iv.level:.0%} repeated interval [{iv.low:.4f}, {iv.high:.4f}] (nominal {iv.nominal_level:.2%} "
                     f"at this look, df {iv.df:.4g}, {iv.variance_source} spread, half-width {iv.half_width:.1%})")
-        if self.stop == "decided":
+        if self.held is not None:
+            h = self.held
+            rests = (f"excludes 1, but the baseline launches A and B of triplet {h.outlier.triplet + 1} disagree "
+                     f"beyond the calibrated between-launch spread (A/B = {h.disagreement:.4f}, z = {h.outlier.z:.2f})"
+                     " and the decision rests on it")
+            why = (f"{rests}: stop at the maximum of {max_triplets} triplets, not decided" if self.stop == "maximum"
+                   else f"{rests}: not decided, add triplet {self.triplets + 1} of at most {max_triplets}")
+        elif self.stop == "decided":
             why = f"excludes 1: stop, decided {'faster' if iv.low > 1.0 else 'slower'}"
         elif self.stop == "precise":
             why = "covers 1 and is precise enough: stop, no difference shown at this precision"
@@ -110,21 +119,33 @@ class Look:
 
 
 def look(rule: SequentialRule, d: Sequence[float], calibration: Spread | None,
-         noise: NoiseEvidence | None = None) -> Look | None:
-    """The look after len(d) triplets, or None before the rule's first look."""
+         noise: NoiseEvidence | None = None, ab: Sequence[float] | None = None) -> Look | None:
+    """The look after len(d) triplets, or None before the rule's first look. ab: each triplet's A/B contrast
+    (noise.baseline_disagreement), for the A/B launch check, which applies with a calibration that records the step
+    spread (noise.calibration_step; decision.baseline_effects): an interval that excludes 1 only with a flagged
+    triplet (decision.deciding_baseline, the audit's own test) does not stop as decided; the rule adds a triplet, and
+    at the maximum stops there ('maximum': the audit will say not decided)."""
     k = len(d)
     if k < rule.first_look(calibration):
         return None
     iv = rule.interval(d, calibration, noise)
-    return Look(k, iv, rule.stop(iv))
+    stop = rule.stop(iv)
+    if stop != "decided" or calibration is None or noise is None or noise.calibration_step is None:
+        return Look(k, iv, stop)
+    if ab is None:
+        raise ValueError("a look with a calibration that records the step spread needs each triplet's A/B contrast")
+    held = ab_check(iv, ab, d, calibration, rule, noise)
+    if held is None:
+        return Look(k, iv, stop)
+    return Look(k, iv, "maximum" if k >= rule.max_triplets else None, held)
 
 
 def replay(rule: SequentialRule, d: Sequence[float], calibration: Spread | None,
-           noise: NoiseEvidence | None = None) -> list[Look]:
+           noise: NoiseEvidence | None = None, ab: Sequence[float] | None = None) -> list[Look]:
     """The looks the rule takes over the recorded d in order, up to the first that stops (or the last triplet)."""
     looks: list[Look] = []
     for k in range(1, len(d) + 1):
-        one = look(rule, d[:k], calibration, noise)
+        one = look(rule, d[:k], calibration, noise, ab)
         if one is not None:
             looks.append(one)
             if one.stop is not None:
@@ -167,6 +188,7 @@ def sequential_doc(
     rule: SequentialRule, asked: str, d: Sequence[float], calibration: Spread | None,
     gpu_seconds: Mapping[str, float], recorded: SequentialRecord | None = None,
     wall_s: Mapping[str, float] | None = None, noise: NoiseEvidence | None = None,
+    ab: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """The audit's "sequential" block: the rule in words, each look replayed from the triplets' d (in launch order),
     the triplets taken, why the run stopped, the GPU-seconds of the decision, and the integrity check
@@ -174,7 +196,7 @@ def sequential_doc(
     replay; the audit must not accept it). gpu_seconds, wall_s: package name -> GPU-seconds, seconds (the ledger's
     close records; a CPU protocol's GPU-seconds are 0, its wall seconds say what the decision took)."""
     taken = len(d)
-    looks = replay(rule, d, calibration, noise)
+    looks = replay(rule, d, calibration, noise, ab)
     ok, words = integrity(rule, taken, looks, rule.first_look(calibration))
     problems = [] if ok else [words]
     if recorded is not None:
