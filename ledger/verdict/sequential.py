@@ -7,8 +7,10 @@ Guarantee: for normal per-triplet log speedups with known variance, the interval
 speedup simultaneously with probability >= level, so a decision taken at whatever look the data make it errs with
 probability <= 1 - level (stopping for precision or at the maximum only lowers it). The variance is estimated
 (calibration pooled with the run), so each look's normal boundary is turned into a Student t multiplier of the same
-nominal level at that look's df (the significance-level approach); bench/bench_verdict.py checks the error rate by
-simulation under optional stopping.
+nominal level at that look's df (the significance-level approach). Without a calibration each look's spread is the
+run's own (df 1 at the first look) and that approach errs above alpha (about 6 %): the boundaries then come from the
+looks' exact joint law under normal d, in which the t statistics are pivots (t_alphas). bench/bench_verdict.py
+checks the error rate by simulation under optional stopping.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ from functools import lru_cache
 import numpy as np
 from scipy import optimize
 from scipy import stats as sps
+from scipy.stats import qmc
 
 from ledger.verdict.noise import NoiseEvidence
 from ledger.verdict.stats import LEVEL, TARGET_HALF_WIDTH, Interval, Spread, paired_interval
 
 METHOD = (
     "group-sequential repeated confidence intervals (Jennison & Turnbull), Lan-DeMets alpha spending of Pocock "
-    "type alpha*ln(1+(e-1)k/K_max), each look's boundary as a Student t multiplier at the look's df; simultaneous "
-    "coverage over all looks, so the decision's error rate holds under the optional stop"
+    "type alpha*ln(1+(e-1)k/K_max), each look's boundary as a Student t multiplier at the look's df (without a "
+    "calibration, boundaries that spend alpha under the looks' joint Student t law); simultaneous coverage over all "
+    "looks, so the decision's error rate holds under the optional stop"
 )
 _NODES = 1201  # Simpson nodes over the continuation region (boundaries agree with published tables to 1e-3)
 
@@ -79,6 +83,50 @@ def nominal_alphas(first: int, last: int, alpha: float) -> tuple[float, ...]:
     return tuple(out)
 
 
+_T_PATHS = 17  # 2^17 scrambled Sobol points: the t boundaries' crossing probabilities to about 1e-4
+_T_SEED = 34  # the scrambling's seed: fixed, so that the launch and every later audit compute the same boundaries
+
+
+@lru_cache(maxsize=32)
+def t_alphas(first: int, last: int, alpha: float) -> tuple[float, ...]:
+    """Two-sided nominal significance level of each look k = first..last (first >= 2) when each look's spread is the
+    run's own (Student t at df k - 1): the boundaries c_k on |T_k|, T_k = sqrt(k) mean_k / s_k, such that iid normal
+    d crosses by look k with probability pocock_spending(k / last), the looks' joint law included (T_k is a pivot:
+    the joint law of T_first..T_last has no unknown parameter). The first look's c is the t law's own quantile; each
+    later c_k is the order statistic of |T_k|, among the paths not yet crossed, that spends the look's increment,
+    over the paths of iid standard normal increments at the points of a scrambled Sobol sequence of fixed seed
+    (deterministic; scipy.stats.qmc). Nominal alpha_k = P(|t_{k-1}| > c_k). The known-variance recursion
+    (nominal_alphas) credits the looks a correlation their own spreads do not have (at df 1 the first look crosses
+    mostly on a small s, independently of the later looks): DESIGN.md section 5."""
+    if not 2 <= first <= last:
+        raise ValueError(f"t looks must satisfy 2 <= first <= last, got {first}, {last}")
+    z = sps.norm.ppf(qmc.Sobol(d=last, scramble=True, seed=_T_SEED).random_base2(_T_PATHS))
+    n = z.shape[0]
+    total, squares = np.cumsum(z, axis=1), np.cumsum(z * z, axis=1)
+    alive = np.ones(n, dtype=bool)
+    spent, out = 0, []
+    for k in range(first, last + 1):
+        mean = total[:, k - 1] / k
+        sd = np.sqrt(np.maximum(squares[:, k - 1] - k * mean * mean, 0.0) / (k - 1))
+        with np.errstate(divide="ignore"):
+            t = np.abs(mean) * math.sqrt(k) / sd
+        cross = round(pocock_spending(k / last, alpha) * n) - spent  # paths to cross at look k
+        live = np.sort(t[alive])[::-1]
+        if k == first:  # nothing crossed before: the t law itself
+            c = float(sps.t.isf(pocock_spending(k / last, alpha) / 2.0, k - 1))
+        elif cross <= 0:
+            c = float(live[0]) if live.size else math.inf
+        elif cross >= live.size:
+            c = 0.0
+        else:
+            c = float((live[cross - 1] + live[cross]) / 2.0)
+        crossed = alive & (t > c)
+        spent += int(crossed.sum())
+        alive &= ~crossed
+        out.append(float(2.0 * sps.t.sf(c, k - 1)))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class SequentialRule:
     """Add triplets until decided, precise or at the maximum."""
@@ -92,10 +140,18 @@ class SequentialRule:
         return 1 if calibration is not None and calibration.df > 0 else min(2, self.max_triplets)
 
     def nominal_level(self, k: int, calibration: Spread | None) -> float:
+        """The nominal level of look k. With a usable calibration, the group-sequential boundary (nominal_alphas:
+        the looks' correlation sqrt(j / k) credited, t multipliers at each look's df of at least the calibration's).
+        Without one, each look's spread is the run's own (df k - 1, 1 at the first look) and a crossing there is
+        driven by that spread as much as by the mean, so the correlation the recursion credits is not there: the
+        boundaries come from the looks' exact joint law under normal d (t_alphas; DESIGN.md section 5)."""
         first = self.first_look(calibration)
         if k < first:
             return self.level
-        looks = nominal_alphas(first, self.max_triplets, round(1.0 - self.level, 12))
+        alpha = round(1.0 - self.level, 12)
+        calibrated = calibration is not None and calibration.df > 0
+        looks = nominal_alphas(first, self.max_triplets, alpha) if calibrated or first < 2 else t_alphas(
+            first, self.max_triplets, alpha)
         return 1.0 - looks[min(k, self.max_triplets) - first]
 
     def interval(self, d: Sequence[float], calibration: Spread | None,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from ledger.verdict.sequential import METHOD, SequentialRule, nominal_alphas, pocock_spending
+from ledger.verdict.sequential import METHOD, SequentialRule, nominal_alphas, pocock_spending, t_alphas
 from ledger.verdict.stats import Spread, paired_interval, t_critical
 
 # Lan-DeMets spending of Pocock type, K = 5 equally spaced looks, two-sided alpha 0.05: the published boundaries
@@ -54,6 +54,42 @@ def test_a_random_walk_crosses_the_boundaries_as_often_as_spent(first: int, last
     assert naive[-1] > spent[-1] + 10 * tol[-1]
 
 
+def _t_walks(rng: np.random.Generator, n: int, first: int, last: int) -> np.ndarray:
+    """|T_k| = sqrt(k) |mean| / s of the first k of iid normal d, k = first..last: [walk, look]."""
+    z = rng.normal(size=(n, last))
+    k = np.arange(first, last + 1)
+    mean = np.cumsum(z, axis=1)[:, first - 1:] / k
+    var = (np.cumsum(z * z, axis=1)[:, first - 1:] - k * mean**2) / (k - 1)
+    return np.abs(mean) * np.sqrt(k) / np.sqrt(var)
+
+
+@pytest.mark.parametrize(("first", "last"), [(2, 6), (2, 4), (2, 10)])
+def test_without_a_calibration_t_looks_cross_as_often_as_spent(first: int, last: int) -> None:
+    """200,000 null runs judged by each look's own t (df k - 1), drawn by numpy, not by the Sobol points the
+    boundaries came from: the cumulative crossing rate at each look is the spending there. The same runs judged
+    at the known-variance nominal levels (nominal_alphas, the rule before issue 34's second goal) cross above alpha:
+    the correlation that recursion credits the looks is not there when the first look has df 1."""
+    rng = np.random.default_rng(100 + last)
+    n = 200_000
+    t = _t_walks(rng, n, first, last)
+    looks = np.arange(first, last + 1)
+    spent = np.array([pocock_spending(k / last, 0.05) for k in looks])
+    tol = 4.0 * np.sqrt(spent * (1 - spent) / n)
+    exact = np.array([sps.t.isf(a / 2.0, k - 1) for a, k in zip(t_alphas(first, last, 0.05), looks, strict=True)])
+    crossed = np.cumsum(t > exact, axis=1) > 0
+    assert np.all(np.abs(crossed.mean(axis=0) - spent) <= tol), (crossed.mean(axis=0), spent)
+    old = np.array([sps.t.isf(a / 2.0, k - 1) for a, k in zip(nominal_alphas(first, last, 0.05), looks,
+                                                                  strict=True)])
+    before = (np.cumsum(t > old, axis=1) > 0).mean(axis=0)
+    assert before[-1] > 0.05 + tol[-1], before
+
+
+def test_t_alphas_refuses_looks_without_a_spread() -> None:
+    for first, last in ((1, 3), (4, 3)):
+        with pytest.raises(ValueError, match=r"^t looks must satisfy 2 <= first <= last"):
+            t_alphas(first, last, 0.05)
+
+
 def test_nominal_alphas_refuses_impossible_looks() -> None:
     for first, last in ((0, 3), (4, 3), (-1, 1)):
         with pytest.raises(ValueError, match=r"^looks must satisfy 1 <= first <= last"):
@@ -67,10 +103,13 @@ def test_the_first_look_and_the_nominal_level_of_each_look() -> None:
     assert SequentialRule(max_triplets=1).first_look(None) == 1
     with_cal = [rule.nominal_level(k, cal) for k in range(1, 7)]
     assert with_cal == pytest.approx([1 - a for a in nominal_alphas(1, 6, 0.05)], rel=1e-12)
-    # without a calibration the first triplet is unbounded and keeps the stated level; looks 2..6 spend alpha
+    # without a calibration the first triplet is unbounded and keeps the stated level; looks 2..6 spend alpha under
+    # the looks' joint t law (t_alphas), the first of them exactly its spending
     assert rule.nominal_level(1, None) == 0.95
     assert [rule.nominal_level(k, None) for k in range(2, 7)] == pytest.approx(
-        [1 - a for a in nominal_alphas(2, 6, 0.05)], rel=1e-12)
+        [1 - a for a in t_alphas(2, 6, 0.05)], rel=1e-12)
+    assert rule.nominal_level(2, None) == pytest.approx(1 - pocock_spending(2 / 6, 0.05), rel=1e-12)
+    assert rule.nominal_level(2, Spread(0.1, 0)) == rule.nominal_level(2, None)
     # every look is stricter than the fixed design, and a look past the maximum uses the last boundary
     assert all(lv > 0.95 for lv in with_cal)
     assert rule.nominal_level(9, cal) == with_cal[-1]
