@@ -50,9 +50,10 @@ triton.__version__, 'transformers', transformers.__version__)"
   python3 -m orchestrator.cli audit "$RUN" --home "$H" > "$W/rehearsal_audit.txt" 2>&1; echo "audit exit $?"
   python3 -m orchestrator.cli publish "$RUN" --to "$W/rehearsal.json" --home "$H"; echo "publish exit $?"
   cp "$H/runs/$RUN/run.json" "$W/rehearsal_run.json" 2>/dev/null
-  # the run's record (run folder and ledger, no scratch, no generated inputs): audited again here at a later commit
-  tar -czf "$W/rehearsal_home.tgz" --exclude='*/sealed/*' --exclude='*cache*' --exclude='*/scratch/*' -C "$H" runs ledger \
-    2>/dev/null; ls -l "$W/rehearsal_home.tgz"
+  # the run's record (its run folder, sealed arms included, and the ledger; no scratch, no generated inputs): `orch
+  # audit RUN --home DIR` of the unpacked copy recomputes the audit at a later commit (the audit re-hashes the sealed
+  # arms, so they must come along); the device returns files up to 16 MiB
+  tar -czf "$W/rehearsal_home.tgz" -C "$H" runs ledger 2>/dev/null; ls -l "$W/rehearsal_home.tgz"
   wait  # the tools, if still running (orch's lock would wait for them anyway)
   echo "rehearsal done"
   for p in r3_mini_cuda1 r3_mini_cuda1_null; do
