@@ -70,7 +70,9 @@ wait)
   end=$(( $(date +%s) + ${2:-500} ))
   while [ "$(date +%s)" -lt "$end" ] && ! grep -q "${3:-all done}" "$W/job.log" 2>/dev/null; do sleep 10; done
   cat "$W/job.log"; tail -n 3 "$W/rehearse.err" 2>/dev/null; tail -n 2 "$W"/tools/*.log 2>/dev/null
-  ( cd "$W" && tar -czf "${OUT:-/tmp}/bundle.tgz" --exclude=orch --exclude=home --exclude='home-*' . ) 2>/dev/null
-  ls -l "${OUT:-/tmp}/bundle.tgz"
+  ( cd "$W" && tar -czf "${OUT:-/tmp}/bundle.tgz" --exclude=orch --exclude=home --exclude='home-*' \
+      --exclude=rehearsal_home.tgz . ) 2>/dev/null
+  [ -f "$W/rehearsal_home.tgz" ] && cp "$W/rehearsal_home.tgz" "${OUT:-/tmp}/"
+  ls -l "${OUT:-/tmp}"/*.tgz
   ;;
 esac
