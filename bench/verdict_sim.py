@@ -18,7 +18,7 @@ from scipy import stats as sps
 
 from ledger.verdict.decision import baseline_effects, decide, verdict_interval, window_effects
 from ledger.verdict.noise import (
-    ABReference,
+    AB_FACTOR,
     ArmSpread,
     NoiseEvidence,
     arm_spread,
@@ -108,13 +108,9 @@ SCENARIOS = (
     Scenario("10% slowdown, quiet host", 1 / 1.10, QUIET),
     Scenario("25% slowdown, quiet host", 0.8, QUIET),
 )
-RULES = ("K=1 + cal", "K=2", "K=2 + cal", "K=3", "K=3 + cal", "seq<=6 + cal", "seq<=6", "K=1 + cal, issue 26",
-         "K=1 + cal, A/B vs SD of d")
+RULES = ("K=1 + cal", "K=2", "K=2 + cal", "K=3", "K=3 + cal", "seq<=6 + cal", "seq<=6", "K=1 + cal, issue 26")
 # the rules as issue 26 left them (the calibration unscaled, no window check): K = 1 only, for before/after
 BEFORE = "K=1 + cal, issue 26"
-# K = 1 + cal with a calibration that records no A/B disagreements (recorded before them): the A/B launch check's
-# older reference s_cal sqrt(4/3), which the audit still applies to such calibrations
-OLD_AB = "K=1 + cal, A/B vs SD of d"
 
 
 
@@ -128,13 +124,11 @@ def _orders() -> np.ndarray:
 
 
 def step_times(rng: np.random.Generator, n: int, k: int, ratio: float, host: HostModel,
-               base: np.ndarray, one_triplet_launches: bool = False) -> np.ndarray:
-    """Step times [sequence, triplet, role A/C/B, step] of n sequences of k triplets. one_triplet_launches: k
-    separate launches of one triplet each (a calibration's A/A launches), every one launched A C B."""
+               base: np.ndarray) -> np.ndarray:
+    """Step times [sequence, triplet, role A/C/B, step] of n sequences of k triplets."""
     noise = np.array([1.0, host.candidate_noise, 1.0])[None, None, :]
     launch = rng.normal(0.0, host.launch_sd, size=(n, k, 3)) * noise
-    orders = np.repeat(_orders()[:1], k, axis=0) if one_triplet_launches else _orders()[:k]
-    drift = rng.normal(host.drift_mean, host.drift_sd, size=(n, k, 1)) * orders[None, :, :]
+    drift = rng.normal(host.drift_mean, host.drift_sd, size=(n, k, 1)) * _orders()[None, :k, :]
     log_t = (launch + drift)[..., None] + rng.normal(0.0, host.step_sd, size=(n, k, 3, STEPS)) * noise[..., None]
     times = base[:, None, None, :] * np.exp(log_t)
     times[:, :, 1, :] /= ratio
@@ -167,13 +161,11 @@ def contrasts(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class Noise:
-    """The noise check's inputs per sequence: the run's contrasts, the calibration's baseline step variance and its
-    A/A launches' A/B disagreements (the A/B launch check's reference)."""
+    """The noise check's inputs per sequence: the run's contrasts and the calibration's baseline step variance."""
 
     ss_y: np.ndarray  # [n, k]
     ss_v: np.ndarray
     cal_var: np.ndarray  # [n] sigma^2 of the A/A steps (df CAL_STEP_DF)
-    cal_u: np.ndarray | None = None  # [n, CAL_TRIPLETS] u of each A/A launch; None: the older rule (s_cal sqrt(4/3))
 
     def scale(self, k: int) -> tuple[np.ndarray, int, int]:
         """(R, d1, d2) after the first k triplets."""
@@ -260,26 +252,14 @@ def window_check(lk: Looks, logr: np.ndarray, cal: np.ndarray, cal_w: np.ndarray
     return Looks(lk.mean, lk.half, veto)
 
 
-def ab_p_values(u: np.ndarray, cal: np.ndarray, noise: Noise) -> np.ndarray:
-    """Two-sided p of each triplet's u [n, k] (noise.baseline_outliers): against the calibration's A/A launches' u
-    (prediction interval: z = (oriented u - mean) / (s sqrt(1 + 1/n)), t with n - 1 df), or without them the older
-    rule z = u / (s_cal sqrt(4/3)), t with the calibration's df."""
-    if noise.cal_u is None:
-        return np.asarray(2.0 * sps.t.sf(np.abs(u) / (cal[:, None] * math.sqrt(4.0 / 3.0)), CAL_TRIPLETS - 1))
-    sign = np.array([1.0 if t.order[0] == t.a else -1.0 for t in triplets(u.shape[1], sequential=True)])
-    n = noise.cal_u.shape[1]
-    m, s = noise.cal_u.mean(1, keepdims=True), noise.cal_u.std(1, ddof=1, keepdims=True)
-    return np.asarray(2.0 * sps.t.sf(np.abs(u * sign - m) / (s * math.sqrt(1.0 + 1.0 / n)), n - 1))
-
-
 def baseline_check(lk: Looks, d: np.ndarray, u: np.ndarray, cal: np.ndarray, noise: Noise, taken: np.ndarray,
                    nominal: dict[int, float]) -> Looks:
-    """A triplet whose A/B disagreement u stands apart from the calibration's (ab_p_values, Bonferroni over the run's
-    triplets: noise.baseline_outliers) takes the decision back unless the same rule's interval without it decides the
-    same way (decision.baseline_effects); at K = 1 nothing is left, so it always does. taken: each sequence's
-    triplets; nominal[k]: the level of look k."""
+    """A triplet whose A/B disagreement u stands apart from the calibrated between-launch spread (z = u / (s_cal
+    sqrt(4/3)), t with the calibration's df, Bonferroni over the run's triplets: noise.baseline_outliers) takes the
+    decision back unless the same rule's interval without it decides the same way (decision.baseline_effects); at
+    K = 1 nothing is left, so it always does. taken: each sequence's triplets; nominal[k]: the level of look k."""
     faster, slower = _judge(lk)
-    p = ab_p_values(u, cal, noise)
+    p = 2.0 * sps.t.sf(np.abs(u) / (cal[:, None] * math.sqrt(AB_FACTOR)), CAL_TRIPLETS - 1)
     veto = np.zeros(lk.mean.shape, bool)
     for k in np.unique(taken):
         k = int(k)
@@ -291,7 +271,7 @@ def baseline_check(lk: Looks, d: np.ndarray, u: np.ndarray, cal: np.ndarray, noi
                 veto |= hit
                 continue
             keep = [j for j in range(d.shape[1]) if j != i]
-            rest = Noise(noise.ss_y[:, keep], noise.ss_v[:, keep], noise.cal_var, noise.cal_u)
+            rest = Noise(noise.ss_y[:, keep], noise.ss_v[:, keep], noise.cal_var)
             w = intervals(d[:, keep][:, :k - 1], cal, nominal[k - 1], rest)
             holds = np.where(faster, w.mean - w.half > 0.0, w.mean + w.half < 0.0)
             veto |= hit & ~holds
@@ -362,7 +342,7 @@ def _arms(times: np.ndarray) -> ArmSpread | None:
 
 
 def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndarray, cal_d: np.ndarray,
-               looks: dict[str, tuple[Looks, np.ndarray]], m: int, with_u: bool = True) -> dict[str, Any]:
+               looks: dict[str, tuple[Looks, np.ndarray]], m: int) -> dict[str, Any]:
     """Judge the first m sequences again with the module's own functions (windows.speedup, triplet_log_speedup,
     noise.arm_spread, paired_interval, sequential_doc.replay with the A/B launch check, decision.window_effects and
     decide); the largest disagreement (log scale), and every decision and every stop must be the same."""
@@ -382,15 +362,10 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
         aa_arms = [_arms(aa[i, t]) for t in range(CAL_TRIPLETS)]
         cal_step = pooled(*(a.aa_step for a in aa_arms if a is not None))
         cal_w = window_spread([list(np.exp(np.log(window_ratios(aa[i:i + 1]))[0, t])) for t in range(CAL_TRIPLETS)])
-        aa_sps = [speedup({r: list(aa[i, t, j]) for j, r in enumerate("ACB")}, steps=STEPS, warmup=WARMUP,
-                          window=WINDOW, drift_bound=0.02) for t in range(CAL_TRIPLETS)]
-        cal_ab = ABReference.of([baseline_disagreement(sp) for sp in aa_sps]) if with_u else None
-        noise = NoiseEvidence(tuple(_arms(times[i, t]) for t in range(MAX_TRIPLETS)), cal_step, cal_ab)
+        noise = NoiseEvidence(tuple(_arms(times[i, t]) for t in range(MAX_TRIPLETS)), cal_step)
         for name, (lk, taken) in looks.items():
             c = cal if "cal" in name else None
             ns = noise if "cal" in name and name != BEFORE else None
-            if name == OLD_AB:
-                ns = NoiseEvidence(noise.triplets, cal_step)
             k = int(taken[i])
             if name.startswith("seq"):  # the audit's own replay of the looks, with the A/B launch check
                 rule = SequentialRule(MAX_TRIPLETS)
@@ -409,7 +384,7 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
                 r1 = [list(ratios[i, 0])]
                 eff = window_effects(r1, outlier_windows(r1, cal_w), iv, c, cal_w) if k == 1 else []
                 us = [baseline_disagreement(sp) for sp in sps[:k]]
-                ab = baseline_effects(us, baseline_outliers(us, c, reference=ns.ab_reference), list(d[i, :k]), c,
+                ab = baseline_effects(us, baseline_outliers(us, c), list(d[i, :k]), c,
                                       SequentialRule(MAX_TRIPLETS) if name.startswith("seq") else None, ns)
                 verdict, _, _ = decide(True, iv, windows=eff, baselines=ab)
                 faster, slower = _judge(lk)
@@ -432,7 +407,7 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
     ratios = window_ratios(times)
     d = np.log(ratios).mean(axis=-1)
     aa_host = replace(scenario.host, candidate_noise=1.0, candidate_burst=1.0)  # A/A: the candidate arm is the baseline
-    aa = step_times(rng, n, CAL_TRIPLETS, 1.0, aa_host, base, one_triplet_launches=True)
+    aa = step_times(rng, n, CAL_TRIPLETS, 1.0, aa_host, base)
     aa_logr = np.log(window_ratios(aa))
     cal_d = aa_logr.mean(axis=-1)
     cal = cal_d.std(axis=1, ddof=1)
@@ -440,8 +415,7 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
     aa_y, aa_v = contrasts(aa)
     m = len(MEASURED) - 1
     run_y, run_v = contrasts(times)
-    noise = Noise(run_y, run_v, (aa_y.sum(1) / 1.5 + aa_v.sum(1) / 2.0) / (CAL_TRIPLETS * 2 * m),
-                  ab_disagreement(aa))
+    noise = Noise(run_y, run_v, (aa_y.sum(1) / 1.5 + aa_v.sum(1) / 2.0) / (CAL_TRIPLETS * 2 * m))
     u = ab_disagreement(times)
     looks: dict[str, tuple[Looks, np.ndarray]] = {}
     stops: dict[str, dict[str, int]] = {}
@@ -463,8 +437,7 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
             if k == 1 and c is not None and ns is not None:
                 lk = window_check(lk, np.log(ratios[:, 0]), c, cal_w, ns)
             if c is not None and ns is not None:
-                ab_ref = replace(ns, cal_u=None) if name == OLD_AB else ns
-                lk = baseline_check(lk, d, u, c, ab_ref, taken, dict.fromkeys(range(1, k + 1), LEVEL))
+                lk = baseline_check(lk, d, u, c, ns, taken, dict.fromkeys(range(1, k + 1), LEVEL))
         looks[name] = (lk, taken)
     rules = {name: rule_figures(lk, taken, scenario.ratio, CAL_TRIPLETS if "cal" in name else 0)
              for name, (lk, taken) in looks.items()}

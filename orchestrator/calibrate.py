@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from ledger.cost.store import Ledger
 from ledger.verdict.calibration import CALIBRATION_FILE, Calibration, fingerprint
-from ledger.verdict.noise import aa_disagreement, aa_step_spread
+from ledger.verdict.noise import aa_step_spread
 from ledger.verdict.stats import Spread, paired_interval, pooled, triplets_needed
 from orchestrator.launch import LaunchResult, launch
 from protocol.errors import FailedError, UsageError
@@ -74,7 +74,6 @@ def calibrate(
     headlines: list[float] = []
     windows: list[Spread] = []
     steps: list[Spread] = []  # the baseline's within-launch step spread, each launch's (issue 34)
-    ab: list[float] = []  # each launch's A/B disagreement u (the A/B launch check's reference, issue 34)
     for i in range(1, k + 1):
         say(f"A/A launch {i} of {k}")
         result = launch(protocol_path, home_dir, say=say, lock_timeout=lock_timeout, lock_dir=lock_dir, loaded=aa,
@@ -97,9 +96,6 @@ def calibrate(
         step = aa_step_spread(audit.get("speedup") or {})
         if step is not None:
             steps.append(step)
-        u = aa_disagreement(audit.get("speedup") or {})
-        if u is not None:
-            ab.append(u)
     result = results[-1]
     spread = Spread.of(d)
     if spread is None:  # k >= 2 launches, each one d
@@ -120,7 +116,6 @@ def calibrate(
         headlines=headlines, log_speedups=d, sd=spread.sd, df=spread.df,
         window_sd=None if window is None else window.sd, window_df=0 if window is None else int(window.df),
         step_sd=None if step is None else step.sd, step_df=0 if step is None else int(step.df),
-        ab_log_ratios=ab if len(ab) == len(d) else None,
         mean_log_speedup=math.fsum(d) / len(d), estimate=own.estimate, low=own.low if own.bounded else None,
         high=None if math.isinf(own.high) else own.high, level=own.level,
         triplets_for_5pct=triplets_needed(spread.sd, spread.df),

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from ledger.cost.store import Ledger
-from ledger.verdict.calibration import calibration_ab_log_ratios, calibration_step_spread, find_calibration
+from ledger.verdict.calibration import calibration_step_spread, find_calibration
 from ledger.verdict.evidence import read_steps
-from ledger.verdict.noise import ABReference, ArmSpread, NoiseEvidence, baseline_disagreement, triplet_arm_spread
+from ledger.verdict.noise import ArmSpread, NoiseEvidence, baseline_disagreement, triplet_arm_spread
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.sequential_doc import Look, asked_record, calibration_spread, look, run_rule
 from ledger.verdict.stats import Spread, triplet_log_speedup
@@ -59,7 +59,6 @@ class SequentialState:
     d: list[float] = field(default_factory=list)
     calibration: Spread | None = None
     calibration_step: Spread | None = None  # the calibration's baseline step spread (the noise check, issue 34)
-    ab_reference: ABReference | None = None  # the calibration's A/A launches' u (the A/B launch check's reference)
     arms: list[ArmSpread | None] = field(default_factory=list)  # each triplet's step contrasts
     ab: list[float] = field(default_factory=list)  # each triplet's A/B contrast u (the A/B launch check, issue 34)
     calibration_words: str | None = None  # None until the first look looked the calibration up
@@ -109,7 +108,6 @@ def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
                                              baseline_workload_id(ctx.loaded.protocol))
     state.calibration = calibration_spread(block)
     state.calibration_step = calibration_step_spread(block)
-    state.ab_reference = ABReference.of(calibration_ab_log_ratios(block))
     if state.calibration is not None:
         state.record = state.record.model_copy(update={"calibration_run": block.get("run_id")})
         state.calibration_words = (f"pooled with the A/A calibration of run {block.get('run_id')} (triplet SD "
@@ -136,8 +134,8 @@ def after_triplet(ctx: RunContext) -> Look | None:
     if state.calibration_words is None:
         _find_calibration(ctx, state)
         state.said.append(f"sequential rule: {state.rule.words}; the looks' spread is {state.calibration_words}")
-    noise = NoiseEvidence(tuple(state.arms), state.calibration_step, state.ab_reference)
-    one = look(state.rule, state.d, state.calibration, noise, state.ab)
+    one = look(state.rule, state.d, state.calibration, NoiseEvidence(tuple(state.arms), state.calibration_step),
+               state.ab)
     if one is None:
         first = state.rule.first_look(state.calibration)
         state.said.append(f"triplet {k}: d = {state.d[-1]:+.4f} (speedup {math.exp(state.d[-1]):.4f}x); "

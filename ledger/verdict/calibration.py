@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -53,10 +52,6 @@ class Calibration(BaseModel):
     # launch (ledger/verdict/noise.py); None: recorded before issue 34 (the candidate's noise is then not checked)
     step_sd: float | None = Field(None, ge=0)
     step_df: int = Field(0, ge=0)
-    # u = mean_w log(A_w / B_w) of each A/A launch (ledger/verdict/noise.py ab_log_ratio), launched A C B as a run's
-    # first triplet: the A/B launch check's reference, host drift included; None: recorded before they were (the
-    # check then judges u against sd, which a drift in launch position does not enter)
-    ab_log_ratios: list[float] | None = None
     mean_log_speedup: float  # the A/A mean of d: near 0 unless the position in the triplet matters
     estimate: float  # exp(mean d) with the A/A run's own interval
     low: float | None
@@ -135,14 +130,6 @@ def calibration_step_spread(block: Mapping[str, Any] | None) -> Spread | None:
     return Spread(float(block["step_sd"]), int(block["step_df"]))
 
 
-def calibration_ab_log_ratios(block: Mapping[str, Any] | None) -> list[float] | None:
-    """The A/A launches' A/B disagreements u of an audit's calibration block; None when not usable or recorded before
-    they were (the A/B launch check then uses the calibration's SD of d, noise.baseline_outliers)."""
-    if not block or not block.get("usable") or block.get("ab_log_ratios") is None:
-        return None
-    return [float(u) for u in block["ab_log_ratios"]]
-
-
 def find_calibration(
     runs_dir: Path, records: Sequence[LedgerRecord], protocol_id: str, host: Mapping[str, Any], before_seq: int | None,
     workload_id: str | None = None,
@@ -216,7 +203,6 @@ def _summary(cal: Calibration) -> dict[str, Any]:
         "recorded_at": cal.recorded_at,
         # only when recorded: an audit of a run calibrated before issue 34 recomputes to the same block
         **({"step_sd": cal.step_sd, "step_df": cal.step_df} if cal.step_sd is not None else {}),
-        **({"ab_log_ratios": cal.ab_log_ratios} if cal.ab_log_ratios is not None else {}),
     }
 
 
@@ -231,9 +217,6 @@ def calibration_words(cal: Calibration) -> str:
     window = "" if cal.window_sd is None else f", within-triplet window SD {cal.window_sd:.4f} (df {cal.window_df})"
     if cal.step_sd is not None:
         window += f", the baseline's within-launch step SD {cal.step_sd:.4f} (df {cal.step_df})"
-    if cal.ab_log_ratios is not None:
-        window += (", the A/B disagreements of its baseline launches "
-                   + " / ".join(f"{math.exp(u):.4f}" for u in cal.ab_log_ratios))
     if cal.run_ids:
         what = (f"A/A calibration {cal.run_id} on this host ({cal.repeats} launches of one triplet): null headlines "
                 f"{heads}; between-launch SD")

@@ -96,7 +96,7 @@ def window_effects(ratios: Sequence[Sequence[float]], flagged: Sequence[Outlier]
 
 @dataclass(frozen=True)
 class BaselineEffect:
-    """A triplet whose baseline launches A and B disagree beyond what the calibration's baseline launches show
+    """A triplet whose baseline launches A and B disagree beyond the calibrated between-launch spread
     (noise.baseline_outliers), and the same rule's interval without that triplet (None at K = 1: nothing is left)."""
 
     outlier: Outlier
@@ -115,7 +115,9 @@ def baseline_effects(us: Sequence[float], flagged: Sequence[Outlier], d: Sequenc
     out = []
     for o in flagged:
         keep = [j for j in range(len(d)) if j != o.triplet]
-        without = verdict_interval([d[j] for j in keep], calibration, rule, noise.without(o.triplet)) if keep else None
+        rest = NoiseEvidence(tuple(a for j, a in enumerate(noise.triplets) if j != o.triplet),
+                             noise.calibration_step)
+        without = verdict_interval([d[j] for j in keep], calibration, rule, rest) if keep else None
         out.append(BaselineEffect(o, math.exp(us[o.triplet]), without))
     return out
 
@@ -133,14 +135,13 @@ def deciding_baseline(iv: Interval, effects: Sequence[BaselineEffect]) -> Baseli
 def ab_check(iv: Interval, us: Sequence[float], d: Sequence[float], calibration: Spread | None,
              rule: SequentialRule | None, noise: NoiseEvidence | None) -> BaselineEffect | None:
     """The A/B launch check of the first len(d) triplets (us: each triplet's baseline_disagreement, at least len(d)
-    of them; judged against the calibration's own A/B disagreements when noise carries them, noise.baseline_outliers):
-    the flagged triplet the decision of iv rests on, or None."""
+    of them): the flagged triplet the decision of iv rests on, or None."""
     k = len(d)
     if len(us) < k:
         raise ValueError(f"the A/B launch check needs each triplet's A/B contrast: {len(us)} for {k} triplets")
     head = list(us[:k])
-    flagged = baseline_outliers(head, calibration, reference=None if noise is None else noise.ab_reference)
-    return deciding_baseline(iv, baseline_effects(head, flagged, d, calibration, rule, noise))
+    return deciding_baseline(iv, baseline_effects(head, baseline_outliers(head, calibration), d, calibration, rule,
+                                                  noise))
 
 
 def _fmt(x: float) -> str:

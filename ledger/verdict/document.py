@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.probe_cost import probe_cost_doc
-from ledger.verdict.calibration import calibration_ab_log_ratios, calibration_spreads, calibration_step_spread
+from ledger.verdict.calibration import calibration_spreads, calibration_step_spread
 from ledger.verdict.compile_cache_doc import compile_cache_doc
 from ledger.verdict.decision import (
     baseline_effects,
@@ -33,13 +33,7 @@ from ledger.verdict.host_report import clock_doc, quiet_host_doc
 from ledger.verdict.host_watch import busy_windows, host_watch_doc
 from ledger.verdict.interval_doc import interval_doc
 from ledger.verdict.mismatch import Mismatch
-from ledger.verdict.noise import (
-    ABReference,
-    NoiseEvidence,
-    baseline_disagreement,
-    baseline_outliers,
-    triplet_arm_spread,
-)
+from ledger.verdict.noise import NoiseEvidence, baseline_disagreement, baseline_outliers, triplet_arm_spread
 from ledger.verdict.recipe_check import recipe_doc
 from ledger.verdict.sequential_doc import run_rule, sequential_doc
 from ledger.verdict.stats import outlier_triplets, outlier_windows, window_spread
@@ -291,16 +285,14 @@ def compute_audit(
     )
     cal_spread, cal_window = calibration_spreads(calibration)
     d = log_speedups(sps)
-    noise = NoiseEvidence(tuple(triplet_arm_spread(s) for s in sps), calibration_step_spread(calibration),
-                          ABReference.of(calibration_ab_log_ratios(calibration)))
+    noise = NoiseEvidence(tuple(triplet_arm_spread(s) for s in sps), calibration_step_spread(calibration))
     iv = verdict_interval(d, cal_spread, rule, noise)
     flagged = outlier_effects(d, outlier_triplets(d, cal_spread), cal_spread, rule)
     ratios = window_ratios(sps)
     win_out = outlier_windows(ratios, cal_window)
     win_eff = window_effects(ratios, win_out, iv, cal_spread, cal_window)
     us = [baseline_disagreement(s) for s in sps]
-    ab_out = baseline_outliers(us, cal_spread, reference=noise.ab_reference)
-    ab_eff = baseline_effects(us, ab_out, d, cal_spread, rule, noise)
+    ab_eff = baseline_effects(us, baseline_outliers(us, cal_spread), d, cal_spread, rule, noise)
     watch = host_watch_doc(ev, labels)
     busy = busy_windows(watch) if watch else []
     cost = _cost_doc(ev)
@@ -321,8 +313,7 @@ def compute_audit(
         window_spread=window_spread(ratios), outlier_triplets=flagged, outlier_windows=win_out,
         triplet_index=[t.index for t in trips], rule=rule, calibration=cal_spread, sequential=seq,
         window_effects=win_eff, calibration_window=cal_window,
-        baseline_check=None if noise.calibration_step is None or cal_spread is None else (us, ab_eff),
-        ab_reference=noise.ab_reference)
+        baseline_check=None if noise.calibration_step is None or cal_spread is None else (us, ab_eff))
     return {
         "schema": AUDIT_SCHEMA,
         "run_id": ev.run_id,

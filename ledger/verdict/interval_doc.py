@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ledger.verdict.decision import HOW_TO_BOUND, BaselineEffect, OutlierEffect, WindowEffect
-from ledger.verdict.noise import ABReference, NoiseScale, as_noise
+from ledger.verdict.noise import NoiseScale, as_noise
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import Interval, Outlier, Spread, SpreadCheck
 
@@ -76,7 +76,6 @@ def interval_doc(
     sequential: Mapping[str, Any] | None = None, window_effects: Sequence[WindowEffect] = (),
     calibration_window: Spread | None = None,
     baseline_check: tuple[Sequence[float], Sequence[BaselineEffect]] | None = None,
-    ab_reference: ABReference | None = None,
 ) -> dict[str, Any]:
     """Everything the verdict read (orch.audit/2 'interval'); triplet_index: the plan's index of triplet i;
     sequential: the audit's "sequential" block of a run under a rule; window_effects: the window check of a
@@ -105,7 +104,7 @@ def interval_doc(
         extra["window_check"] = _window_check(window_effects, calibration_window, iv.triplets)
         words += f"; window check: {extra['window_check']['words']}"
     if baseline_check is not None and calibration is not None:
-        extra["baseline_check"] = _baseline_check(*baseline_check, calibration, triplet_index, ab_reference)
+        extra["baseline_check"] = _baseline_check(*baseline_check, calibration, triplet_index)
         words += f"; A/B launch check: {extra['baseline_check']['words']}"
     return {
         **extra,
@@ -162,25 +161,11 @@ def _window_check(effects: Sequence[WindowEffect], window_sd: Spread, triplets: 
 
 
 def _baseline_check(us: Sequence[float], effects: Sequence[BaselineEffect], calibration: Spread,
-                    triplet_index: Sequence[int], reference: ABReference | None) -> dict[str, Any]:
-    """Each triplet's A/B disagreement judged against what the calibration's baseline launches show
-    (noise.baseline_outliers): a flagged triplet never decides alone; at K = 1 the run is then not decided. The words
-    say which reference was used and why."""
-    family = f"Bonferroni over {len(us)} triplet(s), 5 %"
-    if reference is not None:
-        scale = (f"the calibration's own A/B disagreements (n = {reference.n} A/A launches, mean log A/B "
-                 f"{reference.mean:+.4f}, SD {reference.sd:.4f}; prediction interval with SD x sqrt(1 + 1/n), t with "
-                 f"df {reference.df}, {family})")
-        why = ("; the reference is the calibration's A/A launches' own A/B disagreements: they ran at the positions "
-               "of a run's triplet, so the host's drift between a triplet's first and last launch, which cancels in "
-               "the speedup but not in A/B, is in the reference")
-    else:
-        scale = (f"the calibrated between-launch SD {calibration.sd:.4f} x sqrt(4/3) (df "
-                 f"{calibration.df}, {family})")
-        why = ("; this calibration records no A/B disagreements of its own launches, so the reference is its SD of "
-               "the speedup, in which a drift in launch position cancels while in A/B it does not: on a drifting host "
-               "the check refuses more often than 5 %; re-run orch calibrate to record the baseline launches' "
-               "disagreement")
+                    triplet_index: Sequence[int]) -> dict[str, Any]:
+    """Each triplet's A/B disagreement judged against the calibrated between-launch spread (noise.baseline_outliers):
+    a flagged triplet never decides alone; at K = 1 the run is then not decided."""
+    scale = f"the calibrated between-launch SD {calibration.sd:.4f} x sqrt(4/3) (df {calibration.df}, Bonferroni " \
+            f"over {len(us)} triplet(s), 5 %)"
     if not effects:
         words = (f"the baseline launches A and B of every triplet agree within {scale}: no whole-launch outlier of the "
                  "baseline is seen (a slow candidate launch cannot be told from a slowdown at K = 1)")
@@ -190,16 +175,12 @@ def _baseline_check(us: Sequence[float], effects: Sequence[BaselineEffect], cali
             f"{e.outlier.z:.2f} against {scale}); " + ("at K = 1 nothing is left without it" if e.without is None else
                                                       f"without it [{_fmt(e.without.low)}, {_fmt(e.without.high)}]")
             for e in effects) + "; the decision must hold without it"
-    ref = None if reference is None else {"ab_log_ratios": list(reference.us), "n": reference.n,
-                                          "mean": reference.mean, "sd": reference.sd, "df": reference.df}
-    return {"calibration_sd": _spread(calibration), "factor": 4.0 / 3.0 if reference is None else None,
-            "reference": "calibration A/B disagreements" if reference is not None else "calibration SD of d",
-            "calibration_ab": ref, "ab_log_ratios": list(us),
+    return {"calibration_sd": _spread(calibration), "factor": 4.0 / 3.0, "ab_log_ratios": list(us),
             "triplets": [{"triplet": triplet_index[e.outlier.triplet], "ab_ratio": e.disagreement, "z": e.outlier.z,
                           "p_value": e.outlier.p_value,
                           "without": None if e.without is None else [e.without.low if e.without.bounded else None,
                                                                     _finite(e.without.high)]}
-                         for e in effects], "words": words + why}
+                         for e in effects], "words": words}
 
 
 def _legacy_lines(iv: Mapping[str, Any]) -> list[str]:

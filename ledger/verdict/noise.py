@@ -18,8 +18,8 @@ for a candidate noisier or quieter than the baseline, with no threshold and noth
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -29,13 +29,11 @@ from scipy import stats as sps
 
 from ledger.verdict.stats import OUTLIER_ALPHA, Outlier, Spread, pooled
 from ledger.verdict.windows import Speedup
-from protocol.plan import triplets
 
 Y_FACTOR = 1.5  # E[var y] / sigma^2 for equal arms (1 + 1/2)
 V_FACTOR = 2.0  # E[var v] / sigma^2
 # var(u) / var(d) for baseline launches, u = mean_w log(A_w / B_w): launch and window terms enter u with weight
-# 1 + 1 = 2 and an A/A triplet's d with 1/4 + 1/4 + 1 = 1.5 (baseline_outliers' rule for a calibration that records
-# no A/B disagreements of its own launches)
+# 1 + 1 = 2 and an A/A triplet's d with 1/4 + 1/4 + 1 = 1.5 (baseline_outliers)
 AB_FACTOR = V_FACTOR / Y_FACTOR
 
 
@@ -217,106 +215,35 @@ class NoiseEvidence:
 
     triplets: tuple[ArmSpread | None, ...]
     calibration_step: Spread | None
-    # the calibration's own A/B disagreements (the A/B launch check's reference); None: a calibration recorded before
-    # they were (baseline_outliers then judges u against the calibration's SD of d)
-    ab_reference: ABReference | None = None
 
     def scale(self, k: int, calibration: Spread | None) -> NoiseScale | None:
         """The scale at a look after the first k triplets."""
         return noise_scale(pool_arms(self.triplets[:k]), self.calibration_step, calibration)
 
-    def without(self, triplet: int) -> NoiseEvidence:
-        """The same evidence without one triplet's contrasts (the calibration's parts unchanged)."""
-        return replace(self, triplets=tuple(a for j, a in enumerate(self.triplets) if j != triplet))
-
-
-def ab_log_ratio(windows: Iterable[tuple[float, float]]) -> float:
-    """u: the mean over the owner's windows of log(A_w / B_w), given each window's (A_w, B_w) times: how far a
-    triplet's two baseline launches disagree (positive: A slower). The one definition of u, for a run's triplets
-    (baseline_disagreement) and for the A/A launches of a calibration (aa_disagreement)."""
-    logs = [math.log(a / b) for a, b in windows]
-    return math.fsum(logs) / len(logs)
-
 
 def baseline_disagreement(sp: Speedup) -> float:
-    """u of one triplet (ab_log_ratio) from its owner's windows."""
-    return ab_log_ratio((w.a, w.b) for w in sp.windows)
+    """u of one triplet: the mean over the owner's windows of log(A_w / B_w), how far its two baseline launches
+    disagree (positive: A slower)."""
+    return math.fsum(math.log(w.a / w.b) for w in sp.windows) / len(sp.windows)
 
 
-def aa_disagreement(speedup_doc: Mapping[str, Any]) -> float | None:
-    """u of one A/A launch from its audit's "speedup" block (each window's summed A and B step times); None without
-    windows."""
-    windows = speedup_doc.get("windows") or []
-    return ab_log_ratio((float(w["A"]), float(w["B"])) for w in windows) if windows else None
+def baseline_outliers(us: Sequence[float], calibration: Spread | None,
+                      alpha: float = OUTLIER_ALPHA) -> list[Outlier]:
+    """Triplets whose baseline launches A and B disagree beyond the calibrated between-launch spread (issue 34).
 
-
-def launch_oriented(us: Sequence[float]) -> list[float]:
-    """Each triplet's u signed as its first-launched baseline over its last: the plan launches odd triplets A C B and
-    even ones B C A (protocol.plan.triplets), so a drift linear in launch position adds the same to every oriented
-    u, and the same as to a calibration's A/A launches (each one triplet, launched A C B)."""
-    return [u if t.order[0] == t.a else -u for u, t in zip(us, triplets(len(us), sequential=True), strict=True)]
-
-
-@dataclass(frozen=True)
-class ABReference:
-    """The A/B disagreements u of a calibration's A/A launches (launched A C B, at the positions of a run's first
-    triplet): the reference the A/B launch check judges a run's triplets against, drift and all."""
-
-    us: tuple[float, ...]
-
-    @classmethod
-    def of(cls, us: Sequence[float] | None) -> ABReference | None:
-        """None without at least two u's that differ (no spread to judge against)."""
-        if us is None or len(us) < 2:
-            return None
-        ref = cls(tuple(float(u) for u in us))
-        return ref if ref.sd > 0.0 else None
-
-    @property
-    def n(self) -> int:
-        return len(self.us)
-
-    @property
-    def mean(self) -> float:
-        return math.fsum(self.us) / self.n
-
-    @property
-    def sd(self) -> float:
-        return math.sqrt(_ss(self.us)[0] / (self.n - 1))
-
-    @property
-    def df(self) -> int:
-        return self.n - 1
-
-
-def baseline_outliers(us: Sequence[float], calibration: Spread | None, alpha: float = OUTLIER_ALPHA,
-                      reference: ABReference | None = None) -> list[Outlier]:
-    """Triplets whose baseline launches A and B disagree beyond what the calibration's baseline launches show
-    (issue 34); us in plan order (baseline_disagreement). Flagged when the two-sided p times K is below alpha
-    (Bonferroni over the run's triplets).
-
-    With the calibration's own A/B disagreements (reference): a prediction interval. A run's triplet and an A/A
-    launch are the same baseline launches at the same positions, so without a launch outlier the run's oriented u
-    (launch_oriented) and the n reference u's are iid, mean and drift included, and
-    z = (u - mean_ref) / (s_ref sqrt(1 + 1/n)) ~ t(n - 1) for normal noise.
-
-    Without it (a calibration recorded before it was): A and B are launches of the baseline, so u has mean 0 and
-    variance AB_FACTOR * sigma_d^2 (sigma_d^2: the calibration's between-launch variance of d) and
-    z = u / (s_cal sqrt(AB_FACTOR)) ~ t(calibration df). A drift linear in launch position cancels in d but not in u
-    (A and B are two positions apart), so on a drifting host this older rule flags more often than alpha: it then
-    refuses more, never accepts more."""
-    if reference is not None:
-        scale = reference.sd * math.sqrt(1.0 + 1.0 / reference.n)
-        zs = [(u - reference.mean) / scale for u in launch_oriented(us)]
-        df: float = reference.df
-    elif calibration is None or calibration.df <= 0 or calibration.sd <= 0.0:
+    A and B are launches of the baseline, the arm the A/A calibration measured, so without a launch outlier u has
+    mean 0 and variance AB_FACTOR * sigma_d^2 (sigma_d^2: the calibration's between-launch variance of d), and
+    z = u / (s_cal sqrt(AB_FACTOR)) ~ t(calibration df) for normal noise (u and s_cal come from different
+    launches). Flagged when the two-sided p times K is below alpha (Bonferroni over the run's triplets). A drift
+    linear in launch position cancels in d but not in u (A and B are two positions apart), so a drifting host is
+    flagged more often than alpha: the check then refuses more, it never accepts more."""
+    if calibration is None or calibration.df <= 0 or calibration.sd <= 0.0:
         return []
-    else:
-        zs = [u / (calibration.sd * math.sqrt(AB_FACTOR)) for u in us]
-        df = calibration.df
+    scale = calibration.sd * math.sqrt(AB_FACTOR)
     out = []
-    for i, z in enumerate(zs):
-        p = float(2.0 * sps.t.sf(abs(z), df))
+    for i, u in enumerate(us):
+        z = u / scale
+        p = float(2.0 * sps.t.sf(abs(z), calibration.df))
         if p * len(us) < alpha:
-            out.append(Outlier(i, None, z, p, df))
+            out.append(Outlier(i, None, z, p, calibration.df))
     return out

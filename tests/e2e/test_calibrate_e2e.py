@@ -86,14 +86,7 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
     busy = (doc.get("host_watch") or {}).get("busy") or []  # a parallel test's load on the ranks' cores
     # what never decides alone (issue 34): an outlier triplet, an outlier window, a triplet whose A and B disagree
     # beyond the calibrated between-launch spread; each may or may not decide here (d is near 0 on a null)
-    # the A/B launch check judges A/B against the calibration's own A/A launches' A/B (one u per launch, recorded by
-    # orch calibrate), not against its SD of d x sqrt(4/3), which a drift in launch position does not enter
-    bc = iv2["baseline_check"]
-    assert "A/B launch check:" in iv2["words"] and cal.ab_log_ratios is not None
-    assert len(cal.ab_log_ratios) == len(cal.run_ids or []) == cal.repeats
-    assert (bc["reference"], bc["factor"]) == ("calibration A/B disagreements", None)
-    assert bc["calibration_ab"]["ab_log_ratios"] == cal.ab_log_ratios and bc["calibration_ab"]["df"] == cal.repeats - 1
-    assert "the calibration's own A/B disagreements (n = " in bc["words"]
+    assert "A/B launch check:" in iv2["words"] and iv2["baseline_check"]["factor"] == 4 / 3
     ab_flagged = bool(iv2["baseline_check"]["triplets"])  # at K = 1 nothing is left without the triplet
     same_way = [w["without"] for w in (iv2.get("window_check") or {}).get("windows", [])]
     holds = all((lo > 1.0) == (iv2["low"] > 1.0) and (hi < 1.0) == (iv2["high"] < 1.0) for _, lo, hi in same_way)

@@ -22,17 +22,8 @@ from test_audit import (
 
 from ledger.cost.store import Ledger
 from ledger.verdict.audit import audit_run
-from ledger.verdict.calibration import (
-    CALIBRATION_FILE,
-    Calibration,
-    CalibrationV1,
-    calibration_words,
-    find_calibration,
-    read_calibration,
-)
-from ledger.verdict.noise import baseline_disagreement
+from ledger.verdict.calibration import CALIBRATION_FILE, CalibrationV1, find_calibration
 from ledger.verdict.stats import Spread
-from ledger.verdict.windows import speedup
 from orchestrator.calibrate import DEFAULT_REPEATS, aa_protocol, calibrate, launches_asked
 from protocol.errors import UsageError
 from protocol.home import resolve_home
@@ -249,48 +240,3 @@ def test_a_calibration_of_another_protocol_with_this_baseline_workload_is_used_a
                                    "this run's")
     assert iv["calibration_used"] == {"run_id": "cal-null", "sd": 0.05, "df": 4}
     assert pid != "d" * 64
-
-
-def _aa_audit(rng: np.random.Generator) -> dict[str, object]:
-    """What one A/A launch's audit holds that `orch calibrate` reads: its interval, headline and speedup windows."""
-    times = {r: list(np.exp(0.02 * pos + 0.03 * rng.normal(size=16))) for pos, r in enumerate("ACB")}
-    sp = speedup(times, steps=16, warmup=10, window=2, drift_bound=0.02)
-    d = float(np.mean(np.log([w.ratio for w in sp.windows])))
-    windows = [{"A": w.a, "C": w.c, "B": w.b,
-                "step_times": {"A": list(w.a_steps), "C": list(w.c_steps), "B": list(w.b_steps)}} for w in sp.windows]
-    return {"verdict": "no difference shown", "interval": {"variance_source": "run", "log_speedups": [d]},
-            "replication": {"headlines": [sp.headline]}, "speedup": {"windows": windows},
-            "_u": baseline_disagreement(sp)}
-
-
-def test_calibrate_records_each_aa_launch_ab_disagreement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the launches are faked: each returns an audit as `orch launch` writes it (the real ones:
-    # tests/e2e/test_calibrate_e2e.py); the record holds each launch's u = mean_w log(A_w / B_w) in launch order
-    import orchestrator.calibrate as calibrate_mod
-    from orchestrator.launch import LaunchResult
-
-    rng = np.random.default_rng(11)
-    audits = [_aa_audit(rng) for _ in range(3)]
-    calls: list[str] = []
-
-    def fake_launch(*_: object, **__: object) -> LaunchResult:
-        i = len(calls)
-        calls.append(f"aa{i}")
-        run_dir = resolve_home(tmp_path / "home").run_dir(f"aa{i}")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return LaunchResult(f"aa{i}", run_dir, "complete", {}, audits[i])
-
-    monkeypatch.setattr(calibrate_mod, "launch", fake_launch)
-    monkeypatch.setattr(calibrate_mod, "audit_host", lambda _: dict(HOST_FINGERPRINT))
-    _, cal = calibrate(REPO / "protocol" / "r3_mini.yaml", 3, tmp_path / "home", say=lambda _: None)
-    assert cal.run_ids == ["aa0", "aa1", "aa2"]
-    assert cal.ab_log_ratios == pytest.approx([a["_u"] for a in audits])
-    assert cal.step_sd is not None and cal.step_df > 0
-    again = read_calibration((tmp_path / "home" / "runs" / "aa2" / CALIBRATION_FILE).read_bytes())
-    assert isinstance(again, Calibration) and again.ab_log_ratios == cal.ab_log_ratios
-    assert "the A/B disagreements of its baseline launches" in calibration_words(cal)
-    # an audit without speedup windows gives no u: none is recorded rather than a partial list
-    audits[1] = {**audits[1], "speedup": {}}
-    calls.clear()
-    _, cal = calibrate(REPO / "protocol" / "r3_mini.yaml", 3, tmp_path / "home", say=lambda _: None)
-    assert cal.ab_log_ratios is None
