@@ -73,7 +73,9 @@ MODULES: dict[str, Target] = {
                                                              "is 0 there as well",
     }),
     "ledger/verdict/decision.py": Target(("tests/unit/test_decision.py", "tests/unit/test_stats.py",
-                                          "tests/unit/test_audit.py"), equivalent={
+                                          "tests/unit/test_audit.py", "tests/unit/test_noise.py",
+                                          "tests/unit/test_sequential_ab_check.py",
+                                          "tests/unit/test_decision_branches.py"), equivalent={
         "ledger.verdict.decision.x__fmt__mutmut_1": "f'{inf:.4f}' is 'inf' too: _fmt is given an interval's ends, "
                                                     "exp(...) or 0.0 and inf, never -inf",
         "ledger.verdict.decision.x__call__mutmut_7": "'faster' if low >= 1.0: an interval with low == 1 covers 1, "
@@ -428,7 +430,7 @@ def _prepare(module: str, target: Target) -> Path:
     config = {
         "source_paths": PACKAGES,
         "only_mutate": [module],
-        "also_copy": ["examples/", "scripts/", "hooks/", "bench/", "docs/", "README.md", "Makefile",
+        "also_copy": ["examples/", "scripts/", "hooks/", "bench/", "docs/", "recipes/", "README.md", "Makefile",
                       "constraints-cpu.txt"],
         # the fast suite only: `slow` tests start trainers
         "pytest_add_cli_args": ["-p", "no:cacheprovider", "-m", "not slow", "-q", "-x", "--timeout=300"],
