@@ -4,7 +4,8 @@
 # must be unchanged), the null at K = 1, orch calibrate (A/A launches), then the candidate with --until-decided.
 #   start: bash scripts/gpu_trl.sh start        poll (copies what is done to $OUT): bash scripts/gpu_trl.sh wait SECONDS
 #   one call, if it fits: bash scripts/gpu_trl.sh all
-# Needs beside the repository .whl/ (carried): trl 1.16.0, transformers 5.24.0, accelerate 1.16.0, datasets 5.2.0,
+# Needs beside the repository .whl/ (carried; or the folder WHEELS names, e.g. WHEELS=.whl-trl when .whl holds
+# upstream R3's): trl 1.16.0, transformers 5.24.0, accelerate 1.16.0, datasets 5.2.0,
 # dill, multiprocess, pydantic (+ core, annotated-types, typing-inspection, typing_extensions); the image has torch.
 # CALIBRATE_REPEATS (default 3) and MAX_REPEATS (default 6) size the plan.
 set -u
@@ -13,7 +14,7 @@ case "${1:-}" in
 start|all)
   rm -rf "$W"; mkdir -p "$W"
   cp -a . "$W/orch"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl \
     || exit 1
   if [ "$1" = all ]; then bash "$W/orch/scripts/gpu_trl.sh" job > "$W/job.log" 2>&1; cat "$W/job.log"
     bash "$W/orch/scripts/gpu_trl.sh" wait 0 > /dev/null; exit 0; fi

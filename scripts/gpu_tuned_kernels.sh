@@ -16,7 +16,7 @@ case "${1:-}" in
 start)
   rm -rf "$W"; mkdir -p "$W"
   cp -a . "$W/orch"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl \
     || exit 1
   setsid nohup bash "$W/orch/scripts/gpu_tuned_kernels.sh" job > "$W/job.log" 2>&1 < /dev/null &
   echo "job started"
