@@ -219,3 +219,16 @@ def test_with_repeats_every_launch_is_compared_against_the_first_baseline_launch
     assert ex.recipe_differences == ["arm C2: trainable_params 5, arm A1 0"]
     assert ex.reload_ok == dict.fromkeys(labels, True) and ex.problems == ["recipe violation: arm C2: trainable_params "
                                                                           "5, arm A1 0"]
+
+
+def test_the_observed_recipe_is_judged_by_the_runs_own_recipe_file_not_r3s() -> None:
+    """A run names its frozen recipe file: its observation specs and optimizer are what the observed recipe is checked
+    against (R3's file only for runs recorded before recipe files)."""
+    from protocol.recipe import v1_recipe
+
+    r3 = v1_recipe().recipe
+    assert run().recipe_differences == [] and run(recipe_file=r3).recipe_differences == []
+    sgd = r3.model_copy(update={"optimizer": "SGD"})
+    ex = run(recipe_file=sgd)
+    assert not ex.exact and ex.recipe_differences == [f"arm {arm}: optimizer {RECIPE.optimizer}, frozen SGD"
+                                                      for arm in "ACB"]
