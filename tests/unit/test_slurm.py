@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,15 +170,10 @@ def test_multi_node_failure_names_the_node_that_failed_first(tmp_path: Path) -> 
     assert node_cause(spec) is None
 
 
-def test_a_stopped_node_whose_torchrun_reported_a_killed_rank_is_the_cause(tmp_path: Path) -> None:
-    """Seen once in make test: the ranks of node 1 SIGKILLed, node 0's rank lost its peer, and the note named node
-    0's lost connection. Read from the code: srun's kill-on-bad-exit can stop node 1's agent while its torchrun is
-    reporting the dead rank, and a stopped node was never read. A rank killed by a signal that the stop does not
-    send is node 1's own failure."""
+def _two_nodes(tmp_path: Path) -> tuple[Any, Callable[[int, int | None, bool, str], None]]:
+    """A two-node train spec whose node agents' exit files and logs live in tmp_path, and a writer of node i's."""
     from protocol.package import SlurmStep, TrainSpec
-    from workers.common import RANK_FAILED
     from workers.node import EXIT_FILE, LOG_FILE
-    from workers.train import node_cause
 
     step = SlurmStep(srun=["srun"], nodes=2, nproc_per_node=1, port=20001, rdzv_id="r", clock_dir=str(tmp_path))
     spec = TrainSpec(run_id="r", name="train-A", kind="train", package_dir=str(tmp_path), sealed_dir=str(tmp_path),
@@ -187,6 +183,19 @@ def test_a_stopped_node_whose_torchrun_reported_a_killed_rank_is_the_cause(tmp_p
     def node(i: int, rc: int | None, stopped: bool, log: str) -> None:
         (tmp_path / EXIT_FILE.format(node=i)).write_text(json.dumps({"rc": rc, "stopped": stopped}))
         (tmp_path / LOG_FILE.format(node=i)).write_text(log)
+
+    return spec, node
+
+
+def test_a_stopped_node_whose_torchrun_reported_a_killed_rank_is_the_cause(tmp_path: Path) -> None:
+    """Seen once in make test: the ranks of node 1 SIGKILLed, node 0's rank lost its peer, and the note named node
+    0's lost connection. Read from the code: srun's kill-on-bad-exit can stop node 1's agent while its torchrun is
+    reporting the dead rank, and a stopped node was never read. A rank killed by a signal that the stop does not
+    send is node 1's own failure."""
+    from workers.common import RANK_FAILED
+    from workers.train import node_cause
+
+    spec, node = _two_nodes(tmp_path)
 
     peer = RANK_FAILED.format(rank=0, time=100.5, cause="RuntimeError: Connection closed by peer")
     node(0, 1, False, f"{peer}\n{_summary(0, 1)}")
@@ -205,18 +214,9 @@ def test_a_torchrun_that_srun_ended_with_sigterm_is_never_the_cause(tmp_path: Pa
     SIGKILLed, srun then SIGTERMed node 0's torchrun, and the note named node 0's 'torchrun was killed by signal 15'
     whenever that report came in first (both counted as kills, the lower node index won). srun's SIGTERM follows
     from another node's failure; it is named only when nothing else is known."""
-    from protocol.package import SlurmStep, TrainSpec
-    from workers.node import EXIT_FILE, LOG_FILE
     from workers.train import node_cause
 
-    step = SlurmStep(srun=["srun"], nodes=2, nproc_per_node=1, port=20001, rdzv_id="r", clock_dir=str(tmp_path))
-    spec = TrainSpec(run_id="r", name="train-A", kind="train", package_dir=str(tmp_path), sealed_dir=str(tmp_path),
-                     scratch_dir=str(tmp_path), result_path=str(tmp_path / "r.json"), device="cpu",
-                     precision="fp32", nproc=2, slurm=step)
-
-    def node(i: int, rc: int | None, stopped: bool, log: str) -> None:
-        (tmp_path / EXIT_FILE.format(node=i)).write_text(json.dumps({"rc": rc, "stopped": stopped}))
-        (tmp_path / LOG_FILE.format(node=i)).write_text(log)
+    spec, node = _two_nodes(tmp_path)
 
     node(0, -15, False, "")
     node(1, 1, False, _summary(1, -9))
