@@ -48,7 +48,9 @@ triton.__version__, 'transformers', transformers.__version__)"
   echo "rehearse exit $? after $(( $(date +%s) - t0 )) s"
   RUN=$(ls "$H/runs" | tail -n 1)
   python3 -m orchestrator.cli audit "$RUN" --home "$H" > "$W/rehearsal_audit.txt" 2>&1; echo "audit exit $?"
-  python3 -m orchestrator.cli publish "$RUN" --to "$W/rehearsal.json" --home "$H"; echo "publish exit $?"
+  # orch publishes only inside the repository's docs/validation/: publish in the job's copy, then bring it out
+  python3 -m orchestrator.cli publish "$RUN" --to docs/validation/gpu31_rehearsal.json --home "$H"
+  echo "publish exit $?"; cp docs/validation/gpu31_rehearsal.json "$W/rehearsal.json" 2>/dev/null
   cp "$H/runs/$RUN/run.json" "$W/rehearsal_run.json" 2>/dev/null
   # the run's record (its run folder, sealed arms included, and the ledger; no scratch, no generated inputs): `orch
   # audit RUN --home DIR` of the unpacked copy recomputes the audit at a later commit (the audit re-hashes the sealed
@@ -62,7 +64,9 @@ triton.__version__, 'transformers', transformers.__version__)"
     echo "$p exit $? after $(( $(date +%s) - t0 )) s"
     RUN=$(ls "$W/home-$p/runs" | tail -n 1)
     python3 -m orchestrator.cli audit "$RUN" --home "$W/home-$p" > "$W/${p}_audit.txt" 2>&1; echo "audit exit $?"
-    python3 -m orchestrator.cli publish "$RUN" --to "$W/$p.json" --home "$W/home-$p"
+    python3 -m orchestrator.cli publish "$RUN" --to "docs/validation/gpu31_$p.json" --home "$W/home-$p"
+    cp "docs/validation/gpu31_$p.json" "$W/$p.json" 2>/dev/null
+    tar -czf "$W/${p}_home.tgz" -C "$W/home-$p" runs ledger 2>/dev/null
   done
   echo "all done"
   ;;
@@ -71,8 +75,8 @@ wait)
   while [ "$(date +%s)" -lt "$end" ] && ! grep -q "${3:-all done}" "$W/job.log" 2>/dev/null; do sleep 10; done
   cat "$W/job.log"; tail -n 3 "$W/rehearse.err" 2>/dev/null; tail -n 2 "$W"/tools/*.log 2>/dev/null
   ( cd "$W" && tar -czf "${OUT:-/tmp}/bundle.tgz" --exclude=orch --exclude=home --exclude='home-*' \
-      --exclude=rehearsal_home.tgz . ) 2>/dev/null
-  [ -f "$W/rehearsal_home.tgz" ] && cp "$W/rehearsal_home.tgz" "${OUT:-/tmp}/"
+      --exclude='*_home.tgz' . ) 2>/dev/null
+  cp "$W"/*_home.tgz "${OUT:-/tmp}/" 2>/dev/null
   ls -l "${OUT:-/tmp}"/*.tgz
   ;;
 esac

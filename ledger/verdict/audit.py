@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -46,8 +47,28 @@ MIX_REFUSAL = (
 )
 
 
+# Python 3.12's sum() of floats is compensated and 3.11's is not: an audit recorded under one and recomputed under the
+# other differs in the last bits of a total. Numbers agree when they differ by no more than rounding; a changed figure
+# of the evidence (a step time, a GPU-second) moves them far beyond these tolerances.
+FLOAT_REL_TOL = 1e-9
+FLOAT_ABS_TOL = 1e-12
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Recorded and recomputed values agree: equal structure, equal strings and flags, numbers equal up to rounding."""
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b or math.isclose(a, b, rel_tol=FLOAT_REL_TOL, abs_tol=FLOAT_ABS_TOL)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def _differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return sorted(k for k in set(a) | set(b) if not _same(a.get(k), b.get(k)))
 
 
 def unseal_score(ev: RunEvidence) -> DevScore:

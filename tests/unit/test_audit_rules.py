@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,6 +47,30 @@ def test_differing_keys_are_the_sorted_keys_whose_values_differ_a_missing_key_re
     assert _differing_keys(b, a) == ["only_a", "only_b", "z"]
     assert _differing_keys({}, {}) == []
 
+
+
+def test_a_total_summed_under_another_python_agrees_and_a_changed_figure_does_not() -> None:
+    # the rehearsal of 2026-12-04: audited under Python 3.12 on the device (compensated sum()), re-audited under 3.11
+    seconds = [4.217841, 455.530908, 200.818328, 6.171766, 145.098997, 5.11875, 141.692967, 6.070663, 166.338387,
+               6.722725]
+    plain = 0.0
+    for s in seconds:
+        plain += s
+    exact = math.fsum(seconds)
+    assert plain != exact  # the two summations really differ in the last bits
+    recorded = {"cost": {"total_gpu_seconds": exact, "gpu_seconds": {"train-A": 200.818328}}, "exact": True}
+    assert _differing_keys(recorded, {"cost": {"total_gpu_seconds": plain, "gpu_seconds": {"train-A": 200.818328}},
+                                      "exact": True}) == []
+    # a figure of the evidence that moved by a microsecond in 200 s is a difference
+    assert _differing_keys(recorded, {"cost": {"total_gpu_seconds": exact, "gpu_seconds": {"train-A": 200.818329}},
+                                      "exact": True}) == ["cost"]
+    # flags, structure and strings compare exactly: True is not 1, a shorter list or another key differs
+    assert _differing_keys({"exact": True}, {"exact": 1}) == ["exact"]
+    assert _differing_keys({"w": [1.0, 2.0]}, {"w": [1.0]}) == ["w"]
+    assert _differing_keys({"w": {"a": 1.0}}, {"w": {"b": 1.0}}) == ["w"]
+    assert _differing_keys({"w": ["x", 0.5]}, {"w": ["y", 0.5]}) == ["w"]
+    assert _differing_keys({"w": 0.0}, {"w": 1e-13}) == []
+    assert _differing_keys({"w": 0.0}, {"w": 1e-9}) == ["w"]
 
 # --- unseal_score -----------------------------------------------------------------------------------------------
 
