@@ -28,6 +28,9 @@ DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty", "log", "kfd")
 DEV_PREFIXES = ("nvidia",)
 DEV_DIRS = ("pts", "infiniband", "dri", "nvidia-caps", "nvidia-caps-imex-channels")
 SETUP_FAILED = 125  # the namespaces could not be made: orch says so (protocol: isolation failed)
+# set in the package command's environment: it runs in the package's own PID namespace, where no other process
+# of the host is visible (workers/quiet_host.py reads it; the same literal there, this file runs isolated)
+PID_NAMESPACE_ENV = "ORCH_PACKAGE_PID_NAMESPACE"
 _RESET = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ)
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -177,6 +180,7 @@ def _init(cfg: dict[str, object], report_fd: int, cmd: list[str]) -> int:
             for sig in _RESET:
                 signal.signal(sig, signal.SIG_DFL)
             os.chdir(str(cfg["cwd"]))
+            os.environ[PID_NAMESPACE_ENV] = "1"
             os.execvp(cmd[0], cmd)
         except OSError as exc:
             sys.stderr.write(f"orch isolation: {exc}\n")

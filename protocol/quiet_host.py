@@ -59,6 +59,10 @@ class QuietHost(_Doc):
     gpus_start: list[GpuState] = []
     gpus_end: list[GpuState] = []
     gpu_query: str  # "ok" or why there are no GPU figures
+    # taken inside the package's own PID namespace (orch's namespace isolation): there /proc and the GPU driver
+    # show that namespace's processes only, so busy_foreign and each GpuState.foreign are blind to other jobs (the
+    # host watch, run by orch outside the namespace, sees them); None: recorded before this was known
+    own_pid_namespace: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

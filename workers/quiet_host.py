@@ -16,6 +16,7 @@ from protocol.gpu_library import gpu_library, lib_call, lib_const, lib_fn
 from protocol.quiet_host import ForeignGpuProcess, ForeignProcess, GpuState, QuietHost, public_name
 
 TOP = 5
+PID_NAMESPACE_ENV = "ORCH_PACKAGE_PID_NAMESPACE"  # set by orchestrator/ns_init.py (the same literal there)
 _THROTTLE = {
     0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
     0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
@@ -169,4 +170,5 @@ class HostWatch:
             load_end=[round(x, 2) for x in load1], steal=None if steal is None else round(steal, 5),
             busy_foreign=busy[:TOP], gpus_start=self.gpus0, gpus_end=gpus1,
             gpu_query=self.gpu_query if self.gpu_query != "ok" else gpu_query,
+            own_pid_namespace=os.environ.get(PID_NAMESPACE_ENV) == "1",
         )

@@ -11,6 +11,10 @@ from typing import Any
 from protocol.quiet_host import GpuState
 from protocol.results import TrainResult
 
+# why a snapshot taken inside the package's PID namespace names no foreign process: it cannot see one
+HIDDEN = ("not visible from inside the package's PID namespace (the host watch, outside it, names what ran beside "
+          "the ranks)")
+
 
 def _gpu(states: Sequence[GpuState]) -> list[dict[str, Any]]:
     return [
@@ -29,6 +33,7 @@ def quiet_host_doc(trains: Mapping[str, TrainResult], labels: Sequence[str]) -> 
     throttles: set[str] = set()
     gpu_foreign: set[str] = set()
     gpu_note = "not recorded"
+    hidden = False  # a snapshot taken inside the package's own PID namespace sees no other process
     for label in labels:
         q = trains[label].quiet_host
         if q is None:
@@ -39,6 +44,9 @@ def quiet_host_doc(trains: Mapping[str, TrainResult], labels: Sequence[str]) -> 
             "busy_foreign": [{"name": p.name, "core_share": p.core_share} for p in q.busy_foreign],
             "gpus_start": _gpu(q.gpus_start), "gpus_end": _gpu(q.gpus_end),
         }  # fmt: skip
+        if q.own_pid_namespace is not None:  # recorded since it was known (older records read as they were)
+            launches[label]["own_pid_namespace"] = q.own_pid_namespace
+        hidden = hidden or bool(q.own_pid_namespace)
         loads += [q.load_start[0], q.load_end[0]]
         if q.steal is not None:
             steals.append(q.steal)
@@ -54,14 +62,18 @@ def quiet_host_doc(trains: Mapping[str, TrainResult], labels: Sequence[str]) -> 
     parts = [f"1-minute load {min(loads):.2f}-{max(loads):.2f}"]
     parts.append(f"CPU steal up to {max(steals):.2%}" if steals else "CPU steal unknown")
     top = sorted(foreign.items(), key=lambda kv: -kv[1])[:3]
-    parts.append(
-        "busiest foreign processes " + ", ".join(f"{n} {s:.0%} of a core" for n, s in top) if top
-        else "no busy foreign process"
-    )
+    if hidden and not top:
+        parts.append(f"foreign processes: {HIDDEN}")
+    else:
+        parts.append(
+            "busiest foreign processes " + ", ".join(f"{n} {s:.0%} of a core" for n, s in top) if top
+            else "no busy foreign process"
+        )
     if sm:
         parts.append(f"SM clock {min(sm)}-{max(sm)} MHz")
         parts.append("throttle reasons: " + (", ".join(sorted(throttles)) if throttles else "none"))
-        parts.append("foreign GPU processes: " + (", ".join(sorted(gpu_foreign)) if gpu_foreign else "none"))
+        parts.append("foreign GPU processes: " + (", ".join(sorted(gpu_foreign)) if gpu_foreign
+                                                  else HIDDEN if hidden else "none"))
     else:
         parts.append(f"GPU: {gpu_note}")
     return {"launches": launches, "words": "; ".join(parts) + " (observed at each train launch's start and end)"}

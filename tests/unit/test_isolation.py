@@ -17,7 +17,8 @@ from protocol.package import ChecksSpec
 
 CHEAT = """
 import json, os, sys
-out = {"tmpdir": os.environ.get("TMPDIR"), "home": os.environ.get("HOME")}
+out = {"tmpdir": os.environ.get("TMPDIR"), "home": os.environ.get("HOME"),
+       "pidns": os.environ.get("ORCH_PACKAGE_PID_NAMESPACE")}
 open(os.path.join(os.environ["TMPDIR"], "private.txt"), "w").write("allowed")
 try:
     open(sys.argv[1], "w").write("cached work for the next launch")
@@ -57,6 +58,7 @@ def test_namespace_makes_the_shared_tmp_read_only_and_keeps_tmpdir_home_private(
     seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
     private = Path(spec.scratch_dir) / "isolated" / "checks"
     assert seen["tmpdir"] == str(private / "tmp") and seen["home"] == str(private / "home")
+    assert seen["pidns"] == "1"  # told it runs in its own PID namespace (its quiet-host snapshot cannot see others)
     assert (private / "tmp" / "private.txt").read_text() == "allowed"
     # the cache write was impossible: it failed inside the package and nothing reached the host's /tmp
     assert seen["shared"] == "OSError: Read-only file system"
@@ -70,7 +72,8 @@ def test_scan_fallback_fails_the_package_naming_the_path(tmp_path: Path) -> None
     try:
         outcome = run_package(spec, _env(), 120, isolation="scan")
         assert outcome.extra["isolation"] in ("scan+cgroup", "scan+token-scan")
-        assert json.loads((Path(spec.package_dir) / "seen.json").read_text())["shared"] == "written"
+        seen = json.loads((Path(spec.package_dir) / "seen.json").read_text())
+        assert seen["shared"] == "written" and seen["pidns"] is None  # scan mode: the host's own PID namespace
         assert outcome.status == "failed"
         assert outcome.note is not None and "wrote outside the run directory and scratch: " in outcome.note
         assert target in outcome.note and "\n" not in outcome.note
