@@ -1,5 +1,6 @@
-"""`orch calibrate` end to end: two real A/A launches of one triplet each on r3-mini (2 CPU ranks), recorded in the
-ledger, then the owner's one triplet of the same protocol, bounded by them."""
+"""`orch calibrate` end to end: two real A/A launches of one triplet each on r3-mini (1 CPU rank: nothing here is
+about ranks; launchutil.one_rank_protocol), recorded in the ledger, then the owner's one triplet of the same
+protocol, bounded by them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from launchutil import edit_protocol, env, launch_cmd, make_project, orch, quick_protocol, records
+from launchutil import edit_protocol, env, launch_cmd, make_project, one_rank_protocol, orch, records
 
 from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
 from protocol.schema import load_protocol
@@ -20,7 +21,7 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
     """Two real A/A launches of one triplet each: their paired log speedups, SD between launches (df 1), a ledger
     record; then a launch of the protocol's one triplet, whose interval is bounded by that calibration alone."""
     proj = make_project(tmp_path)
-    protocol = edit_protocol(proj, quick_protocol, name="quick.yaml")
+    protocol = edit_protocol(proj, one_rank_protocol, name="quick.yaml")
     home = tmp_path / "home"
     proc = subprocess.run(
         orch("calibrate", str(protocol), "--repeats", "2", "--home", str(home), "--json", "--lock-dir",

@@ -1,10 +1,10 @@
 """`orch launch` end to end on r3-mini (2 CPU ranks): real torchrun, real locks, real ledger, real faults.
 
 The complete run is the suite's shared one (conftest.py); every other test launches its own, on a copy of the
-project that it may edit, with the quick protocol (launchutil.quick_protocol) where it only needs a package to fail
-or the launch to stop. A failing train-C that stops the run (the later packages not run, no audit, `orch audit`
-writing nothing) is test_clock_e2e's launch; kill -9 of orch (no process left, the lock freed, the orphan named by
-`orch ledger verify`) is test_audit_e2e's killed run: one launch each proves both.
+project that it may edit, with the quick protocol on one rank (launchutil.one_rank_protocol) where it only needs a
+package to fail or the launch to stop. A failing train-C that stops the run (the later packages not run, no audit,
+`orch audit` writing nothing) is test_clock_e2e's launch; kill -9 of orch (no process left, the lock freed, the
+orphan named by `orch ledger verify`) is test_audit_e2e's killed run: one launch each proves both.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from launchutil import (
     launch_cmd,
     lock_is_free,
     make_project,
+    one_rank_protocol,
     orch,
-    quick_protocol,
     records,
     run_processes,
     start_until,
@@ -96,7 +96,7 @@ def test_the_probe_on_r3_mini_digests_what_the_reload_reads_and_observes_the_rec
 def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, quick_protocol))
+    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, one_rank_protocol))
     target = run_dir / "sealed" / "baseline" / "train" / "reward_func.py"
     target.chmod(0o644)
     with open(target, "a") as f:
@@ -113,7 +113,7 @@ def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path
 def test_ctrl_c_records_interrupted_and_exits_130(tmp_path: Path) -> None:
     proj = make_project(tmp_path)
     home = tmp_path / "home"
-    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, quick_protocol))
+    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, one_rank_protocol))
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 130

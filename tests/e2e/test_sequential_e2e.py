@@ -1,5 +1,6 @@
-"""The sequential stop end to end: one real `orch launch` of r3-mini (2 CPU ranks) with measurement.repeats: auto,
-at most 3 triplets, no calibration: triplets are added one at a time until the rule stops, every one in the ledger."""
+"""The sequential stop end to end: one real `orch launch` of r3-mini (1 CPU rank: nothing here is about ranks) with
+measurement.repeats: auto, at most 3 triplets, no calibration: triplets are added one at a time until the rule stops,
+every one in the ledger."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ MAX = 3
 
 def _auto(data: dict[str, Any]) -> None:
     prepare_only(data)
+    data["launcher"]["nproc"] = 1  # as launchutil.one_rank_protocol: the rule's bookkeeping, not the ranks
     data.setdefault("measurement", {}).update(repeats="auto", max_repeats=MAX)
 
 

@@ -2,7 +2,8 @@
 (tests/fixtures/tuned_sum.py: three kernels, four block sizes, cold compiles and cold ranks pick differently, and the
 pick sets the summation order). Under orch every arm and rank runs the prime's picks: an identical candidate is exact
 on cold caches with 2 ranks; a candidate that writes the baseline's cache is refused, naming it; a candidate that
-changes one kernel is not exact and its audit names that kernel as its own."""
+changes one kernel is not exact and its audit names that kernel as its own (these last launches run on 1 rank: what
+they test is one arm's cache, not ranks that tune apart)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,13 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 
 def tuned_project(
-    tmp_path: Path, candidate: tuple[str, str] | None = None, compile_mode: str = "prime"
+    tmp_path: Path, candidate: tuple[str, str] | None = None, compile_mode: str = "prime", nproc: int = 2
 ) -> tuple[Path, Path]:
     """r3-mini with the tuned kernels, committed as the baseline (git HEAD); the candidate is the working tree with
     `candidate` edited into tuned_sum.py (None: the identical candidate). Both commitments frozen here. The quick
-    protocol, with the prime (`compile_mode`: what measurement.compile says)."""
+    protocol, with the prime (`compile_mode`: what measurement.compile says), on `nproc` CPU ranks: 2 where ranks
+    that tune apart are the point, 1 where the test is about what one arm's cache holds (the poisoned cache, a kernel
+    of the candidate's own, tuning under compile: none)."""
     proj = make_project(tmp_path)
     shutil.copy(REPO / "tests" / "fixtures" / "tuned_sum.py", proj / TRAIN / "tuned_sum.py")
     trainer = proj / TRAIN / "online_rl.py"
@@ -69,6 +72,7 @@ def tuned_project(
     }
     quick_protocol(data)
     data["measurement"]["compile"] = compile_mode
+    data["launcher"]["nproc"] = nproc
     protocol = proj / "protocol" / "tuned.yaml"
     protocol.write_text(yaml.safe_dump(data, sort_keys=False))
     for arm, out in (("baseline", "manifests/tuned_base.json"), ("candidate", "manifests/tuned_cand.json")):
@@ -79,9 +83,9 @@ def tuned_project(
 
 
 def _launch(
-    tmp_path: Path, candidate: tuple[str, str] | None, compile_mode: str = "prime"
+    tmp_path: Path, candidate: tuple[str, str] | None, compile_mode: str = "prime", nproc: int = 1
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    proj, protocol = tuned_project(tmp_path, candidate, compile_mode)
+    proj, protocol = tuned_project(tmp_path, candidate, compile_mode, nproc)
     home = tmp_path / "home"
     done = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,
                           timeout=900)
@@ -97,7 +101,7 @@ def _run_json(run_dir: Path) -> dict[str, Any]:
 
 
 def test_an_identical_candidate_is_exact_on_cold_caches_with_two_ranks_that_tune_differently(tmp_path: Path) -> None:
-    done, run_dir = _launch(tmp_path, None)
+    done, run_dir = _launch(tmp_path, None, nproc=2)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = _audit(run_dir)
     assert doc["exact"] is True and doc["exactness"]["ranks"] == 2, doc["reasons"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launchutil import GIT, REPO, quick_protocol
+from launchutil import GIT, REPO, one_rank_protocol
 
 from protocol.recipe import recipe_flags, v1_recipe
 
@@ -67,13 +67,13 @@ def _env() -> dict[str, str]:
 
 def _project(root: Path) -> Path:
     """A git project of its own: r3-mini's sources, R3's recipe file and a short-form protocol (no `recipe:`, no
-    recipe flag), quick (12 steps, one window)."""
+    recipe flag), quick (12 steps, one window) on one rank (the test is about the installed tool, not the ranks)."""
     proj = root / "proj"
     shutil.copytree(REPO / "examples" / "r3_mini", proj / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     (proj / "recipes").mkdir()
     shutil.copy(REPO / "recipes" / "r3_tree_rl_bagel7b.yaml", proj / "recipes")
     data = yaml.safe_load((REPO / "protocol" / "r3_mini.yaml").read_text())
-    quick_protocol(data)
+    one_rank_protocol(data)
     flags = set(v1_recipe().recipe.flags().values())
     args = data["launcher"]["args"]
     data["launcher"]["args"] = [a for i, a in enumerate(args) if a not in flags and not (i and args[i - 1] in flags)]
