@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from ledger.verdict.decision import baseline_effects, decide, verdict_interval, window_effects
+from ledger.verdict.decision import baseline_effects, decide, outlier_check, verdict_interval, window_effects
 from ledger.verdict.noise import (
     AB_FACTOR,
     ArmSpread,
@@ -281,9 +281,10 @@ def baseline_check(lk: Looks, d: np.ndarray, u: np.ndarray, cal: np.ndarray, noi
 def sequential(d: np.ndarray, cal: np.ndarray | None, noise: Noise | None = None,
                u: np.ndarray | None = None) -> tuple[Looks, np.ndarray, np.ndarray]:
     """SequentialRule(MAX_TRIPLETS) with optional stopping, as sequential_doc.look: the interval at each sequence's
-    stop, triplets taken, and why it stopped (0 decided, 1 precise, 2 maximum). With a calibration, the noise check
-    and u (each triplet's A/B contrast), the A/B launch check at every look: a decision that rests on a flagged
-    triplet does not stop; the rule adds a triplet, and at the maximum stops not decided (the returned veto)."""
+    stop, triplets taken, and why it stopped (0 decided, 1 precise, 2 maximum). At every look, a decision that rests
+    on an outlier triplet (decision.outlier_check, the audit's own function, called for each live decided sequence)
+    and, with a calibration, the noise check and u (each triplet's A/B contrast), one that rests on a flagged A/B
+    triplet, does not stop; the rule adds a triplet, and at the maximum stops not decided (the returned veto)."""
     rule = SequentialRule(MAX_TRIPLETS)
     calib = Spread(1.0, CAL_TRIPLETS - 1) if cal is not None else None  # only its presence sets the looks
     levels = {j: rule.nominal_level(j, calib) for j in range(1, MAX_TRIPLETS + 1)}
@@ -297,10 +298,13 @@ def sequential(d: np.ndarray, cal: np.ndarray | None, noise: Noise | None = None
         faster, slower = _judge(lk)
         decided = faster | slower
         held = np.zeros(n, bool)
+        for i in np.flatnonzero(live & decided):  # the outlier-triplet check: scalar, on the few decided looks
+            c = Spread(float(cal[i]), CAL_TRIPLETS - 1) if cal is not None else None
+            held[i] = outlier_check("faster" if faster[i] else "slower", list(d[i, :k]), c, rule) is not None
         if cal is not None and noise is not None and u is not None:
             checked = baseline_check(lk, d, u, cal, noise, np.full(n, k), levels).veto
             assert checked is not None
-            held = checked & decided
+            held |= checked & decided
         bounded = np.isfinite(lk.half)
         precise = bounded & (np.expm1(lk.half) <= TARGET_HALF_WIDTH)
         reason = np.where(decided & ~held, 0, np.where(precise & ~decided, 1, np.where(k == MAX_TRIPLETS, 2, -1)))
@@ -348,7 +352,7 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
     decide); the largest disagreement (log scale), and every decision and every stop must be the same."""
     worst = 0.0
     flags = {"outlier_triplet_k3": 0, "outlier_window_k3": 0, "window_check_k1": 0, "ab_check_k1": 0,
-             "ab_held_look_seq": 0}
+             "ab_held_look_seq": 0, "outlier_held_look_seq": 0}
     for i in range(m):
         sps = []
         for t in range(MAX_TRIPLETS):
@@ -372,6 +376,7 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
                 replayed = replay(rule, list(d[i]), c, ns, [baseline_disagreement(sp) for sp in sps])
                 j, iv = replayed[-1].triplets, replayed[-1].interval
                 flags["ab_held_look_seq"] += any(x.held is not None for x in replayed)
+                flags["outlier_held_look_seq"] += any(x.outlier is not None for x in replayed)
                 if j != k:
                     raise SystemExit(f"cross-check: sequence {i} rule {name} stopped at {j}, the simulation at {k}")
             else:

@@ -48,22 +48,23 @@ MIX_REFUSAL = (
 
 
 # Python 3.12's sum() of floats is compensated and 3.11's is not: an audit recorded under one and recomputed under the
-# other differs in the last bits of a total. Numbers agree when they differ by no more than rounding; a changed figure
-# of the evidence (a step time, a GPU-second) moves them far beyond these tolerances.
-FLOAT_REL_TOL = 1e-9
+# other differs in the last bits of a total. Numbers agree when they differ by no more than rounding (relative 1e-10);
+# a changed figure of the evidence (a step time, a GPU-second) moves them far beyond these tolerances.
+FLOAT_REL_TOL = 1e-10
 FLOAT_ABS_TOL = 1e-12
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Recorded and recomputed values agree: equal structure, equal strings and flags, numbers equal up to rounding."""
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+    """Recorded and recomputed values agree: equal structure, equal strings, flags and None, numbers equal up to
+    rounding."""
+    if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b or math.isclose(a, b, rel_tol=FLOAT_REL_TOL, abs_tol=FLOAT_ABS_TOL)
+        return math.isclose(a, b, rel_tol=FLOAT_REL_TOL, abs_tol=FLOAT_ABS_TOL)
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_same(a[i], b[i]) for i in range(len(a)))
     return bool(a == b)
 
 

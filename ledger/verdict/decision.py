@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ledger.verdict.noise import NoiseEvidence, as_noise, baseline_outliers, without_window
 from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.stats import Interval, Outlier, Spread, paired_interval, triplet_log_speedup
+from ledger.verdict.stats import Interval, Outlier, Spread, outlier_triplets, paired_interval, triplet_log_speedup
 from ledger.verdict.windows import Speedup, speedup
 from protocol.plan import Triplet
 
@@ -72,6 +72,24 @@ def outlier_effects(d: Sequence[float], flagged: Sequence[Outlier], calibration:
                     rule: SequentialRule | None) -> list[OutlierEffect]:
     return [OutlierEffect(o, verdict_interval([x for i, x in enumerate(d) if i != o.triplet], calibration, rule))
             for o in flagged]
+
+
+def deciding_outlier(direction: str | None, effects: Sequence[OutlierEffect]) -> OutlierEffect | None:
+    """The first outlier triplet a decision (faster | slower; None: none) rests on: the same rule's interval
+    without it does not decide the same way. The one test both the audit (decide) and a sequential look
+    (sequential_doc.look) apply, so that a launch never stops 'decided' where the audit refuses."""
+    if direction is None:
+        return None
+    return next((e for e in effects if _call(e.without) != direction), None)
+
+
+def outlier_check(direction: str | None, d: Sequence[float], calibration: Spread | None,
+                  rule: SequentialRule | None) -> OutlierEffect | None:
+    """The outlier triplets of d (stats.outlier_triplets, with the calibration) and the one a decision rests on, as
+    the audit computes them (document.py)."""
+    if direction is None:
+        return None
+    return deciding_outlier(direction, outlier_effects(d, outlier_triplets(d, calibration), calibration, rule))
 
 
 @dataclass(frozen=True)
@@ -180,13 +198,13 @@ def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequen
             "from a busy host: re-run when it is quiet")
     if stopping:
         return NO_DIFFERENCE, None, f"the {span} excludes 1, but {stopping}"
-    for eff in outliers:
-        if _call(eff.without) != direction:
-            i = eff.outlier.triplet
-            name = triplet_names[i] if triplet_names is not None else str(i + 1)
-            return NO_DIFFERENCE, None, (
-                f"the {span} excludes 1 only with triplet {name}, an outlier (z = {eff.outlier.z:.2f}): without it "
-                f"the interval is [{_fmt(eff.without.low)}, {_fmt(eff.without.high)}]; one triplet does not decide")
+    eff = deciding_outlier(direction, outliers)
+    if eff is not None:
+        i = eff.outlier.triplet
+        name = triplet_names[i] if triplet_names is not None else str(i + 1)
+        return NO_DIFFERENCE, None, (
+            f"the {span} excludes 1 only with triplet {name}, an outlier (z = {eff.outlier.z:.2f}): without it "
+            f"the interval is [{_fmt(eff.without.low)}, {_fmt(eff.without.high)}]; one triplet does not decide")
     b = deciding_baseline(iv, baselines)
     if b is not None:
         i = b.outlier.triplet

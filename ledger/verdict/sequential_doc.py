@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ledger.verdict.decision import BaselineEffect, ab_check
+from ledger.verdict.decision import BaselineEffect, OutlierEffect, ab_check, outlier_check
 from ledger.verdict.noise import NoiseEvidence
 from ledger.verdict.sequential import METHOD, SequentialRule
 from ledger.verdict.stats import LEVEL, Interval, Spread
@@ -83,6 +83,7 @@ class Look:
     interval: Interval
     stop: str | None  # decided | precise | maximum | None (add a triplet)
     held: BaselineEffect | None = None  # the interval excludes 1 only with this flagged A/B triplet: not decided
+    outlier: OutlierEffect | None = None  # ... only with this outlier triplet (stats.outlier_triplets): not decided
 
     @property
     def record(self) -> SequentialLook:
@@ -100,11 +101,17 @@ class Look:
         else:
             span = (f"{iv.level:.0%} repeated interval [{iv.low:.4f}, {iv.high:.4f}] (nominal {iv.nominal_level:.2%} "
                     f"at this look, df {iv.df:.4g}, {iv.variance_source} spread, half-width {iv.half_width:.1%})")
-        if self.held is not None:
-            h = self.held
-            rests = (f"excludes 1, but the baseline launches A and B of triplet {h.outlier.triplet + 1} disagree "
-                     f"beyond the calibrated between-launch spread (A/B = {h.disagreement:.4f}, z = {h.outlier.z:.2f})"
-                     " and the decision rests on it")
+        if self.held is not None or self.outlier is not None:
+            if self.outlier is not None:
+                o, w = self.outlier.outlier, self.outlier.without
+                rests = (f"excludes 1 only with triplet {o.triplet + 1}, an outlier (z = {o.z:.2f}; without it "
+                         f"[{w.low:.4f}, {w.high:.4f}]), and the decision rests on it")
+            else:
+                assert self.held is not None
+                h = self.held
+                rests = (f"excludes 1, but the baseline launches A and B of triplet {h.outlier.triplet + 1} disagree "
+                         f"beyond the calibrated between-launch spread (A/B = {h.disagreement:.4f}, "
+                         f"z = {h.outlier.z:.2f}) and the decision rests on it")
             why = (f"{rests}: stop at the maximum of {max_triplets} triplets, not decided" if self.stop == "maximum"
                    else f"{rests}: not decided, add triplet {self.triplets + 1} of at most {max_triplets}")
         elif self.stop == "decided":
@@ -124,13 +131,20 @@ def look(rule: SequentialRule, d: Sequence[float], calibration: Spread | None,
     (noise.baseline_disagreement), for the A/B launch check, which applies with a calibration that records the step
     spread (noise.calibration_step; decision.baseline_effects): an interval that excludes 1 only with a flagged
     triplet (decision.deciding_baseline, the audit's own test) does not stop as decided; the rule adds a triplet, and
-    at the maximum stops there ('maximum': the audit will say not decided)."""
+    at the maximum stops there ('maximum': the audit will say not decided). The same holds for an interval that
+    excludes 1 only with an outlier triplet (decision.outlier_check, the audit's own test), with or without a
+    calibration."""
     k = len(d)
     if k < rule.first_look(calibration):
         return None
     iv = rule.interval(d, calibration, noise)
     stop = rule.stop(iv)
-    if stop != "decided" or calibration is None or noise is None or noise.calibration_step is None:
+    if stop != "decided":
+        return Look(k, iv, stop)
+    out = outlier_check("faster" if iv.low > 1.0 else "slower", d, calibration, rule)
+    if out is not None:
+        return Look(k, iv, "maximum" if k >= rule.max_triplets else None, outlier=out)
+    if calibration is None or noise is None or noise.calibration_step is None:
         return Look(k, iv, stop)
     if ab is None:
         raise ValueError("a look with a calibration that records the step spread needs each triplet's A/B contrast")

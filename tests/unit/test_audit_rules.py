@@ -71,6 +71,15 @@ def test_a_total_summed_under_another_python_agrees_and_a_changed_figure_does_no
     assert _differing_keys({"w": ["x", 0.5]}, {"w": ["y", 0.5]}) == ["w"]
     assert _differing_keys({"w": 0.0}, {"w": 1e-13}) == []
     assert _differing_keys({"w": 0.0}, {"w": 1e-9}) == ["w"]
+    assert _differing_keys({"w": 1.0}, {"w": 1.0 + 5e-10}) == ["w"]  # beyond rounding, though math.isclose's default
+    assert _differing_keys({"w": 2}, {"w": 2.0}) == [] and _differing_keys({"w": None}, {"w": None}) == []
+    # values of another kind never agree, whatever they hold
+    assert _differing_keys({"w": None}, {"w": 0.0}) == ["w"] and _differing_keys({"w": 0.0}, {"w": None}) == ["w"]
+    assert _differing_keys({"w": 1.0}, {"w": "1.0"}) == ["w"] and _differing_keys({"w": "1.0"}, {"w": 1.0}) == ["w"]
+    assert _differing_keys({"w": {"a": 1.0}}, {"w": ["a"]}) == ["w"]
+    assert _differing_keys({"w": ["a"]}, {"w": {"a": 1.0}}) == ["w"]
+    assert _differing_keys({"w": ["x"]}, {"w": "x"}) == ["w"] and _differing_keys({"w": "x"}, {"w": ["x"]}) == ["w"]
+    assert _differing_keys({"w": (1.0, "x")}, {"w": [1.0, "x"]}) == []  # a tuple read back from JSON is a list
 
 # --- unseal_score -----------------------------------------------------------------------------------------------
 
