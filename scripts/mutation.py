@@ -75,6 +75,7 @@ MODULES: dict[str, Target] = {
     "ledger/verdict/decision.py": Target(("tests/unit/test_decision.py", "tests/unit/test_stats.py",
                                           "tests/unit/test_audit.py", "tests/unit/test_noise.py",
                                           "tests/unit/test_sequential_ab_check.py",
+                                          "tests/unit/test_sequential_outlier_check.py",
                                           "tests/unit/test_decision_branches.py"), equivalent={
         "ledger.verdict.decision.x__fmt__mutmut_1": "f'{inf:.4f}' is 'inf' too: _fmt is given an interval's ends, "
                                                     "exp(...) or 0.0 and inf, never -inf",
@@ -140,7 +141,8 @@ MODULES: dict[str, Target] = {
     }),
     # test_audit.py and test_witness.py reach audit_run too, through whole audits (each plots, some audit 2-4 runs):
     # with them a run of the 355 mutants took over 30 minutes; test_audit_rules.py pins each rule of this module
-    "ledger/verdict/audit.py": Target(("tests/unit/test_audit_rules.py", "tests/unit/test_audit_evidence.py"),
+    "ledger/verdict/audit.py": Target(("tests/unit/test_audit_rules.py", "tests/unit/test_audit_evidence.py",
+                                       "tests/unit/test_calibrate.py"),
                                       equivalent={
         "ledger.verdict.audit.x__append_audit_record__mutmut_20": "arm=None left out of ledger.append: a ledger "
                                                                   "record's arm defaults to None",
