@@ -93,6 +93,19 @@ class Look:
             high=iv.high if iv.bounded else None, nominal_level=iv.nominal_level, df=int(iv.df),
             variance_source=iv.variance_source, stop=cast(StopReason | None, self.stop))
 
+    def _rests(self) -> str | None:
+        """Why a look whose interval excludes 1 is not decided: the triplet its decision rests on (None: none)."""
+        if self.outlier is not None:
+            o, w = self.outlier.outlier, self.outlier.without
+            return (f"excludes 1 only with triplet {o.triplet + 1}, an outlier (z = {o.z:.2f}; without it "
+                    f"[{w.low:.4f}, {w.high:.4f}]), and the decision rests on it")
+        if self.held is not None:
+            h = self.held
+            return (f"excludes 1, but the baseline launches A and B of triplet {h.outlier.triplet + 1} disagree "
+                    f"beyond the calibrated between-launch spread (A/B = {h.disagreement:.4f}, z = {h.outlier.z:.2f})"
+                    " and the decision rests on it")
+        return None
+
     def words(self, max_triplets: int) -> str:
         iv = self.interval
         head = f"look {self.triplets}: speedup {iv.estimate:.4f}x"
@@ -101,17 +114,8 @@ class Look:
         else:
             span = (f"{iv.level:.0%} repeated interval [{iv.low:.4f}, {iv.high:.4f}] (nominal {iv.nominal_level:.2%} "
                     f"at this look, df {iv.df:.4g}, {iv.variance_source} spread, half-width {iv.half_width:.1%})")
-        if self.held is not None or self.outlier is not None:
-            if self.outlier is not None:
-                o, w = self.outlier.outlier, self.outlier.without
-                rests = (f"excludes 1 only with triplet {o.triplet + 1}, an outlier (z = {o.z:.2f}; without it "
-                         f"[{w.low:.4f}, {w.high:.4f}]), and the decision rests on it")
-            else:
-                assert self.held is not None
-                h = self.held
-                rests = (f"excludes 1, but the baseline launches A and B of triplet {h.outlier.triplet + 1} disagree "
-                         f"beyond the calibrated between-launch spread (A/B = {h.disagreement:.4f}, "
-                         f"z = {h.outlier.z:.2f}) and the decision rests on it")
+        rests = self._rests()
+        if rests is not None:
             why = (f"{rests}: stop at the maximum of {max_triplets} triplets, not decided" if self.stop == "maximum"
                    else f"{rests}: not decided, add triplet {self.triplets + 1} of at most {max_triplets}")
         elif self.stop == "decided":

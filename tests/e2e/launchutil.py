@@ -68,7 +68,6 @@ def quick_protocol(data: dict[str, Any]) -> None:
     data["measurement"].update(steps=12, warmup=2, window=10, digest_last=11)
 
 
-
 def one_rank_protocol(data: dict[str, Any]) -> None:
     """quick_protocol on one CPU rank: for the tests of orch's verdict bookkeeping (the A/A calibration, the
     sequential stop), which read launches' step times and digests but nothing about how ranks agree. A package then
@@ -76,6 +75,7 @@ def one_rank_protocol(data: dict[str, Any]) -> None:
     two; the tests about ranks (the complete run, the cheats, the tuned kernels, Slurm) keep two."""
     quick_protocol(data)
     data["launcher"]["nproc"] = 1
+
 
 def make_project(tmp_path: Path) -> Path:
     proj = tmp_path / "proj"
