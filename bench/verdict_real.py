@@ -94,14 +94,18 @@ def _run(cmd: list[str], cwd: Path, s: Stream, timeout: float) -> tuple[str | No
         return None, f"no JSON (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1]}"
 
 
+# the draw is a hash of the run id and the step: every rank of a package sleeps the same (the ranks meet in every
+# step's collectives, so independent draws per rank would pace the step by the longest of them, and make the
+# candidate slower, not only noisier), each launch draws anew, and no RNG of the trainer is drawn
 NOISY_LINE = ('        time.sleep(float(os.environ.get("R3_BENCH_SLEEP_S", "0")) * (1.0 + float(os.environ.get('
-              '"R3_BENCH_SLEEP_SPREAD", "0")) * (2.0 * int.from_bytes(os.urandom(4), "little") / 4294967296.0 - 1.0)))'
-              '  # bench-verdict: uniform sleep, median m\n')
+              '"R3_BENCH_SLEEP_SPREAD", "0")) * (2.0 * int(__import__("hashlib").sha256(f"{os.environ.get('
+              '\'ORCH_RUN_ID\', \'\')}:{curr_step}".encode()).hexdigest()[:8], 16) / 4294967296.0 - 1.0)))'
+              '  # bench-verdict: uniform sleep, median m, one draw per step for every rank\n')
 
 
 def noisy_protocol(work: Path, device: str, small: bool, sleep_s: float) -> tuple[Path, Path]:
     """A project whose committed trainer sleeps after each scheduler.step(): the baseline a constant m, the candidate
-    uniform in [0, 2m] (os.urandom: no RNG of the trainer is drawn), so its median step is the baseline's and it is
+    uniform in [0, 2m], the same draw on every rank (NOISY_LINE), so its median step is the baseline's and it is
     noisier (issue 34). Both arms run the same committed sources (manifests/bench_noisy.json)."""
     proj = project(work)
     trainer = proj / "examples" / "r3_mini" / "train" / "online_rl.py"
