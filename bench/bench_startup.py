@@ -3,13 +3,21 @@ r3-mini's 2 CPU ranks with the e2e suite's quick protocol (tests/e2e/launchutil.
 --launches fresh launches one after another and prints, per phase, the median over every train, prime and replay
 package of them, then each package kind's median wall time. --out FILE writes the figures (JSON).
 
+--floor instead times, --repeats times each and alternating, the fresh interpreters every package starts: Python
+alone, Python importing torch, then Dynamo (what `torch.use_deterministic_algorithms` or the first optimizer step
+imports), and torchrun's agent with its rendezvous around a rank that runs nothing (`--no-python true`). Wall and
+CPU seconds (the children's user + sys), medians: what no change to orch can take out of a fresh rank.
+
 Usage: python bench/bench_startup.py [--launches 2] [--out FILE]   (about 1-2 min a launch on 2 cores)
+       python bench/bench_startup.py --floor [--repeats 5] [--out FILE]   (about 1 min)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,11 +50,60 @@ def one(base: Path) -> dict[str, object]:
     return {"wall_s": round(wall, 1), "packages": packages}
 
 
+# what each fresh interpreter of a package pays before any of the trainer's own work
+FLOOR: dict[str, list[str]] = {
+    "python": [sys.executable, "-c", "pass"],
+    "import torch": [sys.executable, "-c", "import torch"],
+    "import torch, then Dynamo": [sys.executable, "-c", "import torch; torch.use_deterministic_algorithms(True)"],
+    "torchrun agent, rendezvous, a no-op rank": [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                 "--nproc_per_node=1", "--no-python", "true"],
+}
+
+
+def provenance() -> dict[str, object]:
+    """The commit, whether this script differs from it, and the command as run (relative paths)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "script_differs_from_commit": bool(git("status", "--porcelain", "--",
+            "bench/bench_startup.py")), "command": " ".join(["python", "bench/bench_startup.py", *sys.argv[1:]])}
+
+
+def floor(repeats: int) -> dict[str, dict[str, float]]:
+    """Median wall and CPU seconds of each FLOOR command, the commands alternating within each repeat."""
+    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in FLOOR}
+    quiet = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for _ in range(repeats):
+        for name, cmd in FLOOR.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.monotonic()
+            subprocess.run(cmd, check=True, env=quiet, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wall = time.monotonic() - t0
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            seen[name].append((wall, cpu))
+    out = {name: {"wall_s": round(statistics.median(w for w, _ in v), 3),
+                  "cpu_s": round(statistics.median(c for _, c in v), 3)} for name, v in seen.items()}
+    print(f"fresh interpreters, median of {repeats} (seconds):")
+    print(f"  {'what':<42} {'wall':>6} {'cpu':>6}")
+    for name, v in out.items():
+        print(f"  {name:<42} {v['wall_s']:>6.2f} {v['cpu_s']:>6.2f}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--launches", type=int, default=2)
+    ap.add_argument("--floor", action="store_true", help="time the fresh interpreters a package starts, not launches")
+    ap.add_argument("--repeats", type=int, default=5, help="--floor: times each command runs")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.floor:
+        figures = floor(args.repeats)
+        if args.out is not None:
+            doc = {"schema": "orch.bench.startup-floor/1", **provenance(), "repeats": args.repeats, "median": figures}
+            args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        return 0
     launches = []
     for _ in range(args.launches):
         with tempfile.TemporaryDirectory(prefix="orch-startup-") as tmp:
@@ -65,7 +122,7 @@ def main() -> int:
     print("package wall, median seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in walls.items()))
     print("launch wall, seconds: " + ", ".join(str(x["wall_s"]) for x in launches))
     if args.out is not None:
-        args.out.write_text(json.dumps({"schema": "orch.bench.startup/1", "phases_median_s": phases,
+        args.out.write_text(json.dumps({"schema": "orch.bench.startup/1", **provenance(), "phases_median_s": phases,
                                         "package_wall_median_s": walls, "launches": launches}, indent=1) + "\n")
     return 0
 
