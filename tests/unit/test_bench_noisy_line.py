@@ -1,0 +1,57 @@
+"""bench/verdict_real.py's noisier candidate (issue 34's real decisions): the line it inserts into r3-mini's trainer
+sleeps the same on every rank of a step, so that the ranks, which meet in every step's collectives, are not paced
+by the longest of independent draws (which made that candidate slower, not only noisier)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def noisy_line() -> str:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import verdict_real
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return str(verdict_real.NOISY_LINE)
+
+
+def _sleeps(line: str, env: dict[str, str], steps: range) -> list[float]:
+    """The seconds the inserted line asks to sleep at each step, run as the trainer runs it (inside its loop)."""
+    slept: list[float] = []
+
+    class _Time:
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            slept.append(seconds)
+
+    class _Os:
+        environ = env
+
+    code = compile("for curr_step in steps:\n    if True:\n" + line, "online_rl.py", "exec")
+    exec(code, {"time": _Time, "os": _Os, "steps": steps})
+    return slept
+
+
+def test_every_rank_of_a_step_sleeps_the_same_and_a_launch_draws_anew(noisy_line: str) -> None:
+    env = {"R3_BENCH_SLEEP_S": "0.1", "R3_BENCH_SLEEP_SPREAD": "1", "ORCH_RUN_ID": "20261205T000000Z-ab-0001"}
+    rank0, rank1 = _sleeps(noisy_line, dict(env), range(16)), _sleeps(noisy_line, dict(env), range(16))
+    assert rank0 == rank1 and len(set(rank0)) == 16
+    other = _sleeps(noisy_line, {**env, "ORCH_RUN_ID": "20261205T000000Z-ab-0002"}, range(16))
+    assert other != rank0
+
+
+def test_the_candidates_sleep_is_uniform_around_the_baselines_constant(noisy_line: str) -> None:
+    base = {"R3_BENCH_SLEEP_S": "0.1", "R3_BENCH_SLEEP_SPREAD": "0", "ORCH_RUN_ID": "r"}
+    assert set(_sleeps(noisy_line, base, range(50))) == {0.1}
+    draws = _sleeps(noisy_line, {**base, "R3_BENCH_SLEEP_SPREAD": "1"}, range(4000))
+    assert 0.0 <= min(draws) and max(draws) <= 0.2
+    assert statistics.median(draws) == pytest.approx(0.1, abs=0.01)
+    assert statistics.fmean(draws) == pytest.approx(0.1, abs=0.005)
