@@ -86,11 +86,11 @@ bench-probe: $(STAMP)
 bench-tuned: $(STAMP)
 	$(BIN)/python bench/bench_tuned_kernels.py $(BENCH_TUNED_ARGS)
 
-# one device call (~8 min on one H200): null runs with repeats and a known 25% slowdown; figures under $$OUT
 # per-package start-up phase by phase on r3-mini's 2 CPU ranks (BENCH_STARTUP_ARGS: --launches N, --floor, --out FILE)
 bench-startup: $(STAMP)
 	$(BIN)/python bench/bench_startup.py $(BENCH_STARTUP_ARGS)
 
+# one device call (~8 min on one H200): null runs with repeats and a known 25% slowdown; figures under $$OUT
 bench-null: $(STAMP)
 	$(BIN)/python bench/bench_null.py $(BENCH_NULL_ARGS)
 
