@@ -118,7 +118,8 @@ def main() -> None:
     ap.add_argument("--calibration-repeats", type=int, default=5, help="--real: A/A triplets of each calibration")
     ap.add_argument("--k1", action="store_true",
                     help="--real (issue 34): per stream `orch calibrate --repeats N` (N separate A/A launches), then "
-                         "K = 1 launches each decided by its own audit; --kinds null,noisy (stream i: the i-th)")
+                         "K = 1 launches each decided by its own audit; --kinds of null, noisy, slow25, slow10 "
+                         "(stream i: the i-th; a slowdown's candidate sleeps that share of the A/A median step)")
     ap.add_argument("--noise-sleep-s", type=float, default=0.1,
                     help="--real --k1, kind noisy: both arms sleep after each scheduler.step(), the baseline this "
                          "many seconds, the candidate uniform in [0, 2x] (same median step, noisier)")

@@ -38,7 +38,8 @@ from protocol.home import resolve_home
 from protocol.plan import triplets
 
 KINDS = {"null": 0.0, "slow25": 0.25, "slow10": 0.10}  # the candidate sleeps this fraction of the baseline step
-K1_KINDS = ("null", "noisy")  # --k1 (issue 34): K = 1 nulls, and a noisier candidate of the same median step
+# --k1 (issue 34): K = 1 nulls, a noisier candidate of the same median step, and known slowdowns (the power)
+K1_KINDS = ("null", "noisy", "slow25", "slow10")
 MAX_REPEATS = 3  # triplets per launch (fewer when the budget is short)
 GRACE_S = 45.0  # a run still going this long past the budget is stopped (its triplets are not used)
 SEQ_MAX = 6
@@ -152,7 +153,7 @@ def stream_k1(s: Stream, opts: argparse.Namespace, deadline: float, save: thread
     if kind == "noisy":
         proj, proto = noisy_protocol(s.work / "noisy", opts.device, opts.small, opts.noise_sleep_s)
     else:
-        proj = project(s.work / "null")
+        proj = project(s.work / kind)
         proto = null_protocol(proj, opts.device, 1, opts.small)
     t0 = time.monotonic()
     run_id, why = _run(orch("calibrate", str(proto), "--repeats", str(opts.calibration_repeats), *common), proj, s,
@@ -161,6 +162,11 @@ def stream_k1(s: Stream, opts: argparse.Namespace, deadline: float, save: thread
     save.set()
     if run_id is None:
         return
+    if kind in KINDS and KINDS[kind] > 0:  # a known slowdown: the candidate sleeps this fraction of the A/A step
+        cal = json.loads((home / "runs" / run_id / "calibration.json").read_text())
+        base_steps = [read_run(home, aa)[2] for aa in (cal.get("run_ids") or [run_id])]
+        path = slowdown_protocol(proj, proto, 1, KINDS[kind] * statistics.median(base_steps))
+        proto = path.rename(path.with_name(f"{kind}_k1.yaml"))
     per_run = (time.monotonic() - t0) / opts.calibration_repeats
     while deadline - time.monotonic() >= 1.1 * per_run:
         t1 = time.monotonic()
@@ -348,10 +354,17 @@ def k1_tally(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind in K1_KINDS:
         got = [r for r in rows if r["kind"] == kind and r["exact"]]
-        if got:
-            fa = sum(r["verdict"] == "accepted" for r in got)
-            out[kind] = {"decisions": len(got), "false_accepts": fa, "false_accept_ci95": cp(fa, len(got)),
-                         "mean_triplets": 1.0}
+        if not got:
+            continue
+        if kind in KINDS and KINDS[kind] > 0:  # a known slowdown: power, and the wrong-way accepts
+            slower = sum(r["verdict"] == "accepted" and r["direction"] == "slower" for r in got)
+            faster = sum(r["verdict"] == "accepted" and r["direction"] == "faster" for r in got)
+            out[kind] = {"decisions": len(got), "accepted_slower": slower, "power_ci95": cp(slower, len(got)),
+                         "accepted_faster": faster, "mean_triplets": 1.0}
+            continue
+        fa = sum(r["verdict"] == "accepted" for r in got)
+        out[kind] = {"decisions": len(got), "false_accepts": fa, "false_accept_ci95": cp(fa, len(got)),
+                     "mean_triplets": 1.0}
     return out
 
 
@@ -380,7 +393,8 @@ def assign(opts: argparse.Namespace) -> list[tuple[list[str], list[int] | None]]
         cores = [cpus[i * c:(i + 1) * c] for i in range(n)]
     order = (opts.kinds or "null,slow25,slow10").split(",")
     if any(k not in (K1_KINDS if opts.k1 else KINDS) for k in order):
-        raise SystemExit(f"--kinds {opts.kinds}: give a comma list of {', '.join(KINDS)}")
+        raise SystemExit(f"--kinds {opts.kinds}: give a comma list of "
+                         f"{', '.join(K1_KINDS if opts.k1 else KINDS)}")
     if n >= 3 and opts.kinds:
         kinds = [[order[i % len(order)]] for i in range(n)]
     elif n >= 3:

@@ -5,10 +5,14 @@ diagnostic against its recorded digest, and the precision policy. Usage: python 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
 import platform
+import runpy
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from protocol.package import CommandSpec, PackageSpec
 from protocol.results import ChecksResult, Diagnostic
@@ -17,18 +21,36 @@ from workers.common import fail, run_entry_point
 ALLOWED_PRECISION = ("fp32", "bf16")
 
 
-def versions() -> dict[str, str]:
-    """python, torch, triton, CUDA, driver, GPU model and count, as the sealed worker sees them."""
-    out = {"python": platform.python_version()}
+def torch_build() -> dict[str, str] | None:
+    """torch's version and CUDA build from its `torch/version.py` (what `torch.__version__` and `torch.version.cuda`
+    return), read without importing torch: a CPU package then spends no second on torch's import; None if absent."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
     try:
-        import torch
+        found = runpy.run_path(str(Path(spec.submodule_search_locations[0]) / "version.py"))
+    except (OSError, SyntaxError):
+        return None
+    return {"torch": str(found["__version__"]), "cuda": str(found.get("cuda") or "none")}
 
-        out["torch"] = torch.__version__
-        out["cuda"] = str(torch.version.cuda or "none")
-        out["gpu_count"] = str(torch.cuda.device_count() if torch.cuda.is_available() else 0)
-        out["gpu_model"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    except ImportError:
-        out["torch"] = "absent"
+
+def versions() -> dict[str, str]:
+    """python, torch, triton, CUDA, driver, GPU model and count, as the sealed worker sees them. A package granted no
+    GPU (CUDA_VISIBLE_DEVICES empty, as gpu-run sets for CPU slots) sees none: torch is not imported for that."""
+    out = {"python": platform.python_version()}
+    build = torch_build() if os.environ.get("CUDA_VISIBLE_DEVICES") == "" else None
+    if build is not None:
+        out |= build | {"gpu_count": "0", "gpu_model": "none"}
+    else:
+        try:
+            import torch
+
+            out["torch"] = torch.__version__
+            out["cuda"] = str(torch.version.cuda or "none")
+            out["gpu_count"] = str(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+            out["gpu_model"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+        except ImportError:
+            out["torch"] = "absent"
     try:
         import triton
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ def _profile(request: pytest.FixtureRequest) -> Iterator[None]:
     """With ORCH_E2E_PROFILE=FILE, one JSON line per test: its seconds, and the orch launches it made (run.json
     files under its folders) with the packages that ran (docs/validation/e2e_durations.md is made from it)."""
     out = os.environ.get("ORCH_E2E_PROFILE")
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), _cpu_s()
     yield
     if not out:
         return
@@ -34,7 +35,14 @@ def _profile(request: pytest.FixtureRequest) -> Iterator[None]:
         packages += len(json.loads(run.read_text()).get("packages", []))
     with open(out, "a") as fh:
         fh.write(json.dumps({"test": request.node.nodeid, "seconds": round(time.monotonic() - t0, 1),
-                             "launches": launches, "packages": packages}) + "\n")
+                             "cpu_s": round(_cpu_s() - c0, 1), "launches": launches, "packages": packages}) + "\n")
+
+
+def _cpu_s() -> float:
+    """User + system seconds of this pytest process and of every descendant it (or they) waited for: a launch's
+    orch, workers, torchrun and ranks."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,7 @@ def test_a_wait_that_times_out_signals_nothing_and_terminate_escalates_to_sigkil
     proc.stdout.close()
 
 
-def test_the_group_dies_with_the_process_that_spawned_it() -> None:
+def test_the_group_dies_with_the_process_that_spawned_it(tmp_path: Path) -> None:
     parent = (
         "import sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
@@ -64,11 +64,14 @@ def test_the_group_dies_with_the_process_that_spawned_it() -> None:
         "print('spawned', flush=True)\n"  # spawn_in_group has returned: the watchdog is running
         "time.sleep(60)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    errors = tmp_path / "parent.stderr"  # what the parent or its shell said, should a line be missing
+    with errors.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, stderr=sink, text=True)
     try:
         assert proc.stdout is not None
         lines = sorted([proc.stdout.readline(), proc.stdout.readline()])  # the two writers race
-        assert lines[0].split()[0] == "grandchild" and lines[1] == "spawned\n"
+        said = f"parent exit {proc.poll()}, stdout {lines}, stderr {errors.read_text()[-2000:]!r}"
+        assert lines[1] == "spawned\n" and len(lines[0].split()) == 2 and lines[0].split()[0] == "grandchild", said
         grandchild = int(lines[0].split()[1])
         assert psutil.pid_exists(grandchild)
         os.kill(proc.pid, signal.SIGKILL)  # no cleanup runs in the parent: only PDEATHSIG and the watchdog

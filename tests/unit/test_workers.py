@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -130,6 +131,28 @@ def test_checks(tmp_path: Path) -> None:
     assert proc.returncode == 1 and f"checks: failed: graph; see {tmp_path / 'checks' / 'result.json'}\n" in proc.stderr
     res = ChecksResult.model_validate_json((tmp_path / "checks" / "result.json").read_text())
     assert not res.precision_ok and not res.diagnostics[0].ok
+
+
+def test_checks_versions_without_a_gpu_grant_are_torchs_own_and_import_no_torch() -> None:
+    """A CPU slot (CUDA_VISIBLE_DEVICES empty) reads torch's version file; the figures equal torch's own."""
+    code = ("import json, sys; from workers.checks import versions; v = versions(); "
+            "print(json.dumps([v, 'torch' in sys.modules]))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    seen = {}
+    for grant in ("", None):
+        run_env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+        if grant is not None:
+            run_env["CUDA_VISIBLE_DEVICES"] = grant
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
+        seen[grant] = json.loads(out.stdout)
+    (cpu, cpu_imported), (full, full_imported) = seen[""], seen[None]
+    assert cpu_imported is False and full_imported is True
+    import torch
+
+    assert cpu["torch"] == full["torch"] == torch.__version__ and cpu["cuda"] == str(torch.version.cuda or "none")
+    assert (cpu["gpu_count"], cpu["gpu_model"]) == ("0", "none")
+    if full["gpu_count"] == "0":  # no GPU here: the two ways give the same record
+        assert cpu == full
 
 
 def test_score_seals_metrics_and_prints_none(tmp_path: Path) -> None:
