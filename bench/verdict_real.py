@@ -144,6 +144,21 @@ def audit_row(s: Stream, kind: str, home: Path, run_id: str, wall: float) -> dic
             "words": a["verdict_words"], "wall_s": round(wall, 1)}
 
 
+def git_baseline(null: Path) -> Path:
+    """The null protocol with the baseline arm a slowdown's protocol has (bench_null.slowdown_protocol: git HEAD under
+    the published commitment), both arms that baseline: its `orch calibrate` then has the slowdown's baseline
+    workload (protocol.schema.baseline_workload_id), so the slowdown's K = 1 audit finds it, as a user's candidate
+    finds the calibration of its own baseline."""
+    data = yaml.safe_load(null.read_text())
+    base = {"commitment": "manifests/r3_mini.json", "source": {"git": "HEAD"},
+            "switches": dict(data["arms"]["baseline"]["switches"])}
+    data["arms"] = {"baseline": base, "candidate": dict(base)}
+    data["name"] = f"{data['name']}-git-baseline"
+    path = null.with_name("git_baseline_k1.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def stream_k1(s: Stream, opts: argparse.Namespace, deadline: float, save: threading.Event) -> None:
     """Issue 34: `orch calibrate --repeats N` (N separate A/A launches) of the stream's protocol, then K = 1
     launches until the budget, each decided by its own audit with that calibration."""
@@ -155,14 +170,16 @@ def stream_k1(s: Stream, opts: argparse.Namespace, deadline: float, save: thread
     else:
         proj = project(s.work / kind)
         proto = null_protocol(proj, opts.device, 1, opts.small)
+    slowdown = kind in KINDS and KINDS[kind] > 0
+    calibrated = git_baseline(proto) if slowdown else proto
     t0 = time.monotonic()
-    run_id, why = _run(orch("calibrate", str(proto), "--repeats", str(opts.calibration_repeats), *common), proj, s,
-                       deadline + GRACE_S - time.monotonic())
+    run_id, why = _run(orch("calibrate", str(calibrated), "--repeats", str(opts.calibration_repeats), *common), proj,
+                       s, deadline + GRACE_S - time.monotonic())
     s.runs.append({"kind": "calibration", "run_id": run_id, "wall_s": round(time.monotonic() - t0, 1), "why": why})
     save.set()
     if run_id is None:
         return
-    if kind in KINDS and KINDS[kind] > 0:  # a known slowdown: the candidate sleeps this fraction of the A/A step
+    if slowdown:  # the candidate sleeps this fraction of the calibration's median A/A step
         cal = json.loads((home / "runs" / run_id / "calibration.json").read_text())
         base_steps = [read_run(home, aa)[2] for aa in (cal.get("run_ids") or [run_id])]
         path = slowdown_protocol(proj, proto, 1, KINDS[kind] * statistics.median(base_steps))

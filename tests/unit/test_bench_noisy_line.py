@@ -55,3 +55,26 @@ def test_the_candidates_sleep_is_uniform_around_the_baselines_constant(noisy_lin
     assert 0.0 <= min(draws) and max(draws) <= 0.2
     assert statistics.median(draws) == pytest.approx(0.1, abs=0.01)
     assert statistics.fmean(draws) == pytest.approx(0.1, abs=0.005)
+
+
+def test_a_slowdowns_calibration_has_the_slowdowns_baseline_workload(tmp_path: Path) -> None:
+    """The K = 1 slowdown stream calibrates a protocol whose baseline is the slowdown's (git HEAD under the published
+    commitment): the slowdown's audit finds that calibration by its baseline workload; the plain null's (a baseline
+    from the working tree) is another workload and is never used for it."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from bench_null import null_protocol, project, slowdown_protocol
+        from verdict_real import git_baseline
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    from protocol.schema import baseline_workload_id, load_protocol
+
+    proj = project(tmp_path / "slow")
+    null = null_protocol(proj, "cpu", 1, True)
+    calibrated = git_baseline(null)
+    slow = slowdown_protocol(proj, null, 1, 0.05)
+    ids = {name: baseline_workload_id(load_protocol(path).protocol)
+           for name, path in (("null", null), ("calibrated", calibrated), ("slow", slow))}
+    assert ids["calibrated"] == ids["slow"] != ids["null"]
+    cal = load_protocol(calibrated).protocol
+    assert cal.arms.baseline == cal.arms.candidate  # an A/A protocol: both arms the baseline
