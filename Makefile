@@ -27,16 +27,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy protocol manifests orchestrator ledger
 
-# unit tests on every core (at most 4 processes; --dist loadscope: a module's tests on one worker, so each module-scoped
-# fixture is made once), the end-to-end launches three files at a time (each test has its own home, lock directory
-# and run id), then the Slurm acceptance subset alone, on a local Slurm cluster whose Debian
-# packages install in the background when ORCH_INSTALL_SYSTEM_PACKAGES=1 (.ci/run); the README's set-up section says
-# why each step runs as it does, with the measured times
-test: slurm-packages lint
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n auto --maxprocesses 4 --dist loadscope --durations=20 tests/unit
-	$(BIN)/pytest -q -p no:cacheprovider --timeout=600 -n 3 --dist loadfile --durations=20 tests/e2e --ignore=tests/e2e/test_slurm_e2e.py
-	@bash scripts/slurm_packages.sh wait
-	ORCH_SLURM_TESTS=ci $(BIN)/pytest -q -p no:cacheprovider --timeout=900 -m slurm_ci tests/e2e/test_slurm_e2e.py
+# lint, the unit tests on every core (at most 4 processes; --dist loadscope: a module's tests on one worker, so each
+# module-scoped fixture is made once), then the end-to-end launches on three workers (each test has its own home, lock
+# directory and run id; a file's tests on one worker, heaviest files first) with the Slurm acceptance subset beside
+# them, on a local Slurm cluster whose Debian packages install in the background when ORCH_INSTALL_SYSTEM_PACKAGES=1
+# (.ci/run): scripts/test_suite.sh; docs/validation/e2e_durations.md has the measured times
+test: slurm-packages $(STAMP)
+	bash scripts/test_suite.sh
 
 # starts the background install of Debian's Slurm packages where allowed (scripts/slurm_packages.sh); returns at once
 slurm-packages:

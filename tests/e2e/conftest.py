@@ -1,16 +1,47 @@
-"""The one complete r3-mini launch that the end-to-end tests which only read its outputs share (session-scoped)."""
+"""The one complete r3-mini launch that the end-to-end tests which only read its outputs share (session-scoped), the
+per-test profile (ORCH_E2E_PROFILE), and the order in which `make test` (`-n 3 --dist loadfile
+--no-loadscope-reorder`) sends the test files to its workers: heaviest first by the seconds recorded in
+durations.json, so that no long file starts last and runs alone."""
 
 from __future__ import annotations
 
 import json
 import os
 import resource
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from launchutil import EDITED, CompleteRun, edit_protocol, end_started, make_project, small_protocol, start_until
+
+DURATIONS = Path(__file__).with_name("durations.json")  # test id -> seconds (call and set-up) on the 2-core machine
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Orders the test files heaviest first for `--dist loadfile --no-loadscope-reorder` (a file's tests on one
+    worker, so that a fixture made once per session or module is made once): a file's weight is the sum of its
+    tests' recorded seconds, a test not recorded (one that skips, or a new one: scripts/e2e_durations.py re-records
+    them) counting as the median recorded test. Within a file the collection order stays.
+
+    (Groups finer than files, xdist's `--dist loadgroup`, are not used: with pytest 9 the xdist_group marks do not
+    reach the scheduler, pytest-xdist 3.8 writing the test id where pytest no longer reads it.)"""
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    unknown = statistics.median(recorded.values()) if recorded else 0.0
+    weight: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        path = item.nodeid.split("::", 1)[0]
+        weight[path] = weight.get(path, 0.0) + float(recorded.get(item.nodeid, unknown))
+        first.setdefault(path, index)
+    order = {item.nodeid: index for index, item in enumerate(items)}
+
+    def key(item: pytest.Item) -> tuple[float, int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return -weight[path], first[path], order[item.nodeid]
+
+    items.sort(key=key)
 
 
 @pytest.fixture(autouse=True)
