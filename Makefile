@@ -32,7 +32,7 @@ lint: $(STAMP)
 # directory and run id; a file's tests on one worker, heaviest files first) with the Slurm acceptance subset beside
 # them, on a local Slurm cluster whose Debian packages install in the background when ORCH_INSTALL_SYSTEM_PACKAGES=1
 # (.ci/run): scripts/test_suite.sh; docs/validation/e2e_durations.md has the measured times
-test: slurm-packages $(STAMP)
+test: slurm-packages lint
 	bash scripts/test_suite.sh
 
 # starts the background install of Debian's Slurm packages where allowed (scripts/slurm_packages.sh); returns at once

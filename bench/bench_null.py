@@ -68,6 +68,11 @@ def null_protocol(proj: Path, device: str, repeats: int, small: bool) -> Path:
     return path
 
 
+def git_head_baseline(switches: dict[str, str]) -> dict[str, Any]:
+    """The baseline arm of a slowdown's protocol: git HEAD (untouched) under the published commitment."""
+    return {"commitment": "manifests/r3_mini.json", "source": {"git": "HEAD"}, "switches": dict(switches)}
+
+
 def slowdown_protocol(proj: Path, null: Path, repeats: int, sleep_s: float) -> Path:
     """Baseline from git HEAD (untouched); candidate = the tree whose trainer sleeps R3_BENCH_SLEEP_S per step."""
     trainer = proj / "examples" / "r3_mini" / "train" / "online_rl.py"
@@ -78,7 +83,7 @@ def slowdown_protocol(proj: Path, null: Path, repeats: int, sleep_s: float) -> P
     data = yaml.safe_load(null.read_text())
     switches = dict(data["arms"]["baseline"]["switches"])
     data["arms"] = {
-        "baseline": {"commitment": "manifests/r3_mini.json", "source": {"git": "HEAD"}, "switches": switches},
+        "baseline": git_head_baseline(switches),
         "candidate": {"commitment": "manifests/bench_slow.json", "source": "tree", "under_evaluation": True,
                       "switches": {**switches, "R3_BENCH_SLEEP_S": f"{sleep_s:.6f}"}},
     }

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from bench_null import ANCHOR, GIT, env, null_protocol, orch, project, slowdown_protocol
+from bench_null import ANCHOR, GIT, env, git_head_baseline, null_protocol, orch, project, slowdown_protocol
 from bench_verdict import no_paths
 from verdict_sim import cp
 
@@ -145,13 +145,12 @@ def audit_row(s: Stream, kind: str, home: Path, run_id: str, wall: float) -> dic
 
 
 def git_baseline(null: Path) -> Path:
-    """The null protocol with the baseline arm a slowdown's protocol has (bench_null.slowdown_protocol: git HEAD under
-    the published commitment), both arms that baseline: its `orch calibrate` then has the slowdown's baseline
+    """The null protocol with the baseline arm a slowdown's protocol has (bench_null.git_head_baseline), both arms
+    that baseline: its `orch calibrate` then has the slowdown's baseline
     workload (protocol.schema.baseline_workload_id), so the slowdown's K = 1 audit finds it, as a user's candidate
     finds the calibration of its own baseline."""
     data = yaml.safe_load(null.read_text())
-    base = {"commitment": "manifests/r3_mini.json", "source": {"git": "HEAD"},
-            "switches": dict(data["arms"]["baseline"]["switches"])}
+    base = git_head_baseline(data["arms"]["baseline"]["switches"])
     data["arms"] = {"baseline": base, "candidate": dict(base)}
     data["name"] = f"{data['name']}-git-baseline"
     path = null.with_name("git_baseline_k1.yaml")

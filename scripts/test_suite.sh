@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make test` after the install (Makefile): lint, the unit tests on every core, then the end-to-end launches with the
-# Slurm acceptance subset beside them. The Slurm subset (a local Slurm cluster: daemons that mostly wait; 99 s wall,
+# `make test` after the install and lint (Makefile): the unit tests on every core, then the end-to-end launches with
+# the Slurm acceptance subset beside them. The Slurm subset (a local Slurm cluster: daemons that mostly wait; 99 s wall,
 # 121 of its 198 core-seconds busy alone on the 2-core machine) runs on what the launches leave idle instead of after
 # them; its output goes to a log printed, whole, after theirs. The end-to-end test files go to three workers heaviest
 # first (tests/e2e/conftest.py), so that no long file starts last and runs alone. A failing stage stops the suite
@@ -11,8 +11,6 @@ BIN=.venv/bin
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/orch-make-test.XXXXXX")"
 trap 'rm -rf "$LOGS"' EXIT
 
-"$BIN/ruff" check . || exit 1
-"$BIN/mypy" protocol manifests orchestrator ledger || exit 1
 "$BIN/pytest" -q -p no:cacheprovider --timeout=600 -n auto --maxprocesses 4 --dist loadscope --durations=20 \
     tests/unit || exit 1
 

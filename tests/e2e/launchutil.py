@@ -71,9 +71,9 @@ def quick_protocol(data: dict[str, Any]) -> None:
 def one_rank_protocol(data: dict[str, Any]) -> None:
     """quick_protocol on one CPU rank: for the tests of orch's verdict bookkeeping (the A/A calibration, the
     sequential stop) and of one process's RNG stream, which read launches' step times and digests but nothing about
-    how ranks agree. A package then
-    starts two interpreters that import torch (torchrun and one rank) instead of three, and holds one core instead of
-    two; the tests about ranks (the complete run, the cheats, the tuned kernels, Slurm) keep two."""
+    how ranks agree. A package then starts two interpreters that import torch (torchrun and one rank) instead of
+    three, and holds one core instead of two; the tests about ranks (the complete run, the cheats, the tuned kernels,
+    Slurm) keep two."""
     quick_protocol(data)
     data["launcher"]["nproc"] = 1
 
