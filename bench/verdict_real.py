@@ -235,7 +235,7 @@ def stream_work(s: Stream, opts: argparse.Namespace, deadline: float, save: thre
         s.notes.append(f"calibration: {type(err).__name__}: {str(err).splitlines()[0]}")
         return
     s.per_triplet_s = launches / len(trips)
-    s.overhead_s = max(0.0, time.monotonic() - t0 - launches) / len(aa_runs)  # per run: checks, replay, score
+    s.overhead_s = max(0.0, time.monotonic() - t0 - launches) / len(aa_runs)  # per run: checks, prime, reloads
     s.runs.append({"kind": "calibration", "triplets": len(trips), "wall_s": round(time.monotonic() - t0, 1),
                    "why": why})
     s.triplets += [{"kind": "calibration", "run": 0, **t} for t in trips]

@@ -99,8 +99,13 @@ class RunContext:
         return self.loaded.protocol.measurement.compile == "prime"
 
     @property
+    def calibrates(self) -> bool:
+        """An A/A launch of `orch calibrate`: the plan ends after its triplet (no watched replay, no scorer)."""
+        return self.run_record is not None and self.run_record.calibration_of is not None
+
+    @property
     def plan(self) -> tuple[PlannedPackage, ...]:
-        return plan(*self.shape, prime=self.primes)
+        return plan(*self.shape, prime=self.primes, calibration=self.calibrates)
 
     @property
     def gpus(self) -> int:

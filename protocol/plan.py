@@ -15,6 +15,7 @@ ARMS = ("baseline", "candidate")
 ROLES = ("A", "C", "B")  # the owner's roles in one triplet, in the owner's launch order: baseline, candidate, baseline
 BASELINE_ROLES = ("A", "B")  # the two baseline launches of a triplet
 KINDS = ("checks", "prime", "train", "reload", "replay", "score")  # the kinds of the plan's packages
+AFTER_TRIPLETS = ("watch-C", "score")  # the untimed packages after the last reload; an A/A launch runs neither
 MAX_REPEATS = 32  # triplets in one run, fixed or sequential
 DEFAULT_MAX_REPEATS = 6  # repeats: auto without measurement.max_repeats, and --until-decided without --max-repeats
 DEFAULT_TARGET_HALF_WIDTH = 0.05  # repeats: auto: stop once the repeated interval is +-5 %
@@ -79,21 +80,29 @@ def triplet_packages(t: Triplet) -> tuple[PlannedPackage, ...]:
     return tuple(PlannedPackage(f"{kind}-{label}", kind, label) for label in t.order for kind in ("train", "reload"))
 
 
-def plan(repeats: int = 1, sequential: bool = False, prime: bool = True) -> tuple[PlannedPackage, ...]:
+def plan(
+    repeats: int = 1, sequential: bool = False, prime: bool = True, calibration: bool = False
+) -> tuple[PlannedPackage, ...]:
     """checks, prime, train/reload of every launch in triplet order, the watched replay watch-C, then score.
 
     plan(K + 1, sequential=True) is plan(K, sequential=True) with triplet K + 1 inserted before watch-C: a
     sequential run grows its plan there, one triplet per look. prime=False: the plan of runs recorded before the
-    prime package existed (their evidence is read with it)."""
+    prime package existed (their evidence is read with it). calibration=True: an A/A launch of `orch calibrate`
+    ends after its triplet: its candidate is the baseline, so a watched replay of it checks nothing the two baseline
+    launches do not, and a calibration reads no quality metric. Everything up to the last reload, the order and the
+    gaps between the timed launches included, is the owner's plan."""
     pkgs = [PlannedPackage("checks", "checks")]
     if prime:
         pkgs.append(PlannedPackage("prime", "prime"))
     for t in triplets(repeats, sequential):
         pkgs.extend(triplet_packages(t))
+    if calibration:
+        return tuple(pkgs)
     # untimed, after the triplets so that nothing sits between timed launches: the first triplet's C again, every
     # step watched (its digests are compared with that launch's)
-    pkgs.append(PlannedPackage("watch-C", "replay", replay_label(repeats, sequential)))
-    pkgs.append(PlannedPackage("score", "score"))
+    watch, score = AFTER_TRIPLETS
+    pkgs.append(PlannedPackage(watch, "replay", replay_label(repeats, sequential)))
+    pkgs.append(PlannedPackage(score, "score"))
     return tuple(pkgs)
 
 
@@ -102,8 +111,10 @@ def replay_label(repeats: int = 1, sequential: bool = False) -> str:
     return triplets(repeats, sequential)[0].c
 
 
-def package_names(repeats: int = 1, sequential: bool = False, prime: bool = True) -> tuple[str, ...]:
-    return tuple(p.name for p in plan(repeats, sequential, prime))
+def package_names(
+    repeats: int = 1, sequential: bool = False, prime: bool = True, calibration: bool = False
+) -> tuple[str, ...]:
+    return tuple(p.name for p in plan(repeats, sequential, prime, calibration))
 
 
 def launch_labels(repeats: int = 1, sequential: bool = False) -> tuple[str, ...]:

@@ -7,7 +7,9 @@
 # Needs beside the repository .whl/ (carried; or the folder WHEELS names, e.g. WHEELS=.whl-trl when .whl holds
 # upstream R3's): trl 1.16.0, transformers 5.24.0, accelerate 1.16.0, datasets 5.2.0,
 # dill, multiprocess, pydantic (+ core, annotated-types, typing-inspection, typing_extensions); the image has torch.
-# CALIBRATE_REPEATS (default 3) and MAX_REPEATS (default 6) size the plan.
+# CALIBRATE_REPEATS (default 3) and MAX_REPEATS (default 6) size the plan; NULL=0 leaves the null launch out.
+# Device time on one H200, from the null's 453.7 GPU-s launch: the null about 8 min, each A/A launch about 5 min
+# (it ends after its triplet: no watch-C, 66.9 s, and no score, 83.7 s), the candidate's first triplet about 8 min.
 set -u
 W=/tmp/gpu33
 case "${1:-}" in
@@ -47,7 +49,8 @@ print('freeze: root', b['root'], 'unchanged' if a['root']==b['root'] else 'CHANG
     cp "$H/runs/$run/run.json" "$W/$name.run.json"; cp "$H/runs/$run/audit.json" "$W/$name.audit.json" 2>/dev/null
     $ORCH publish "$run" --home "$H" --to "$W/$name.evidence.json" > /dev/null 2>&1 || echo "$name: publish failed"
   }
-  step null launch protocol/trl_grpo_cuda1_null.yaml
+  # NULL=0 leaves the null out (it was run and published before: docs/validation/trl_grpo_h200x1_null.json)
+  if [ "${NULL:-1}" != 0 ]; then step null launch protocol/trl_grpo_cuda1_null.yaml; fi
   t=$(date +%s)
   $ORCH calibrate protocol/trl_grpo_cuda1.yaml --repeats "${CALIBRATE_REPEATS:-3}" --home "$H" --json \
     > "$W/calibrate.json" 2> "$W/calibrate.err"

@@ -72,12 +72,16 @@ def _differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if not _same(a.get(k), b.get(k)))
 
 
-def unseal_score(ev: RunEvidence) -> DevScore:
-    """Read the sealed DEV metrics, only after the audit is recorded, checking them against the ledger."""
+def unseal_score(ev: RunEvidence) -> DevScore | None:
+    """Read the sealed DEV metrics, only after the audit is recorded, checking them against the ledger; None for an
+    A/A launch of `orch calibrate`, which runs no scorer."""
+    close = ev.closes.get("score")
+    if close is None:
+        return None
     path = ev.run_dir / "score.sealed.json"
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    expected = ev.closes["score"].result_digest
+    expected = close.result_digest
     if digest != expected:
         return DevScore(digest, False, None, "score.sealed.json does not match the ledger's digest; not shown")
     try:

@@ -20,7 +20,7 @@ from ledger.verdict.sequential_doc import triplets_taken
 from protocol.errors import FailedError, RefusedError, UsageError
 from protocol.hashing import sha256_file
 from protocol.home import Home
-from protocol.plan import launch_labels, package_names, replay_label
+from protocol.plan import AFTER_TRIPLETS, launch_labels, package_names, replay_label
 from protocol.recipe import RUN_COPY as RECIPE_RUN_COPY
 from protocol.recipe import LoadedRecipe, parse_recipe, v1_recipe
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
@@ -51,9 +51,10 @@ class RunEvidence:
     checks: ChecksResult
     trains: dict[str, TrainResult]
     reloads: dict[str, ReloadResult]
-    score: ScoreResult
+    score: ScoreResult | None  # None: an A/A launch of `orch calibrate` (no scorer)
     steps: dict[str, dict[int, list[StepRecord]]]
-    watch: TrainResult  # watch-C: the untimed replay of arm C with the forbidden-dtype watch on every step
+    # watch-C: the untimed replay of arm C with the forbidden-dtype watch on every step (None: an A/A launch)
+    watch: TrainResult | None
     watch_steps: dict[int, list[StepRecord]]
     records: list[LedgerRecord]  # this run's ledger records, in ledger order
     closes: dict[str, LedgerRecord]  # package -> its close record
@@ -235,7 +236,12 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
                            else (1, False))
     # a run recorded before the prime package existed has none: its plan is read without it
     primed = any(r.package == "prime" for r in records) or (run is not None and run.package("prime") is not None)
-    names = package_names(repeats, sequential, primed)
+    # an A/A launch of `orch calibrate` ends after its triplet (protocol.plan); one recorded before that change ran the
+    # watched replay and the scorer, and is read with them. Only a run that names its calibration may lack them.
+    calibration = (run is not None and run.calibration_of is not None
+                   and not any(r.package in AFTER_TRIPLETS for r in records)
+                   and all(run.package(name) is None for name in AFTER_TRIPLETS))
+    names = package_names(repeats, sequential, primed, calibration)
     package_problems, closes, bad = _package_problems(run, records, names)
     problems += package_problems + proto_problems
 
@@ -249,7 +255,8 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     checks = _load_model(
         ChecksResult, pkg_dir / "checks" / "result.json", where("checks"), "packages/checks/result.json"
     )
-    score = _load_model(ScoreResult, pkg_dir / "score" / "result.json", where("score"), "packages/score/result.json")
+    score = None if calibration else _load_model(
+        ScoreResult, pkg_dir / "score" / "result.json", where("score"), "packages/score/result.json")
     trains: dict[str, TrainResult] = {}
     reloads: dict[str, ReloadResult] = {}
     steps: dict[str, dict[int, list[StepRecord]]] = {}
@@ -272,7 +279,8 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
                 problems.append(f"{rrel}/result.json: arm {reload.arm!r}, expected {label!r}")
             reloads[label] = reload
     watch_rel = "packages/watch-C"
-    watch = _load_model(TrainResult, run_dir / watch_rel / "result.json", where("watch-C"), f"{watch_rel}/result.json")
+    watch = None if calibration else _load_model(
+        TrainResult, run_dir / watch_rel / "result.json", where("watch-C"), f"{watch_rel}/result.json")
     watch_steps: dict[int, list[StepRecord]] = {}
     if watch is not None:
         if watch.arm != replay_label(repeats, sequential):
@@ -285,7 +293,8 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
         for name in names
         if (pkg_dir / name / "result.json").is_file()
     }
-    if problems or bad or run is None or protocol is None or checks is None or score is None or watch is None:
+    if (problems or bad or run is None or protocol is None or checks is None
+            or (not calibration and (score is None or watch is None))):
         raise IncompleteRunError(
             f"run {run_id} is not complete ({len(problems)} problem(s)); no audit was written and no score "
             "is shown; relaunch the protocol for a complete run",

@@ -57,7 +57,7 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
             sealed_sha = sha256_file(sealed_file) if sealed_file.is_file() else None
             if sealed_sha is None:
                 problems.append("score.sealed.json: missing")
-            elif sealed_sha != close.result_digest or ev.score.sealed_sha256 != close.result_digest:
+            elif sealed_sha != close.result_digest or ev.score is None or ev.score.sealed_sha256 != close.result_digest:
                 problems.append("score.sealed.json: its sha256 is not the ledger's result digest of score")
             allowed = {actual_sha, close.result_digest}
         else:
@@ -68,7 +68,9 @@ def verify_integrity(ev: RunEvidence, ledger: Ledger) -> list[str]:
         declared_sha = None if entry is None else entry.result_sha256
         if declared_sha is not None and declared_sha not in allowed:
             problems.append(f"run.json: result_sha256 of {name} is not the digest of its result")
-    step_files = [(f"train-{label}", train) for label, train in ev.trains.items()] + [("watch-C", ev.watch)]
+    step_files = [(f"train-{label}", train) for label, train in ev.trains.items()]
+    if ev.watch is not None:  # an A/A launch of `orch calibrate` has no watched replay
+        step_files.append(("watch-C", ev.watch))
     for name, train in step_files:
         for rank in train.ranks:
             path = ev.run_dir / "packages" / name / rank.steps_file

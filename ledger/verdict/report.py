@@ -225,6 +225,8 @@ def render_terminal(result: AuditResult, console: Console) -> None:
     for line in verdict_lines(doc):
         console.print(f"  {line}", markup=False)
     console.print(f"scope: {doc['scope']}", markup=False)
+    if (aa := aa_line(doc)) is not None:
+        console.print(aa, markup=False)
     console.print(attribution_line(doc), markup=False)
     for arm, command in (doc.get("commands") or {}).items():
         console.print(f"command ({arm}): {' '.join(command)}", markup=False)
@@ -276,6 +278,18 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
+def aa_line(doc: Mapping[str, Any]) -> str | None:
+    """What an A/A launch of `orch calibrate` is, and what its plan left out (None for any other run)."""
+    of = doc.get("calibration_of")
+    if not of:
+        return None
+    line = (f"A/A launch of `orch calibrate` for protocol {of['protocol_name']} ({of['protocol_id'][:12]}): the "
+            "baseline in both arms")
+    if (doc.get("exactness") or {}).get("replay_equal") is None:
+        line += "; its plan ends after the triplet (no watched replay, no DEV score)"
+    return line
+
+
 def render_markdown(doc: Mapping[str, Any]) -> str:
     """audit.md: the same content as the terminal report, without the DEV score (written before unsealing)."""
     sp = doc["speedup"]
@@ -294,6 +308,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         "",
         f"Scope: {doc['scope']}.",
         "",
+        *([] if (aa := aa_line(doc)) is None else [aa + ".", ""]),
         attribution_line(doc) + ".",
         "",
         "## Step-time windows",

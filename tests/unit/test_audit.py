@@ -88,6 +88,8 @@ class RunSpec:
     primed: bool = False  # a run with the prime package (else recorded as before it existed)
     repeats: int = 1  # measurement.repeats: labels A1, C1, B1, B2, C2, A2, ... when >= 2
     calibrated: bool = False  # a usable A/A calibration of the protocol (SD 0.05, df 4) recorded before the run
+    calibration_of: bool = False  # run.json names the protocol it calibrates: an A/A launch of `orch calibrate`
+    ends_after_triplets: bool = False  # the plan stops after the last reload (no watch-C, no score)
 
     def times(self, label: str) -> list[float]:
         """Step durations of a launch: its own entry, else its arm letter's (A1 -> A)."""
@@ -247,7 +249,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
         }
     packages: list[dict[str, Any]] = []
     reached = True
-    for name in package_names(spec.repeats, prime=spec.primed):
+    for name in package_names(spec.repeats, prime=spec.primed, calibration=spec.ends_after_triplets):
         kind = "replay" if name == "watch-C" else name.split("-")[0]
         label = name.split("-")[1] if "-" in name else None
         arm = arm_of(label) if label else None
@@ -315,6 +317,8 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             "arms": arms,
             "lock": {"kind": "cpu-slot", "devices": [0, 1], "wait_s": 0.0},
             "packages": packages,
+            **({"calibration_of": {"protocol_id": _sha(proto_bytes), "protocol_name": protocol.name}}
+               if spec.calibration_of else {}),
         },
     )
     return run_dir
@@ -436,6 +440,7 @@ def test_complete_exact_run_is_accepted_written_recorded_then_unsealed(tmp_path:
     assert json.loads(data) == doc
     assert (run_dir / "step_times.png").read_bytes().startswith(b"\x89PNG")
     assert "accepted" in (run_dir / "audit.md").read_text() and "0.7312" not in (run_dir / "audit.md").read_text()
+    assert "A/A launch" not in (run_dir / "audit.md").read_text()
     records = Ledger(resolve_home(tmp_path).ledger_path).records()
     assert len(records) == before + 1
     assert records[-1].kind == "audit" and records[-1].status == "accepted" and records[-1].result_digest == _sha(data)
@@ -465,6 +470,37 @@ def test_run_killed_during_train_b_writes_nothing_and_shows_no_score(tmp_path: P
     assert "0.7312" not in proc.stdout + proc.stderr and "dev_geneval" not in proc.stdout + proc.stderr
     assert not any((run_dir / name).exists() for name in WRITTEN)
     assert len(Ledger(resolve_home(tmp_path).ledger_path).records()) == before
+
+
+@pytest.mark.parametrize("ends_after_triplets", [True, False], ids=["as-run-now", "recorded-with-watch-and-score"])
+def test_an_aa_launch_is_audited_with_the_packages_its_plan_ran(tmp_path: Path, ends_after_triplets: bool) -> None:
+    """`orch calibrate`'s A/A launches end after the triplet: no watched replay of a candidate that is the baseline,
+    no scorer for a calibration that reads no quality. One recorded before that change is read with both."""
+    spec = RunSpec(calibration_of=True, ends_after_triplets=ends_after_triplets, candidate_switches={})
+    run_dir = make_run(tmp_path, spec=spec)
+    result = audit_run(tmp_path, "run1")
+    doc = result.document
+    assert doc["exact"] is True and doc["calibration_of"]["protocol_name"] == "synthetic", doc["reasons"]
+    names = [p["name"] for p in json.loads((run_dir / "run.json").read_text())["packages"]]
+    assert names[-1] == ("reload-B" if ends_after_triplets else "score")
+    assert ("watch-C" in doc["cost"]["gpu_seconds"]) is not ends_after_triplets
+    if ends_after_triplets:
+        assert doc["exactness"]["replay_equal"] is None and result.score is None
+        assert doc["cost"]["total_gpu_seconds"] == pytest.approx(6 * 4.0 + 1.0)  # checks, 3 x (train + reload)
+    else:
+        assert doc["exactness"]["replay_equal"] is True and result.score is not None and result.score.verified
+    md = (run_dir / "audit.md").read_text()
+    assert "A/A launch of `orch calibrate` for protocol synthetic" in md  # the report says what the run is
+    assert ("its plan ends after the triplet (no watched replay, no DEV score)" in md) is ends_after_triplets
+    assert not audit_run(tmp_path, "run1").written  # recomputed equal
+
+
+def test_only_an_aa_launch_may_end_after_its_triplet(tmp_path: Path) -> None:
+    """The owner's run without its watched replay and scorer is not complete: the short plan is an A/A launch's."""
+    make_run(tmp_path, spec=RunSpec(ends_after_triplets=True))
+    with pytest.raises(IncompleteRunError) as err:
+        audit_run(tmp_path, "run1")
+    assert err.value.problems == ["package watch-C: no ledger record", "package score: no ledger record"]
 
 
 def test_crash_leaves_an_open_record_that_blocks_the_audit(tmp_path: Path) -> None:

@@ -51,6 +51,17 @@ def test_every_triplet_is_baseline_candidate_baseline_and_labels_are_unique(k: i
         assert sum(f.startswith("A") for f in firsts) - sum(f.startswith("B") for f in firsts) in (0, 1)
 
 
+@given(st.integers(1, 32), st.booleans())
+def test_an_aa_launch_is_the_owners_plan_up_to_its_last_reload(k: int, prime: bool) -> None:
+    """`orch calibrate`'s A/A launches: the same packages in the same order up to the last reload, then nothing (no
+    watched replay of a candidate that is the baseline, no scorer): the timed launches and the gaps between them are
+    those of the run they calibrate."""
+    full, aa = plan(k, prime=prime), plan(k, prime=prime, calibration=True)
+    assert aa == full[:-2] and [p.name for p in full[-2:]] == ["watch-C", "score"]
+    assert aa[-1].kind == "reload" and not {p.kind for p in aa} & {"replay", "score"}
+    assert package_names(k, prime=prime, calibration=True) == tuple(p.name for p in aa)
+
+
 @given(st.integers(1, 31))
 def test_a_sequential_plan_grows_one_triplet_before_watch_c(k: int) -> None:
     now, then = plan(k, sequential=True), plan(k + 1, sequential=True)
