@@ -180,12 +180,14 @@ def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) 
                          score_targets=targets, sealed_metrics_path=str(ctx.run_dir / "score.sealed.json"))
     assert pkg.arm is not None
     sealed_dir = str(ctx.sealed[pkg.arm].path)
-    if pkg.kind == "prime":  # the baseline's trainer as train-A runs it: same command, steps, digests; no checkpoint
+    if pkg.kind == "prime":  # the baseline's trainer as train-A runs it: same command and digests; no checkpoint
+        steps = p.measurement.primed_steps  # all of them unless measurement.prime_steps says fewer
         return TrainSpec(
             **{**common, "arm": "baseline"}, kind="prime", sealed_dir=sealed_dir, ckpt_dir=None,
             script=p.launcher.script, args=substitute(_arm_args(ctx.loaded, p.arms.baseline), values), inputs=inputs,
-            steps=p.measurement.steps, warmup=p.measurement.warmup, window=p.measurement.window,
-            digest_first=p.measurement.digest_first, digest_last=p.measurement.digest_last,
+            steps=steps, warmup=p.measurement.warmup, window=p.measurement.window,
+            digest_first=min(p.measurement.digest_first, steps - 1),
+            digest_last=min(p.measurement.digest_last, steps - 1),
             host_controls=list(p.measurement.host_controls), watch_all=False,
             slurm=None if ctx.slurm is None else ctx.slurm.step(pkg.name, p.launcher.nproc, ctx.scratch),
         )
@@ -288,7 +290,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                              env=env_summary(env), status="running")
         ctx.run_record = ctx.run.with_package(entry)
         ctx.write_run_json()
-        steps = ctx.loaded.protocol.measurement.steps if pkg.kind in ("train", "replay", "prime") else None
+        m = ctx.loaded.protocol.measurement
+        steps = m.primed_steps if pkg.kind == "prime" else m.steps if pkg.kind in ("train", "replay") else None
         progress.start(pkg.name, pkg.kind, steps)
         pkg_dir = Path(spec.package_dir)
         timeouts = ctx.loaded.protocol.timeouts

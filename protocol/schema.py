@@ -133,6 +133,12 @@ class Measurement(_Frozen):
         "its tuned kernels (a trainer that compiles); none: the trainer compiles nothing, no prime runs, and any "
         "package that compiles or tunes a kernel fails, named (the claim is checked, not trusted)",
     )
+    prime_steps: int | None = Field(
+        None, ge=1,
+        description="compile: prime only: the prime runs this many of the steps (null: all of them). Set it where a "
+        "rehearsal shows the trainer compiles nothing after that step; a baseline launch that compiles or tunes what "
+        "the prime did not reach then keeps the run from being accepted, named (checked, not trusted)",
+    )
     target_half_width: float | None = Field(
         DEFAULT_TARGET_HALF_WIDTH, gt=0, lt=1,
         description="repeats: auto only: stop once the repeated interval's relative half-width is at most this "
@@ -153,6 +159,21 @@ class Measurement(_Frozen):
             raise ValueError("max_repeats and target_half_width apply only to repeats: auto; set repeats: auto or "
                              "remove them")
         return self
+
+    @model_validator(mode="after")
+    def _prime_steps(self) -> Measurement:
+        if self.prime_steps is not None and self.compile != "prime":
+            raise ValueError("prime_steps applies only to compile: prime (no prime runs under compile: none); remove "
+                             "it")
+        if self.prime_steps is not None and self.prime_steps > self.steps:
+            raise ValueError(f"prime_steps {self.prime_steps} is more than the {self.steps} steps a launch runs; give "
+                             f"at most {self.steps}, or remove it (the prime then runs all of them)")
+        return self
+
+    @property
+    def primed_steps(self) -> int:
+        """Steps the prime runs: prime_steps, else all of them."""
+        return self.steps if self.prime_steps is None else self.prime_steps
 
     @property
     def sequential(self) -> bool:
@@ -283,7 +304,7 @@ LATER_FIELDS = ("model", "rehearsal", "recipe_file")
 # fields added later inside a section: at their default they stay out of the canonical JSON likewise
 _LATER_DEFAULTS: dict[tuple[str, str], object] = {
     ("measurement", "repeats"): 1, ("launcher", "scheduler"): "local", ("launcher", "slurm"): None,
-    ("measurement", "compile"): "prime",
+    ("measurement", "compile"): "prime", ("measurement", "prime_steps"): None,
 }
 
 

@@ -23,10 +23,13 @@ def _launch(use: CacheUse) -> dict[str, Any]:
 
 
 def compile_cache_doc(
-    run: RunRecord, gpu_seconds: Mapping[str, float], exact: bool, mode: str = "prime"
+    run: RunRecord, gpu_seconds: Mapping[str, float], exact: bool, mode: str = "prime",
+    prime_steps: tuple[int, int] | None = None,
 ) -> dict[str, Any] | None:
     """None for a run recorded before the prime package existed. measurement.compile: none: no prime ran, and orch
-    found every package's compile cache empty after it (a package that compiled failed the run, named)."""
+    found every package's compile cache empty after it (a package that compiled failed the run, named).
+    prime_steps: (steps the prime ran, steps a launch runs) when measurement.prime_steps shortened the prime; the
+    document then names every baseline launch that compiled or tuned what the prime did not reach (`unprimed`)."""
     if mode == "none":
         return {"mode": "none", "checked": [e.name for e in run.packages if e.status == "ok"],
                 "prime_gpu_seconds": 0.0, "prime_share": 0.0, "diagnosis": []}
@@ -45,6 +48,8 @@ def compile_cache_doc(
     same = sorted(n for n in arms if launches[n]["baseline_tuned_sha256"] == sealed.baseline_tuned_sha256)
     total = sum(gpu_seconds.values())
     cost = gpu_seconds.get("prime", 0.0)
+    short = {} if prime_steps is None else {"prime_steps": prime_steps[0], "unprimed": unprimed(launches, arms,
+                                                                                                  prime_steps)}
     return {
         "baseline": {"files": sealed.baseline_files, "tuned": sealed.baseline_tuned,
                      "tuned_sha256": sealed.baseline_tuned_sha256},
@@ -54,7 +59,25 @@ def compile_cache_doc(
         "prime_gpu_seconds": cost,
         "prime_share": cost / total if total else 0.0,
         "diagnosis": [] if exact else diagnosis(launches, arms),
+        **short,
     }
+
+
+def unprimed(
+    launches: Mapping[str, Mapping[str, Any]], arms: Mapping[str, str], prime_steps: tuple[int, int]
+) -> list[str]:
+    """Baseline launches that compiled or tuned anything the shortened prime did not reach: their steps may hold
+    compile time, and cold ranks or launches may pick apart. (The candidate's launches compile their own kernels;
+    a baseline kernel the prime missed shows in A and B as well.)"""
+    ran, steps = prime_steps
+    out = []
+    for name in sorted(n for n in arms if arms[n] == "baseline"):
+        use = launches[name]
+        own = list(use["own_kernels"])
+        if own or use["made"]:
+            what = _kernels(own) if own else f"{use['made']} compiled artifact(s)"
+            out.append(f"{name} compiled or tuned what the prime's {ran} of {steps} steps did not reach: {what}")
+    return out
 
 
 def _kernels(own: Sequence[Mapping[str, Any]]) -> str:

@@ -176,12 +176,13 @@ def _call(iv: Interval) -> str | None:
 def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequence[OutlierEffect] = (),
            triplet_names: Sequence[str] | None = None, stopping: str | None = None,
            windows: Sequence[WindowEffect] = (), window_names: Sequence[str] | None = None,
-           baselines: Sequence[BaselineEffect] = (),
+           baselines: Sequence[BaselineEffect] = (), unprimed: Sequence[str] = (),
            ) -> tuple[str, str | None, str]:
     """(verdict, direction, one sentence). triplet_names: how the sentence names triplet i (default its 1-based
     position); stopping: why a sequential run did not stop where its rule stops (its error rate is then not held);
     windows: outlier windows of a one-triplet run, which never decide alone; baselines: triplets whose A/B launches
-    disagree beyond the calibration, which never decide alone (at K = 1 the run is not decided)."""
+    disagree beyond the calibration, which never decide alone (at K = 1 the run is not decided); unprimed: baseline
+    launches that compiled or tuned what a shortened prime (measurement.prime_steps) did not reach."""
     span = f"{iv.level:.0%} interval [{_fmt(iv.low)}, {_fmt(iv.high)}]"
     if not exact:
         return NOT_EXACT, None, "the candidate does not compute the same bits; its speed is not judged"
@@ -198,6 +199,10 @@ def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequen
             "from a busy host: re-run when it is quiet")
     if stopping:
         return NO_DIFFERENCE, None, f"the {span} excludes 1, but {stopping}"
+    if unprimed:
+        return NO_DIFFERENCE, None, (
+            f"the {span} excludes 1, but {'; '.join(unprimed)}: their steps may hold compile time; raise "
+            "measurement.prime_steps, or remove it so that the prime runs every step")
     eff = deciding_outlier(direction, outliers)
     if eff is not None:
         i = eff.outlier.triplet

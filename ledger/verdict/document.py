@@ -300,9 +300,11 @@ def compute_audit(
         rule, ev.run.sequential.asked if ev.run.sequential is not None else "protocol", d, cal_spread,
         cost["gpu_seconds"], ev.run.sequential, cost["wall_s"], noise, us)
     stopping = None if seq is None or seq["integrity"]["ok"] else seq["integrity"]["words"]
+    short_prime = None if m.prime_steps is None else (m.prime_steps, m.steps)
+    caches = compile_cache_doc(ev.run, cost["gpu_seconds"], ex.exact, m.compile, short_prime)
     verdict, direction, sentence = decide(ex.exact, iv, busy, flagged, [str(t.index) for t in trips], stopping,
-                                          win_eff, [w.name for w in sp.windows], ab_eff)
-    caches = compile_cache_doc(ev.run, cost["gpu_seconds"], ex.exact, m.compile)
+                                          win_eff, [w.name for w in sp.windows], ab_eff,
+                                          unprimed=(caches or {}).get("unprimed") or ())
     reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
     if caches is not None and not ex.exact:
         reasons += [f"compile cache: {line}" for line in caches["diagnosis"]]

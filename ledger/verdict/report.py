@@ -140,7 +140,9 @@ def compile_cache_lines(doc: Mapping[str, Any]) -> list[str]:
     trainers = cc["same_baseline_picks"] + cc["differing_baseline_picks"]
     lines = [f"compile cache: the prime sealed {base['files']} file(s), {base['tuned']} tuned pick(s) "
              f"(sha256 {base['tuned_sha256'][:12]}) in {cc['prime_gpu_seconds']:.1f} GPU-s "
-             f"({100 * cc['prime_share']:.1f}% of the run)"]
+             f"({100 * cc['prime_share']:.1f}% of the run)"
+             + (f"; the prime ran {cc['prime_steps']} of the steps (measurement.prime_steps)" if "prime_steps" in cc
+                else "")]
     same = cc["same_baseline_picks"]
     lines.append(f"compile cache: {len(same)} of {len(trainers)} trainer launch(es) ran the baseline's picks"
                  + (f"; different: {', '.join(cc['differing_baseline_picks'])}" if cc["differing_baseline_picks"]
@@ -151,6 +153,7 @@ def compile_cache_lines(doc: Mapping[str, Any]) -> list[str]:
                          f"{use['made']} ({use['made_tuned']} tuned), rewrote {use['changed']}; tuned picks "
                          f"{use['tuned_sha256'][:12]}")
     lines += [f"compile cache diagnosis: {line}" for line in cc["diagnosis"]]
+    lines += [f"compile cache: not reached by the prime: {line}" for line in cc.get("unprimed", [])]
     return lines
 
 

@@ -46,7 +46,8 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 
 def tuned_project(
-    tmp_path: Path, candidate: tuple[str, str] | None = None, compile_mode: str = "prime", nproc: int = 2
+    tmp_path: Path, candidate: tuple[str, str] | None = None, compile_mode: str = "prime", nproc: int = 2,
+    prime_steps: int | None = None,
 ) -> tuple[Path, Path]:
     """r3-mini with the tuned kernels, committed as the baseline (git HEAD); the candidate is the working tree with
     `candidate` edited into tuned_sum.py (None: the identical candidate). Both commitments frozen here. The quick
@@ -72,6 +73,8 @@ def tuned_project(
     }
     quick_protocol(data)
     data["measurement"]["compile"] = compile_mode
+    if prime_steps is not None:
+        data["measurement"]["prime_steps"] = prime_steps
     data["launcher"]["nproc"] = nproc
     protocol = proj / "protocol" / "tuned.yaml"
     protocol.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -83,9 +86,10 @@ def tuned_project(
 
 
 def _launch(
-    tmp_path: Path, candidate: tuple[str, str] | None, compile_mode: str = "prime", nproc: int = 1
+    tmp_path: Path, candidate: tuple[str, str] | None, compile_mode: str = "prime", nproc: int = 1,
+    prime_steps: int | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    proj, protocol = tuned_project(tmp_path, candidate, compile_mode, nproc)
+    proj, protocol = tuned_project(tmp_path, candidate, compile_mode, nproc, prime_steps)
     home = tmp_path / "home"
     done = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,
                           timeout=900)
@@ -133,11 +137,15 @@ def test_a_candidate_that_writes_the_baselines_compile_cache_is_refused_naming_i
 
 
 def test_a_candidate_that_changes_one_kernel_is_named_as_its_own_tuning(tmp_path: Path) -> None:
-    done, run_dir = _launch(tmp_path, CHANGED)
+    """With a prime of one step (measurement.prime_steps: 1; the toy tunes its three kernels at step 0): the
+    baseline's launches still compile nothing of their own, and only the candidate's changed kernel is its own."""
+    done, run_dir = _launch(tmp_path, CHANGED, prime_steps=1)
     assert done.returncode == 1, done.stderr[-3000:]
     doc = _audit(run_dir)
     assert doc["verdict"] == "not exact"
     cc = doc["compile_cache"]
+    prime = json.loads((run_dir / "packages" / "prime" / "result.json").read_text())
+    assert prime["steps"] == 1 and (cc["prime_steps"], cc["unprimed"], cc["baseline"]["tuned"]) == (1, [], 3)
     own = cc["launches"]["train-C"]["own_kernels"]
     assert [k["kernel"] for k in own] == ["toy_blocked_sum_1"] and own[0]["baseline_pick"] is not None
     assert own[0]["pick"] != own[0]["baseline_pick"] and not own[0]["rewritten"]

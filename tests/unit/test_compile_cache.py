@@ -190,3 +190,34 @@ def test_the_audit_block_of_a_compile_none_run_names_the_packages_checked(tmp_pa
 
     assert compile_cache_lines({"compile_cache": doc}) == [
         "compile cache: measurement.compile none: no prime; 2 package(s) checked, each compiled and tuned nothing"]
+
+
+def test_a_shortened_prime_names_every_baseline_launch_that_compiled_what_it_did_not_reach() -> None:
+    """measurement.prime_steps: the audit block records how many steps the prime ran, and `unprimed` names each
+    baseline launch that compiled or tuned anything of its own (the candidate's own kernels are not named there)."""
+    own = [{"kernel": "triton_red_fused_sum_1", "file": "f", "pick": "XBLOCK 32", "baseline_pick": None,
+            "rewritten": False}]
+    run = RunRecord.model_validate_json((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(
+        "*/run.json").__next__().read_bytes())
+    packages = [_entry("checks", "checks", None, None), _entry("prime", "prime", None, _use("d0")),
+                _entry("train-A", "train", "A", _use("d0", made=2)),
+                _entry("train-C", "train", "C", _use("d0", own, 1)),
+                _entry("train-B", "train", "B", _use("d0", own, 1)), _entry("watch-C", "replay", "C", _use("d0"))]
+    run = run.updated(packages=packages)
+    full = compile_cache_doc(run, {"prime": 30.0}, exact=True)
+    assert full is not None and "prime_steps" not in full and "unprimed" not in full  # the full prime: as before
+    doc = compile_cache_doc(run, {"prime": 30.0}, exact=True, prime_steps=(2, 16))
+    assert doc is not None and doc["prime_steps"] == 2
+    assert doc["unprimed"] == [
+        "train-A compiled or tuned what the prime's 2 of 16 steps did not reach: 2 compiled artifact(s)",
+        "train-B compiled or tuned what the prime's 2 of 16 steps did not reach: triton_red_fused_sum_1 (XBLOCK 32; "
+        "not in the baseline's cache)"]
+    clean = run.updated(packages=[*packages[:2], _entry("train-A", "train", "A", _use("d0")),
+                                  _entry("train-C", "train", "C", _use("d0", own, 1)),
+                                  _entry("train-B", "train", "B", _use("d0"))])
+    assert compile_cache_doc(clean, {}, exact=True, prime_steps=(2, 16))["unprimed"] == []  # type: ignore[index]
+    from ledger.verdict.report import compile_cache_lines
+
+    lines = compile_cache_lines({"compile_cache": doc})
+    assert lines[0].endswith("; the prime ran 2 of the steps (measurement.prime_steps)")
+    assert lines[-1] == f"compile cache: not reached by the prime: {doc['unprimed'][1]}"

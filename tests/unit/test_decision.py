@@ -62,6 +62,15 @@ def test_decide_names_the_verdict_the_direction_and_the_interval() -> None:
         "not exact", None, "the candidate does not compute the same bits; its speed is not judged")
 
 
+def test_a_baseline_launch_that_compiled_what_a_shortened_prime_did_not_reach_keeps_the_run_undecided() -> None:
+    said = "train-A compiled or tuned what the prime's 2 of 16 steps did not reach: 3 compiled artifact(s)"
+    assert decide(True, _iv(1.2, 1.8), unprimed=[said]) == (
+        "no difference shown", None, f"the 95% interval [1.2000, 1.8000] excludes 1, but {said}: their steps may hold "
+        "compile time; raise measurement.prime_steps, or remove it so that the prime runs every step")
+    assert decide(True, _iv(0.9, 1.1), unprimed=[said])[2].endswith("covers 1: no speed difference is shown")
+    assert decide(False, _iv(1.2, 1.8), unprimed=[said])[0] == "not exact"  # exactness is judged first
+
+
 def test_one_triplet_without_a_calibration_cannot_be_bounded_and_says_what_to_run() -> None:
     verdict, direction, sentence = decide(True, UNBOUNDED)
     assert (verdict, direction) == ("no difference shown", None)

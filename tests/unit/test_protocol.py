@@ -242,3 +242,31 @@ def test_repeats_one_is_the_same_protocol_and_two_is_another(tmp_path: Path) -> 
     bad.write_text(text.replace(old, old[:-1] + ", repeats: 0}"))
     with pytest.raises(RefusedError, match=r"measurement\.repeats"):
         load_protocol(bad)
+
+
+def test_prime_steps_left_out_is_the_same_protocol_and_is_checked_when_given(tmp_path: Path) -> None:
+    """measurement.prime_steps (the prime runs that many steps): absent from the canonical JSON when not given, so
+    every published id stands; at most the launch's steps, and only where a prime runs."""
+    text = (BAGEL.parent / "r3_mini.yaml").read_text()
+    old = "measurement: {steps: 16, warmup: 10, window: 2, drift_bound: 0.02, digest_first: 0, digest_last: 13}"
+    assert old in text
+    with_recipes(tmp_path)
+    loaded = {}
+    for extra in ("", ", prime_steps: 2", ", prime_steps: 16"):
+        path = tmp_path / "protocol" / f"p{len(loaded)}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text.replace(old, old[:-1] + extra + "}"))
+        loaded[extra] = load_protocol(path)
+    assert loaded[""].id == load_protocol(BAGEL.parent / "r3_mini.yaml").id
+    assert b"prime_steps" not in canonical_json(loaded[""].protocol)
+    assert loaded[""].protocol.measurement.primed_steps == 16
+    assert len({p.id for p in loaded.values()}) == 3
+    assert loaded[", prime_steps: 2"].protocol.measurement.primed_steps == 2
+    for extra, said in ((", prime_steps: 17", "prime_steps 17 is more than the 16 steps a launch runs"),
+                        (", prime_steps: 0", "greater than or equal to 1"),
+                        (", compile: none, prime_steps: 2", "prime_steps applies only to compile: prime")):
+        path = tmp_path / "protocol" / "bad.yaml"
+        path.write_text(text.replace(old, old[:-1] + extra + "}"))
+        with pytest.raises(RefusedError) as err:
+            load_protocol(path)
+        assert said in err.value.message, err.value.message
