@@ -70,14 +70,16 @@ def unprimed(
     compile time, and cold ranks or launches may pick apart. (The candidate's launches compile their own kernels;
     a baseline kernel the prime missed shows in A and B as well.)"""
     ran, steps = prime_steps
-    out = []
-    for name in sorted(n for n in arms if arms[n] == "baseline"):
-        use = launches[name]
-        own = list(use["own_kernels"])
-        if own or use["made"]:
-            what = _kernels(own) if own else f"{use['made']} compiled artifact(s)"
-            out.append(f"{name} compiled or tuned what the prime's {ran} of {steps} steps did not reach: {what}")
-    return out
+    return [f"{name} compiled or tuned what the prime's {ran} of {steps} steps did not reach: {what}"
+            for name in sorted(arms) if arms[name] == "baseline" and (what := _own_work(launches[name]))]
+
+
+def _own_work(use: Mapping[str, Any]) -> str | None:
+    """What a launch tuned or compiled beyond the baseline's sealed cache; None when nothing."""
+    own = list(use["own_kernels"])
+    if own:
+        return _kernels(own)
+    return f"{use['made']} compiled artifact(s)" if use["made"] else None
 
 
 def _kernels(own: Sequence[Mapping[str, Any]]) -> str:
@@ -101,8 +103,7 @@ def diagnosis(launches: Mapping[str, Mapping[str, Any]], arms: Mapping[str, str]
                 lines.append(f"{name} compiled {use['made']} artifact(s) that the baseline's cache did not have "
                              "(no tuned pick among them): a difference is consistent with compile-time code "
                              "generation of the candidate's own kernels")
-        elif own or use["made"]:
-            what = _kernels(own) if own else f"{use['made']} compiled artifact(s)"
+        elif what := _own_work(use):
             lines.append(f"{name} (baseline) compiled or tuned what the prime did not reach: {what}; cold ranks "
                          "can pick differently: the prime runs the baseline's steps, so report this trainer's "
                          "step-dependent compilation")
