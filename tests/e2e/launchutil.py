@@ -78,6 +78,52 @@ def one_rank_protocol(data: dict[str, Any]) -> None:
     data["launcher"]["nproc"] = 1
 
 
+def one_rank(data: dict[str, Any]) -> None:
+    """The protocol on one CPU rank: for the tests of orch's verdict bookkeeping, which read launches' step times and
+    digests but nothing about how ranks agree. A package then starts two interpreters that import torch (torchrun
+    and one rank) instead of three, and holds one core instead of two."""
+    data["launcher"]["nproc"] = 1
+
+
+MINIMAL = REPO / "tests" / "fixtures" / "minimal"  # the smallest trainer orch runs, its scorer, recipe and protocol
+MINIMAL_PROTOCOL = "minimal.yaml"
+
+
+def make_minimal_project(tmp_path: Path, commit: bool = True) -> Path:
+    """A git project of the minimal trainer (tests/fixtures/minimal): trainer/ (train.py, score.py),
+    recipes/minimal.yaml, protocol/minimal.yaml (2 CPU ranks, 16 steps, three windows of 4, compile: none) and the
+    commitment both arms name, manifests/minimal.json, made by `orch freeze`; committed unless `commit` is false.
+
+    For the tests about orch's own bookkeeping (verdicts, calibration, the sequential stop, the installed tool, a
+    launch that is stopped or killed, one arm's compile cache): a package pays the interpreters' start-up and torch's
+    import and little else (r3-mini's also pay its rollouts: about a third more CPU a launch). edit_protocol(proj,
+    change, source=MINIMAL_PROTOCOL) makes the variants; MINI_STEP_S in launcher.env gives a test time to act while
+    a package runs."""
+    proj = tmp_path / "proj"
+    (proj / "trainer").mkdir(parents=True)
+    for name in ("train.py", "score.py"):
+        shutil.copy(MINIMAL / name, proj / "trainer" / name)
+    (proj / "recipes").mkdir()
+    shutil.copy(MINIMAL / "recipe.yaml", proj / "recipes" / "minimal.yaml")
+    (proj / "protocol").mkdir()
+    shutil.copy(MINIMAL / "protocol.yaml", proj / "protocol" / MINIMAL_PROTOCOL)
+    (proj / "manifests").mkdir()
+    freeze(proj, proj / "protocol" / MINIMAL_PROTOCOL, "manifests/minimal.json")
+    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    if commit:
+        subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
+        subprocess.run([*GIT, "commit", "-q", "-m", "minimal trainer, recipe, protocol, commitment"], cwd=proj,
+                       check=True)
+    return proj
+
+
+def freeze(proj: Path, protocol: Path, output: str, arm: str = "baseline") -> None:
+    """`orch freeze --protocol PROTOCOL --arm ARM -o OUTPUT` in the project: the commitment of that arm's sources."""
+    done = subprocess.run(orch("freeze", "--protocol", str(protocol), "--arm", arm, "-o", output, cwd=proj),
+                          cwd=proj, env=env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def make_project(tmp_path: Path) -> Path:
     proj = tmp_path / "proj"
     shutil.copytree(REPO / "examples" / "r3_mini", proj / "examples" / "r3_mini",
@@ -90,8 +136,11 @@ def make_project(tmp_path: Path) -> Path:
     return proj
 
 
-def edit_protocol(proj: Path, change: Callable[[dict], None], name: str = "p.yaml") -> Path:  # type: ignore[type-arg]
-    data = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
+def edit_protocol(
+    proj: Path, change: Callable[[dict], None], name: str = "p.yaml", source: str = "r3_mini.yaml"  # type: ignore[type-arg]
+) -> Path:
+    """protocol/NAME: protocol/SOURCE (r3-mini's, or MINIMAL_PROTOCOL) after `change`."""
+    data = yaml.safe_load((proj / "protocol" / source).read_text())
     change(data)
     path = proj / "protocol" / name
     path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -1,6 +1,6 @@
-"""`orch calibrate` end to end: two real A/A launches of one triplet each on r3-mini (1 CPU rank: nothing here is
-about ranks; launchutil.one_rank_protocol), recorded in the ledger, then the owner's one triplet of the same
-protocol, bounded by them."""
+"""`orch calibrate` end to end: two real A/A launches of one triplet each on the minimal trainer (1 CPU rank: nothing
+here is about r3-mini or ranks; launchutil.make_minimal_project, one_rank), recorded in the ledger, then the owner's one
+triplet of the same protocol, bounded by them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from launchutil import edit_protocol, env, launch_cmd, make_project, one_rank_protocol, orch, records
+from launchutil import MINIMAL_PROTOCOL, edit_protocol, env, launch_cmd, make_minimal_project, one_rank, orch, records
 
 from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
 from protocol.schema import load_protocol
@@ -20,8 +20,8 @@ from protocol.schema import load_protocol
 def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_path: Path) -> None:
     """Two real A/A launches of one triplet each: their paired log speedups, SD between launches (df 1), a ledger
     record; then a launch of the protocol's one triplet, whose interval is bounded by that calibration alone."""
-    proj = make_project(tmp_path)
-    protocol = edit_protocol(proj, one_rank_protocol, name="quick.yaml")
+    proj = make_minimal_project(tmp_path)
+    protocol = edit_protocol(proj, one_rank, name="one.yaml", source=MINIMAL_PROTOCOL)
     home = tmp_path / "home"
     proc = subprocess.run(
         orch("calibrate", str(protocol), "--repeats", "2", "--home", str(home), "--json", "--lock-dir",

@@ -1,6 +1,6 @@
-"""The sequential stop end to end: one real `orch launch` of r3-mini (1 CPU rank: nothing here is about ranks) with
-measurement.repeats: auto, at most 3 triplets, no calibration: triplets are added one at a time until the rule stops,
-every one in the ledger."""
+"""The sequential stop end to end: one real `orch launch` of the minimal trainer (1 CPU rank: nothing here is about
+r3-mini or ranks; launchutil.make_minimal_project) with measurement.repeats: auto, at most 3 triplets, no
+calibration: triplets are added one at a time until the rule stops, every one in the ledger."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launchutil import edit_protocol, env, launch_cmd, make_project, prepare_only, records
+from launchutil import MINIMAL_PROTOCOL, edit_protocol, env, launch_cmd, make_minimal_project, one_rank, records
 
 from ledger.verdict.sequential_doc import rule_of, sequential_doc
 from ledger.verdict.stats import triplet_log_speedup
@@ -22,14 +22,13 @@ MAX = 3
 
 
 def _auto(data: dict[str, Any]) -> None:
-    prepare_only(data)
-    data["launcher"]["nproc"] = 1  # as launchutil.one_rank_protocol: the rule's bookkeeping, not the ranks
+    one_rank(data)  # the rule's bookkeeping, not the ranks
     data.setdefault("measurement", {}).update(repeats="auto", max_repeats=MAX)
 
 
 def test_repeats_auto_adds_triplets_until_the_rule_stops(tmp_path: Path) -> None:
-    proj = make_project(tmp_path)
-    protocol = edit_protocol(proj, _auto, name="auto.yaml")
+    proj = make_minimal_project(tmp_path)
+    protocol = edit_protocol(proj, _auto, name="auto.yaml", source=MINIMAL_PROTOCOL)
     home = tmp_path / "home"
     began = time.monotonic()
     proc = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,

@@ -1,4 +1,5 @@
-"""Issue 31 on CPU: r3-mini with a kernel that tunes itself by timing and keeps its pick in the compile cache
+"""Issue 31 on CPU: the minimal trainer (launchutil.make_minimal_project: the tests are about orch's compile caches,
+not r3-mini) with a kernel that tunes itself by timing and keeps its pick in the compile cache
 (tests/fixtures/tuned_sum.py: three kernels, four block sizes, cold compiles and cold ranks pick differently, and the
 pick sets the summation order). Under orch every arm and rank runs the prime's picks: an identical candidate is exact
 on cold caches with 2 ranks; a candidate that writes the baseline's cache is refused, naming it; a candidate that
@@ -15,14 +16,14 @@ from typing import Any
 
 import pytest
 import yaml
-from launchutil import GIT, REPO, env, launch_cmd, make_project, only_run, orch, quick_protocol
+from launchutil import GIT, MINIMAL_PROTOCOL, REPO, env, freeze, launch_cmd, make_minimal_project, only_run
 
 pytestmark = pytest.mark.slow
 
-TRAIN = Path("examples") / "r3_mini" / "train"
-USE = ("            loss.backward()\n",
-       "            loss = loss * tuned_scale(loss)  # the tuned kernels' sums enter every gradient\n"
-       "            loss.backward()\n")
+TRAIN = Path("trainer")
+USE = ("        loss.backward()\n",
+       "        loss = loss * tuned_scale(loss)  # the tuned kernels' sums enter every gradient\n"
+       "        loss.backward()\n")
 # the candidate writes its own pick of kernel 0 into every baseline cache folder it can find, and does not hide a
 # failure to do so
 POISON = ("    _picks[index] = best\n",
@@ -49,29 +50,27 @@ def tuned_project(
     tmp_path: Path, candidate: tuple[str, str] | None = None, compile_mode: str = "prime", nproc: int = 2,
     prime_steps: int | None = None,
 ) -> tuple[Path, Path]:
-    """r3-mini with the tuned kernels, committed as the baseline (git HEAD); the candidate is the working tree with
-    `candidate` edited into tuned_sum.py (None: the identical candidate). Both commitments frozen here. The quick
-    protocol, with the prime (`compile_mode`: what measurement.compile says), on `nproc` CPU ranks: 2 where ranks
-    that tune apart are the point, 1 where the test is about what one arm's cache holds (the poisoned cache, a kernel
-    of the candidate's own, tuning under compile: none)."""
-    proj = make_project(tmp_path)
+    """The minimal trainer with the tuned kernels, committed as the baseline (git HEAD); the candidate is the working
+    tree with `candidate` edited into tuned_sum.py (None: the identical candidate). Both commitments frozen here. The
+    minimal protocol (16 steps), with the prime (`compile_mode`: what measurement.compile says), on `nproc` CPU
+    ranks: 2 where ranks that tune apart are the point, 1 where the test is about what one arm's cache holds (the
+    poisoned cache, a kernel of the candidate's own, tuning under compile: none)."""
+    proj = make_minimal_project(tmp_path, commit=False)
     shutil.copy(REPO / "tests" / "fixtures" / "tuned_sum.py", proj / TRAIN / "tuned_sum.py")
-    trainer = proj / TRAIN / "online_rl.py"
+    trainer = proj / TRAIN / "train.py"
     _edit(trainer, *USE)
-    _edit(trainer, "import torch\n", "import torch\n\nfrom train.tuned_sum import tuned_scale\n")
-    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    _edit(trainer, "import torch\n", "import torch\nfrom tuned_sum import tuned_scale\n")
     subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
     subprocess.run([*GIT, "commit", "-q", "-m", "baseline with tuned kernels"], cwd=proj, check=True)
     if candidate is not None:
         _edit(proj / TRAIN / "tuned_sum.py", *candidate)
-    data: dict[str, Any] = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
+    data: dict[str, Any] = yaml.safe_load((proj / "protocol" / MINIMAL_PROTOCOL).read_text())
     switches = dict(data["arms"]["baseline"]["switches"])
     data["arms"] = {
         "baseline": {"commitment": "manifests/tuned_base.json", "source": {"git": "HEAD"}, "switches": switches},
         "candidate": {"commitment": "manifests/tuned_cand.json", "source": "tree", "switches": dict(switches),
                       "under_evaluation": candidate is not None},
     }
-    quick_protocol(data)
     data["measurement"]["compile"] = compile_mode
     if prime_steps is not None:
         data["measurement"]["prime_steps"] = prime_steps
@@ -79,9 +78,7 @@ def tuned_project(
     protocol = proj / "protocol" / "tuned.yaml"
     protocol.write_text(yaml.safe_dump(data, sort_keys=False))
     for arm, out in (("baseline", "manifests/tuned_base.json"), ("candidate", "manifests/tuned_cand.json")):
-        frozen = subprocess.run(orch("freeze", "--protocol", str(protocol), "--arm", arm, "-o", out, cwd=proj),
-                                cwd=proj, env=env(), capture_output=True, text=True, timeout=60)
-        assert frozen.returncode == 0, frozen.stderr
+        freeze(proj, protocol, out, arm)
     return proj, protocol
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launchutil import GIT, REPO, one_rank_protocol
+from launchutil import GIT, MINIMAL, REPO, one_rank
 
-from protocol.recipe import recipe_flags, v1_recipe
+from protocol.recipe import load_recipe, recipe_flags
 
 pytestmark = pytest.mark.slow
 # what the wheel is built from: the packaging files and the packages' tracked files (the tree as it is now)
@@ -66,24 +66,21 @@ def _env() -> dict[str, str]:
 
 
 def _project(root: Path) -> Path:
-    """A git project of its own: r3-mini's sources, R3's recipe file and a short-form protocol (no `recipe:`, no
-    recipe flag), quick (12 steps, one window) on one rank (the test is about the installed tool, not the ranks)."""
+    """A git project of its own: the minimal trainer (launchutil.make_minimal_project: the test is about the installed
+    tool, not r3-mini), its recipe file and its short-form protocol (no `recipe:`, no recipe flag) on one rank. The
+    commitment is made here by the installed orch."""
     proj = root / "proj"
-    shutil.copytree(REPO / "examples" / "r3_mini", proj / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    (proj / "trainer").mkdir(parents=True)
+    for name in ("train.py", "score.py"):
+        shutil.copy(MINIMAL / name, proj / "trainer" / name)
     (proj / "recipes").mkdir()
-    shutil.copy(REPO / "recipes" / "r3_tree_rl_bagel7b.yaml", proj / "recipes")
-    data = yaml.safe_load((REPO / "protocol" / "r3_mini.yaml").read_text())
-    one_rank_protocol(data)
-    flags = set(v1_recipe().recipe.flags().values())
-    args = data["launcher"]["args"]
-    data["launcher"]["args"] = [a for i, a in enumerate(args) if a not in flags and not (i and args[i - 1] in flags)]
-    data.pop("recipe")
+    shutil.copy(MINIMAL / "recipe.yaml", proj / "recipes" / "minimal.yaml")
+    data = yaml.safe_load((MINIMAL / "protocol.yaml").read_text())
+    assert "recipe" not in data and data["launcher"]["args"] == []  # the short form
+    one_rank(data)
     data["name"] = "wheel-install"
-    data["sources"]["root"] = "trainer"
-    for arm in ("baseline", "candidate"):
-        data["arms"][arm]["commitment"] = "manifests/trainer.json"
     (proj / "protocol").mkdir()
-    (proj / "protocol" / "quick.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    (proj / "protocol" / "one.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     (proj / "manifests").mkdir()
     _run(["git", "init", "-q"], cwd=proj)
     return proj
@@ -100,12 +97,12 @@ def test_the_wheel_gives_orch_and_gpu_run_that_freeze_launch_and_audit_outside_t
     assert where[1] == "27ea00d8ce839a2cf57981cca87348d24d80e5eda3849bcfee9e591df511961e"  # R3's recipe ships
     proj = _project(tmp_path)
     orch = str(tool / "orch")
-    _run([orch, "freeze", "--protocol", "protocol/quick.yaml", "-o", "manifests/trainer.json"], cwd=proj, env=env)
+    _run([orch, "freeze", "--protocol", "protocol/one.yaml", "-o", "manifests/minimal.json"], cwd=proj, env=env)
     _run([*GIT, "add", "-A"], cwd=proj)
     _run([*GIT, "commit", "-q", "-m", "trainer, recipe, protocol, commitment"], cwd=proj)
     home = tmp_path / "home"
     launched = subprocess.run(
-        [orch, "launch", "protocol/quick.yaml", "--home", str(home), "--json", "--lock-dir", str(tmp_path / "locks")],
+        [orch, "launch", "protocol/one.yaml", "--home", str(home), "--json", "--lock-dir", str(tmp_path / "locks")],
         cwd=proj, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert launched.returncode == 0, launched.stderr[-3000:]
     summary = json.loads(launched.stdout)
@@ -118,5 +115,5 @@ def test_the_wheel_gives_orch_and_gpu_run_that_freeze_launch_and_audit_outside_t
     run = json.loads((home / "runs" / run_id / "run.json").read_text())
     command = run["arms"]["candidate"]["command"]
     assert audit["commands"] == {"baseline": run["arms"]["baseline"]["command"], "candidate": command}  # and the audit
-    assert command[:3] == ["train/online_rl.py", "--group_size", "16"] and "--debug" in command
-    assert command[1:1 + len(recipe_flags())] == recipe_flags()
+    flags = recipe_flags(load_recipe(proj / "recipes" / "minimal.yaml", "recipes/minimal.yaml", None).recipe)
+    assert command == ["train.py", *flags] and flags[:2] == ["--lr", "0.001"], command
