@@ -1,5 +1,6 @@
-"""Issue 8's acceptance on real r3-mini runs (2 CPU ranks; the RNG draw on one): RNG and fp16 candidates refused, a
-killed run unaudited (and, from the same launch, kill -9 of orch leaves no process and frees the lock).
+"""Issue 8's acceptance on real r3-mini runs (2 CPU ranks; the RNG draw on one): RNG and fp16 candidates refused; and
+on the minimal trainer (2 CPU ranks: launchutil.make_minimal_project), a killed run unaudited (and, from the same
+launch, kill -9 of orch leaves no process and frees the lock).
 
 The real CLI runs on a git-committed project copy: baseline = `git archive HEAD`, candidate = the edited tree.
 """
@@ -17,10 +18,12 @@ from typing import Any
 import yaml
 from launchutil import (
     GIT,
+    MINIMAL_PROTOCOL,
     edit_protocol,
     env,
     launch_cmd,
     lock_is_free,
+    make_minimal_project,
     make_project,
     one_rank_protocol,
     only_run,
@@ -223,13 +226,18 @@ def test_cheating_candidate_is_refused_naming_each_cheat(tmp_path: Path) -> None
         assert {p["isolation"] for p in entries} == {"namespace"}
 
 
+def _paced(data: dict[str, Any]) -> None:
+    """A quarter second (of sleep) a step: train-B still runs when the test has seen its first step and kills orch."""
+    data["launcher"]["env"]["MINI_STEP_S"] = "0.25"
+
+
 def test_kill_9_of_orch_during_train_b_leaves_no_process_frees_the_lock_and_the_audit_writes_nothing(
     tmp_path: Path,
 ) -> None:
     """kill -9 of `orch launch` while train-B runs: every process of the run ends, the lock is free, `orch audit`
     of the run writes nothing and shows no score, and the next `orch ledger verify` names the orphaned package."""
-    proj = make_project(tmp_path)
-    protocol = edit_protocol(proj, quick_protocol, name="quick.yaml")
+    proj = make_minimal_project(tmp_path)  # 2 ranks; nothing here is about r3-mini
+    protocol = edit_protocol(proj, _paced, name="paced.yaml", source=MINIMAL_PROTOCOL)
     home = tmp_path / "home"
     proc = start(proj, protocol, home)
     wait_for(lambda: run_published(home), 300, "the run directory")
@@ -253,7 +261,7 @@ def test_kill_9_of_orch_during_train_b_leaves_no_process_frees_the_lock_and_the_
         for never_reached in ("reload-B", "score"):
             assert f"package {never_reached}: no ledger record" in out
         assert "no audit was written and no score is shown" in shown.stderr
-        assert "dev_mean_reward" not in out and "DEV score" not in out
+        assert "dev_mse" not in out and "DEV score" not in out
         if as_json:
             doc = json.loads(shown.stdout.strip().splitlines()[-1])
             assert doc["audit"] is None and "dev_score" not in doc

@@ -1,5 +1,7 @@
-"""Step times the trainer cannot fake, on real r3-mini runs (2 CPU ranks) whose candidate runs its clocks at 0.8x:
-the train worker alone, and a whole launch."""
+"""Step times the trainer cannot fake, on real runs of the minimal trainer (2 CPU ranks;
+launchutil.make_minimal_project: nothing here is about r3-mini) whose candidate runs its clocks at 0.8x: the train
+worker alone, and a whole launch. Each step sleeps 50 ms more (MINI_STEP_S, the same in every arm), so that a window
+lasts well beyond the clock check's 2 ms tolerance and 0.8x of it is always outside."""
 
 from __future__ import annotations
 
@@ -7,12 +9,24 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
-from launchutil import GIT, SMALL, env, launch_cmd, make_project, only_run, orch, prepare_only, records
+from launchutil import (
+    MINIMAL,
+    MINIMAL_PROTOCOL,
+    env,
+    freeze,
+    launch_cmd,
+    make_minimal_project,
+    only_run,
+    orch,
+    records,
+)
 from workerutil import run_worker, write_spec
 
 REPO = Path(__file__).resolve().parents[2]
-ANCHOR = "        scheduler.step()\n"
+ANCHOR = "        sched.step()\n"
+PACE = "0.05"  # seconds of sleep a step (MINI_STEP_S)
 ATTACK = '''
 """A candidate that makes its steps look faster: every clock it can reach runs at 0.8x (identical compute)."""
 import time
@@ -46,25 +60,30 @@ def install() -> None:
 '''
 
 
-def _attacked_r3_mini(tmp_path: Path, mode: str) -> Path:
+def _attacked_minimal(tmp_path: Path, mode: str) -> Path:
     import shutil
 
-    tree = tmp_path / "r3_mini"
-    shutil.copytree(REPO / "examples" / "r3_mini", tree, ignore=shutil.ignore_patterns("__pycache__"))
-    (tree / "train" / "clock_attack.py").write_text(ATTACK.format(mode=mode))
-    trainer = tree / "train" / "online_rl.py"
+    tree = tmp_path / "minimal"
+    tree.mkdir(parents=True)
+    for name in ("train.py", "score.py"):
+        shutil.copy(MINIMAL / name, tree / name)
+    (tree / "clock_attack.py").write_text(ATTACK.format(mode=mode))
+    trainer = tree / "train.py"
     text = trainer.read_text()
     assert text.count(ANCHOR) == 1
-    call = '        __import__("train.clock_attack").clock_attack.install()\n'
+    call = '        __import__("clock_attack").install()\n'
     trainer.write_text(text.replace(ANCHOR, ANCHOR + call))
     return tree
 
 
-def test_train_package_refuses_a_probe_clock_patched_to_run_at_0_8x(tmp_path: Path) -> None:
+def test_train_package_refuses_a_probe_clock_patched_to_run_at_0_8x(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The candidate rewrites the probe's bound clock itself: only the train worker's FIFO clock can see it."""
-    tree = _attacked_r3_mini(tmp_path, "probe")
-    spec = write_spec(tmp_path, "train-C", "train", sealed_dir=str(tree), script="train/online_rl.py",
-                      args=["--debug", "True", *SMALL], arm_label="C", arm="candidate")
+    tree = _attacked_minimal(tmp_path, "probe")
+    monkeypatch.setenv("MINI_STEP_S", PACE)  # the worker's environment reaches the ranks
+    spec = write_spec(tmp_path, "train-C", "train", sealed_dir=str(tree), script="train.py", args=[],
+                      arm_label="C", arm="candidate")
     proc = run_worker("train", spec, tree)
     assert proc.returncode == 1, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
@@ -75,32 +94,26 @@ def test_train_package_refuses_a_probe_clock_patched_to_run_at_0_8x(tmp_path: Pa
 
 
 def test_launch_refuses_a_candidate_whose_clocks_run_at_0_8x(tmp_path: Path) -> None:
-    """A real r3-mini run (2 CPU ranks): the candidate patches time.perf_counter, time.monotonic, ... and the
+    """A real run (2 CPU ranks): the candidate patches time.perf_counter, time.monotonic, ... and the
     probe's clock; train-C is refused naming the clock disagreement, nothing later runs, no audit is written.
 
     It is also the suite's failing-package launch: a package that fails stops the run (each later package closed
     not-run, the run failed, no audit), and `orch audit` of that run writes nothing and shows no score."""
-    proj = make_project(tmp_path)
-    subprocess.run(["git", "init", "-q", str(proj)], check=True)
-    subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
-    subprocess.run([*GIT, "commit", "-q", "-m", "baseline"], cwd=proj, check=True)
-    attacked = _attacked_r3_mini(tmp_path / "attack", "all")
-    for rel in ("train/clock_attack.py", "train/online_rl.py"):
-        (proj / "examples" / "r3_mini" / rel).write_text((attacked / rel).read_text())
-    data = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
+    proj = make_minimal_project(tmp_path)
+    attacked = _attacked_minimal(tmp_path / "attack", "all")
+    for rel in ("clock_attack.py", "train.py"):
+        (proj / "trainer" / rel).write_text((attacked / rel).read_text())
+    data = yaml.safe_load((proj / "protocol" / MINIMAL_PROTOCOL).read_text())
     switches = dict(data["arms"]["baseline"]["switches"])
     data["arms"] = {
-        "baseline": {"commitment": "manifests/r3_mini.json", "source": {"git": "HEAD"}, "switches": switches},
+        "baseline": {"commitment": "manifests/minimal.json", "source": {"git": "HEAD"}, "switches": switches},
         "candidate": {"commitment": "manifests/cand.json", "source": "tree", "switches": dict(switches),
                       "under_evaluation": True},
     }
-    prepare_only(data)  # 16 steps: the baseline's three windows are cross-checked
+    data["launcher"]["env"]["MINI_STEP_S"] = PACE  # 16 steps: the baseline's three windows are cross-checked
     protocol = proj / "protocol" / "attack.yaml"
     protocol.write_text(yaml.safe_dump(data, sort_keys=False))
-    frozen = subprocess.run(orch("freeze", "--protocol", str(protocol), "--arm", "candidate", "-o",
-                                 "manifests/cand.json", cwd=proj), cwd=proj, env=env(), capture_output=True,
-                            text=True, timeout=60)
-    assert frozen.returncode == 0, frozen.stderr
+    freeze(proj, protocol, "manifests/cand.json", "candidate")
     home = tmp_path / "home"
     launched = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True,
                               text=True, timeout=500)
@@ -123,7 +136,7 @@ def test_launch_refuses_a_candidate_whose_clocks_run_at_0_8x(tmp_path: Path) -> 
     shown = subprocess.run(orch("audit", run_dir.name, "--home", str(home), cwd=proj), cwd=proj, env=env(),
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 1 and "missing or failed: package train-C: failed (exit " in shown.stdout + shown.stderr
-    assert not (run_dir / "audit.json").exists() and "dev_mean_reward" not in shown.stdout + shown.stderr
+    assert not (run_dir / "audit.json").exists() and "dev_mse" not in shown.stdout + shown.stderr
     # the baseline's own step times agreed with the train worker's clock, and say by how much
     a = json.loads((run_dir / "packages" / "train-A" / "result.json").read_text())
     for rank in a["ranks"]:

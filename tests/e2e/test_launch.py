@@ -1,10 +1,11 @@
 """`orch launch` end to end on r3-mini (2 CPU ranks): real torchrun, real locks, real ledger, real faults.
 
 The complete run is the suite's shared one (conftest.py); every other test launches its own, on a copy of the
-project that it may edit, with the quick protocol on one rank (launchutil.one_rank_protocol) where it only needs a
-package to fail or the launch to stop. A failing train-C that stops the run (the later packages not run, no audit,
-`orch audit` writing nothing) is test_clock_e2e's launch; kill -9 of orch (no process left, the lock freed, the
-orphan named by `orch ledger verify`) is test_audit_e2e's killed run: one launch each proves both.
+project that it may edit; where it only needs a package to fail or the launch to stop, that is the minimal trainer
+on one rank (launchutil.make_minimal_project, paced by MINI_STEP_S so that the test acts while the package runs). A
+failing train-C that stops the run (the later packages not run, no audit, `orch audit` writing nothing) is
+test_clock_e2e's launch; kill -9 of orch (no process left, the lock freed, the orphan named by `orch ledger verify`)
+is test_audit_e2e's killed run: one launch each proves both.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import json
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from launchutil import (
     EDITED,
+    MINIMAL_PROTOCOL,
     PACKAGES,
     REPO,
     CompleteRun,
@@ -23,8 +26,9 @@ from launchutil import (
     env,
     launch_cmd,
     lock_is_free,
+    make_minimal_project,
     make_project,
-    one_rank_protocol,
+    one_rank,
     orch,
     records,
     run_processes,
@@ -93,17 +97,23 @@ def test_the_probe_on_r3_mini_digests_what_the_reload_reads_and_observes_the_rec
     assert run_processes(complete_run.run_dir.name) == []
 
 
+def _paced(data: dict[str, Any]) -> None:
+    """The minimal trainer on one rank, a quarter second (of sleep) a step: a train package lasts at least 4 s."""
+    one_rank(data)
+    data["launcher"]["env"]["MINI_STEP_S"] = "0.25"
+
+
 def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path) -> None:
-    proj = make_project(tmp_path)
+    proj = make_minimal_project(tmp_path)
     home = tmp_path / "home"
-    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, one_rank_protocol))
-    target = run_dir / "sealed" / "baseline" / "train" / "reward_func.py"
+    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, _paced, source=MINIMAL_PROTOCOL))
+    target = run_dir / "sealed" / "baseline" / "score.py"
     target.chmod(0o644)
     with open(target, "a") as f:
         f.write("\n# forced write\n")
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1
-    assert "sealed copy of baseline was modified during the run: 1 changed (train/reward_func.py)" in err
+    assert "sealed copy of baseline was modified during the run: 1 changed (score.py)" in err
     recs = [r for r in records(home) if r["run_id"] == run_dir.name and r["status"] != "open"]
     assert {r["package"]: r["status"] for r in recs}["train-A"] == "failed"
     assert all(r["status"] == "not-run" for r in recs if r["package"] not in ("checks", "prime", "train-A"))
@@ -111,9 +121,9 @@ def test_write_into_the_sealed_copy_fails_the_run_naming_the_path(tmp_path: Path
 
 
 def test_ctrl_c_records_interrupted_and_exits_130(tmp_path: Path) -> None:
-    proj = make_project(tmp_path)
+    proj = make_minimal_project(tmp_path)
     home = tmp_path / "home"
-    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, one_rank_protocol))
+    proc, run_dir = start_until(proj, home, "train-A", edit_protocol(proj, _paced, source=MINIMAL_PROTOCOL))
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 130
