@@ -21,11 +21,12 @@ from launchutil import (
     MINIMAL_PROTOCOL,
     edit_protocol,
     env,
+    freeze,
     launch_cmd,
     lock_is_free,
     make_minimal_project,
     make_project,
-    one_rank_protocol,
+    one_rank,
     only_run,
     orch,
     quick_protocol,
@@ -44,50 +45,60 @@ ANCHOR = "        scheduler.step()\n"
 Edit = tuple[Path, str, str]  # (file under the project, anchor line that occurs once, lines inserted after it)
 
 
+MINIMAL_TRAINER = Path("trainer") / "train.py"
+MINIMAL_ANCHOR = "        sched.step()\n"
+
+
 def candidate_project(
-    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = quick_protocol
+    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = quick_protocol,
+    minimal: bool = False,
 ) -> tuple[Path, Path]:
     """A committed project copy whose working tree adds `extra_line` after the trainer's scheduler.step() (or
-    makes each edit).
+    makes each edit): r3-mini's, or with `minimal` the minimal trainer's (launchutil.make_minimal_project).
 
     Returns the project and a protocol in which only the code differs: baseline from git HEAD under the
     published commitment, candidate = the edited tree under a commitment frozen by `orch freeze`, same switches;
-    `shape` sets the rest (quick_protocol: 12 steps, prepare-only checks; small_protocol: every check, 16 steps).
+    `shape` sets the rest (quick_protocol: 12 steps, prepare-only checks; small_protocol: every check, 16 steps;
+    one_rank for the minimal trainer, whose protocol is short already).
     """
-    proj = make_project(tmp_path)
-    subprocess.run(["git", "init", "-q", str(proj)], check=True)
-    subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
-    subprocess.run([*GIT, "commit", "-q", "-m", "baseline"], cwd=proj, check=True)
-    edits = [(TRAINER, ANCHOR, extra_line + "\n")] if isinstance(extra_line, str) else list(extra_line)
-    for rel, anchor, lines in edits:
+    if minimal:
+        proj, trainer, anchor, source, committed = (
+            make_minimal_project(tmp_path), MINIMAL_TRAINER, MINIMAL_ANCHOR, MINIMAL_PROTOCOL, "minimal.json")
+    else:
+        proj, trainer, anchor, source, committed = (
+            make_project(tmp_path), TRAINER, ANCHOR, "r3_mini.yaml", "r3_mini.json")
+        subprocess.run(["git", "init", "-q", str(proj)], check=True)
+        subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
+        subprocess.run([*GIT, "commit", "-q", "-m", "baseline"], cwd=proj, check=True)
+    edits = [(trainer, anchor, extra_line + "\n")] if isinstance(extra_line, str) else list(extra_line)
+    for rel, at, lines in edits:
         path = proj / rel
         text = path.read_text()
-        assert text.count(anchor) == 1, (rel, anchor)
-        path.write_text(text.replace(anchor, anchor + lines))
-    data = yaml.safe_load((proj / "protocol" / "r3_mini.yaml").read_text())
+        assert text.count(at) == 1, (rel, at)
+        path.write_text(text.replace(at, at + lines))
+    data = yaml.safe_load((proj / "protocol" / source).read_text())
     switches = {key: "1" for key in data["arms"]["candidate"]["switches"]}
     data["arms"] = {
-        "baseline": {"commitment": "manifests/r3_mini.json", "source": {"git": "HEAD"}, "switches": switches},
-        "candidate": {"commitment": "manifests/r3_mini_cand.json", "source": "tree", "switches": dict(switches),
+        "baseline": {"commitment": f"manifests/{committed}", "source": {"git": "HEAD"}, "switches": switches},
+        "candidate": {"commitment": "manifests/cand.json", "source": "tree", "switches": dict(switches),
                       "under_evaluation": True},
     }
     shape(data)
     protocol = proj / "protocol" / "candidate.yaml"
     protocol.write_text(yaml.safe_dump(data, sort_keys=False))
-    frozen = subprocess.run(
-        orch("freeze", "--protocol", str(protocol), "--arm", "candidate", "-o", "manifests/r3_mini_cand.json",
-             cwd=proj), cwd=proj, env=env(), capture_output=True, text=True, timeout=60)
-    assert frozen.returncode == 0, frozen.stderr
-    committed = json.loads((proj / "manifests" / "r3_mini.json").read_text())["root"]
-    assert json.loads((proj / "manifests" / "r3_mini_cand.json").read_text())["root"] != committed
+    freeze(proj, protocol, "manifests/cand.json", "candidate")
+    root = json.loads((proj / "manifests" / committed).read_text())["root"]
+    assert json.loads((proj / "manifests" / "cand.json").read_text())["root"] != root
     return proj, protocol
 
 
 def launch_and_audit(
-    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = quick_protocol
+    tmp_path: Path, extra_line: str | Sequence[Edit], shape: Callable[[dict[str, Any]], None] = quick_protocol,
+    minimal: bool = False,
 ) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     """Launch the candidate protocol to completion, then `orch audit RUN --json` it; checks what both share."""
-    proj, protocol = candidate_project(tmp_path, extra_line, shape)
+    proj, protocol = candidate_project(tmp_path, extra_line, shape, minimal)
+    metric = "dev_mse" if minimal else "dev_mean_reward"  # the scorer's metric: never shown before the verdict
     home = tmp_path / "home"
     launched = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,
                               timeout=500)
@@ -96,7 +107,7 @@ def launch_and_audit(
     summary = json.loads(launched.stdout)
     assert summary["status"] == "complete" and summary["verdict"] == "not exact"
     assert "audit verdict not exact" in launched.stderr.strip().splitlines()[-1]
-    assert "dev_mean_reward" not in launched.stdout + launched.stderr
+    assert metric not in launched.stdout + launched.stderr
     run_dir = only_run(home)
     shown = subprocess.run(orch("audit", run_dir.name, "--home", str(home), "--json", cwd=proj), cwd=proj, env=env(),
                            capture_output=True, text=True, timeout=120)
@@ -106,23 +117,23 @@ def launch_and_audit(
     recs = [r for r in records(home) if r["run_id"] == run_dir.name and r["kind"] == "audit"]
     assert [(r["status"], r["note"]) for r in recs] == [("not exact", "verdict: not exact")]
     for written in ("audit.json", "audit.md"):
-        assert "dev_mean_reward" not in (run_dir / written).read_text()
+        assert metric not in (run_dir / written).read_text()
     doc = json.loads(shown.stdout)
     assert doc["audit"]["verdict"] == "not exact" and doc["audit"]["exact"] is False
     assert doc["audit"] == json.loads((run_dir / "audit.json").read_text())
-    assert "dev_mean_reward" not in json.dumps(doc["audit"])
+    assert metric not in json.dumps(doc["audit"])
     # with --json the human report is on stderr: the DEV score shows there only after the verdict is recorded
     report = shown.stderr
-    assert "dev_mean_reward" not in report[: report.index("written: audit.json")]
+    assert metric not in report[: report.index("written: audit.json")]
     assert doc["dev_score"]["informational"] is True and doc["dev_score"]["verified"] is True
     assert report.index("verdict: not exact") < report.index("DEV score (informational")
     return run_dir, home, shown
 
 
 def test_extra_rng_draw_per_step_is_refused_naming_the_first_step(tmp_path: Path) -> None:
-    # the quick protocol (12 steps, no diagnostics) on one rank (the RNG stream is per process; nothing here is
-    # about how ranks agree): the draw is found at step 1, and the other checks stay silent
-    run_dir, _, shown = launch_and_audit(tmp_path, "        torch.rand(1)", one_rank_protocol)
+    # the minimal trainer on one rank (the RNG stream is per process; nothing here is about r3-mini or how ranks
+    # agree): the draw is found at step 1, and the other checks stay silent
+    run_dir, _, shown = launch_and_audit(tmp_path, "        torch.rand(1)", one_rank, minimal=True)
     ex = json.loads(shown.stdout.strip().splitlines()[-1])["audit"]["exactness"]
     # the draw after step 0's optimizer step falls in step 1 (steps are delimited by the optimizer hook)
     first = ex["rng_first_mismatch"]
