@@ -1,10 +1,10 @@
 """orch on a real Slurm cluster started by this module (tests/e2e/slurm_cluster.py: slurmctld, three slurmd, slurmdbd on
-MariaDB, munge): r3-mini across two nodes (gloo, one rank a node) started by sbatch, audited exact and reconciled with
-sacct; a node that cannot read the sealed copy named by its salted hash; killed ranks on one node, a node dying
-mid-train and orch killed mid-train each failing the run cleanly (nothing left on any node); the cluster itself
-stopping without leaving a process. All seven with ORCH_SLURM_TESTS=1 (`make test-slurm`); `make test` (so CI, where
-.ci/run lets it install Debian's packages) runs the acceptance subset (marked slurm_ci); skipped, saying why, where
-the packages or root are missing.
+MariaDB, munge): r3-mini (the minimal trainer in `make test`'s subset) across two nodes (gloo, one rank a node)
+started by sbatch, audited exact and reconciled with sacct; a node that cannot read the sealed copy named by its
+salted hash; killed ranks on one node, a node dying mid-train and orch killed mid-train each failing the run cleanly
+(nothing left on any node); the cluster itself stopping without leaving a process. All seven with
+ORCH_SLURM_TESTS=1 (`make test-slurm`); `make test` (so CI, where .ci/run lets it install Debian's packages) runs the
+acceptance subset (marked slurm_ci); skipped, saying why, where the packages or root are missing.
 """
 
 from __future__ import annotations
@@ -18,33 +18,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from launchutil import quick_protocol
+from launchutil import MINIMAL_PROTOCOL, make_minimal_project
 from slurm_cluster import Cluster, _alive, missing
 
 from ledger.cost.store import Ledger
 from orchestrator.slurm import node_hash
-
-
-def quick_primed(data: dict) -> None:  # type: ignore[type-arg]
-    """The quick protocol with the prime package (measurement.compile: prime): the two-node test sees it span both
-    nodes."""
-    quick_protocol(data)
-    data["measurement"]["compile"] = "prime"
-
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "protocol" / "r3_mini_slurm2.yaml"
 
 # ORCH_SLURM_TESTS=1 (`make test-slurm`): every test, the two-node run on the shipped protocol as it is (~4-6 min
 # alone on the shared 2-core host). ORCH_SLURM_TESTS=ci (`make test`, so CI, with `-m slurm_ci`): the acceptance
-# subset on the quick protocol of the local end-to-end launches (launchutil.quick_protocol: shorter rollouts,
-# prepare-only checks, 12 steps, one timed window; audited like any run). Unset: every test skips.
+# subset on the minimal trainer (launchutil.make_minimal_project) under the shipped protocol's Slurm launcher
+# (minimal_protocol; audited like any run): what it tests is orch on Slurm, not r3-mini. Unset: every test skips.
 MODE = os.environ.get("ORCH_SLURM_TESTS", "")
 CI = MODE == "ci"
 
@@ -70,17 +61,30 @@ def cluster() -> Iterator[Cluster]:
     assert left == [], f"processes of the test cluster outlived it: {left}"
 
 
-def protocol(where: Path, shape: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    """The shipped Slurm protocol with one count-only GPU a node (so sacct accounts gres/gpu) and its base here;
-    `shape` edits it as the local end-to-end launches are edited (launchutil: shorter rollouts, fewer steps)."""
+def protocol(where: Path) -> Path:
+    """The shipped Slurm protocol with one count-only GPU a node (so sacct accounts gres/gpu) and its base here."""
     text = SHIPPED.read_text().replace('base: ".."', f'base: "{REPO}"').replace("gpus_per_node: 0", "gpus_per_node: 1")
-    if shape is not None:
-        data = yaml.safe_load(text)
-        shape(data)
-        text = yaml.safe_dump(data, sort_keys=False)
     where.mkdir(parents=True, exist_ok=True)
     path = where / "slurm.yaml"
     path.write_text(text)
+    return path
+
+
+def minimal_protocol(where: Path, prime: bool = False, pace: str | None = None) -> Path:
+    """The minimal trainer's project in `where`, and its protocol under the shipped protocol's Slurm launcher (two
+    nodes, one rank a node) with one count-only GPU a node; `prime`: measurement.compile: prime (the two-node test
+    sees the prime span both nodes); `pace`: MINI_STEP_S, seconds of sleep a step (time to act while train-A runs)."""
+    proj = make_minimal_project(where)
+    shipped = yaml.safe_load(SHIPPED.read_text())["launcher"]
+    data = yaml.safe_load((proj / "protocol" / MINIMAL_PROTOCOL).read_text())
+    data["launcher"].update(nproc=shipped["nproc"], scheduler=shipped["scheduler"],
+                            slurm={**shipped["slurm"], "gpus_per_node": 1})
+    if prime:
+        data["measurement"]["compile"] = "prime"
+    if pace is not None:
+        data["launcher"]["env"]["MINI_STEP_S"] = pace
+    path = proj / "protocol" / "slurm.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
@@ -124,10 +128,11 @@ def test_two_nodes_run_exact_and_reconcile_with_sacct(cluster: Cluster, tmp_path
     """Started by sbatch, as on a GPU cluster (README's batch script): orch runs in the batch job's allocation."""
     home = tmp_path / "home"
     out, err = tmp_path / "job.json", tmp_path / "job.err"
+    path = minimal_protocol(tmp_path, prime=True) if CI else protocol(tmp_path)
     _, state, rc = sbatch_wait(cluster, [
         "--nodes=2", "--ntasks-per-node=1", "--exclusive", "--gres=gpu:1", f"--output={out}", f"--error={err}",
-        "--wrap", f"{sys.executable} -m orchestrator.cli launch {protocol(tmp_path, quick_primed if CI else None)} "
-        f"--home {home} --json"], timeout=900)  # fmt: skip
+        "--wrap", f"{sys.executable} -m orchestrator.cli launch {path} --home {home} --json"],
+        timeout=900)  # fmt: skip
     assert (state, rc) == ("COMPLETED", 0), err.read_text()[-3000:] if err.exists() else f"{state}, exit {rc}"
     doc = json.loads(out.read_text())
     run_dir = home / "runs" / doc["run_id"]
@@ -222,11 +227,11 @@ def _inner_orch(where: str) -> list[int]:
 
 
 def _launch_until_step(cluster: Cluster, tmp_path: Path, rank: int, step: int,
-                       shape: Callable[[dict[str, Any]], None] | None = None) -> tuple[subprocess.Popen[str], str]:
-    """`orch launch` outside an allocation (so through salloc), running until train-A's rank `rank` logged `step`
-    steps: (the process, the run id)."""
+                       path: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    """`orch launch` of `path` (default: the shipped protocol) outside an allocation (so through salloc), running
+    until train-A's rank `rank` logged `step` steps: (the process, the run id)."""
     home = tmp_path / "home"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(protocol(tmp_path, shape)),
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(path or protocol(tmp_path)),
                              "--home", str(home)], cwd=REPO, env=env(cluster), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
@@ -266,7 +271,8 @@ def _failed_cleanly(cluster: Cluster, home: Path, run_id: str) -> None:
 @pytest.mark.slurm_ci
 def test_killed_ranks_on_one_node_fail_the_run_with_nothing_left(cluster: Cluster, tmp_path: Path) -> None:
     home = tmp_path / "home"
-    proc, run_id = _launch_until_step(cluster, tmp_path, rank=1, step=3, shape=quick_protocol if CI else None)
+    path = minimal_protocol(tmp_path, pace="0.5") if CI else None  # 16 steps of at least 0.5 s: time to kill
+    proc, run_id = _launch_until_step(cluster, tmp_path, rank=1, step=3, path=path)
     try:
         ranks = [pid for pid, p in _run_processes(run_id).items() if p["node"] == "n2" and p["rank"]]
         assert ranks, _run_processes(run_id)
