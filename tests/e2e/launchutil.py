@@ -60,22 +60,12 @@ def prepare_only(data: dict[str, Any]) -> None:
 
 def quick_protocol(data: dict[str, Any]) -> None:
     """prepare_only and 12 steps, 2 of them warm-up, one timed window of 10 (steps 2-11), digests of steps 0-11: for
-    the launches whose tests read no timing window (a package fails, the launch is stopped, an RNG draw, the cheats,
-    the A/A calibration's bookkeeping). 12 steps is the fewest an audited r3-mini run can have (the probe must see
-    the recipe's LR warm-up end at step 10); the short measurement warm-up keeps the watched steps of each timed
-    launch to 0-1 (a watched step costs about twice a plain one), while the watched replay still watches all 12."""
+    the r3-mini launches whose tests read no timing window (the cheats). 12 steps is the fewest an audited r3-mini
+    run can have (the probe must see the recipe's LR warm-up end at step 10); the short measurement warm-up keeps the
+    watched steps of each timed launch to 0-1 (a watched step costs about twice a plain one), while the watched
+    replay still watches all 12."""
     prepare_only(data)
     data["measurement"].update(steps=12, warmup=2, window=10, digest_last=11)
-
-
-def one_rank_protocol(data: dict[str, Any]) -> None:
-    """quick_protocol on one CPU rank: for the tests of orch's verdict bookkeeping (the A/A calibration, the
-    sequential stop) and of one process's RNG stream, which read launches' step times and digests but nothing about
-    how ranks agree. A package then starts two interpreters that import torch (torchrun and one rank) instead of
-    three, and holds one core instead of two; the tests about ranks (the complete run, the cheats, the tuned kernels,
-    Slurm) keep two."""
-    quick_protocol(data)
-    data["launcher"]["nproc"] = 1
 
 
 def one_rank(data: dict[str, Any]) -> None:
