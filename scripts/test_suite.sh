@@ -11,10 +11,6 @@ BIN=.venv/bin
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/orch-make-test.XXXXXX")"
 trap 'rm -rf "$LOGS"' EXIT
 
-# orch's own modules compiled once: Python reads a cached .pyc even where PYTHONDONTWRITEBYTECODE keeps it from
-# writing one, and each of the suite's interpreters (orch, its workers, every rank's probe) would otherwise compile
-# what it imports again (docs/validation/e2e_durations.md)
-"$BIN/python" -m compileall -q -j 0 protocol orchestrator ledger workers manifests > /dev/null || exit 1
 "$BIN/pytest" -q -p no:cacheprovider --timeout=600 -n auto --maxprocesses 4 --dist loadscope --durations=20 \
     tests/unit || exit 1
 
