@@ -34,7 +34,7 @@ lint: $(STAMP)
 	$(BIN)/mypy protocol manifests orchestrator ledger
 
 # lint, the unit tests on every core (at most 4 processes; --dist loadscope: a module's tests on one worker, so each
-# module-scoped fixture is made once), then the end-to-end launches on three workers (each test has its own home, lock
+# module-scoped fixture is made once), then the end-to-end launches on a worker a core (each test has its own home, lock
 # directory and run id; a file's tests on one worker, heaviest files first) with the Slurm acceptance subset beside
 # them, on a local Slurm cluster whose Debian packages install in the background when ORCH_INSTALL_SYSTEM_PACKAGES=1
 # (.ci/run): scripts/test_suite.sh; docs/validation/e2e_durations.md has the measured times

@@ -1,5 +1,5 @@
 """The one complete r3-mini launch that the end-to-end tests which only read its outputs share (session-scoped), the
-per-test profile (ORCH_E2E_PROFILE), and the order in which `make test` (`-n 3 --dist loadfile
+per-test profile (ORCH_E2E_PROFILE), and the order in which `make test` (`-n auto --dist loadfile
 --no-loadscope-reorder`) sends the test files to its workers: heaviest first by the seconds recorded in
 durations.json, so that no long file starts last and runs alone."""
 
