@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install pyc lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-tuned bench-startup bench-null bench-verdict bench-trl attack mutation clean
+.PHONY: all install pyc lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-tuned bench-startup bench-watch bench-null bench-verdict bench-trl attack mutation clean
 
 all: test
 
@@ -92,6 +92,11 @@ bench-tuned: $(STAMP)
 # per-package start-up phase by phase on r3-mini's 2 CPU ranks (BENCH_STARTUP_ARGS: --launches N, --floor, --out FILE)
 bench-startup: $(STAMP)
 	$(BIN)/python bench/bench_startup.py $(BENCH_STARTUP_ARGS)
+
+# the probe's forbidden-dtype watch: a watched CPU step bare, under a pass-through dispatch mode, under the watch
+# (BENCH_WATCH_ARGS: --root DIR for another checkout's watch, several allowed; --out FILE)
+bench-watch: $(STAMP)
+	$(BIN)/python bench/bench_watch.py $(BENCH_WATCH_ARGS)
 
 # one device call (~8 min on one H200): null runs with repeats and a known 25% slowdown; figures under $$OUT
 bench-null: $(STAMP)

@@ -144,16 +144,37 @@ def _cached_findings(gm: Any, label: str) -> GraphFindings:
     return per[label]
 
 
-def see_op(log: WatchLog, func: Any, args: Any, kwargs: Any, out: Any) -> None:
-    """An ATen op: a float16 / float8 / quantized tensor among its inputs or outputs, or int8 matmul-type math."""
-    import torch
-    from torch.utils._pytree import tree_leaves
+_OPS: dict[Any, tuple[str, str]] = {}  # an ATen op -> (its name, the base name _int8_math reads)
+_VERDICTS: dict[tuple[str, Any], bool] = {}  # (base, dtype) -> forbidden_dtype(dtype) or _int8_math(base, dtype)
 
-    op = str(func)
-    base = op.split(".")[1] if op.startswith("aten.") else op
-    for t in tree_leaves((args, kwargs, out)):
-        if isinstance(t, torch.Tensor) and (forbidden_dtype(t.dtype) or _int8_math(base, t.dtype)):
-            log.forbidden.add((op, _dt(t.dtype)))
+
+def see_op(log: WatchLog, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    """An ATen op: a float16 / float8 / quantized tensor among its inputs or outputs, or int8 matmul-type math.
+
+    It runs for every op of a watched step, so what depends only on the op or on (op, dtype) is worked out once per
+    process, and the tensors are found by walking the lists, tuples and dicts that ATen's arguments and results are
+    made of (what tree_leaves would find in them, without its per-call cost)."""
+    import torch
+
+    names = _OPS.get(func)
+    if names is None:
+        op = str(func)
+        names = _OPS[func] = (op, op.split(".")[1] if op.startswith("aten.") else op)
+    op, base = names
+    pending = [args, kwargs, out]
+    while pending:
+        x = pending.pop()
+        if isinstance(x, torch.Tensor):
+            key = (base, x.dtype)
+            bad = _VERDICTS.get(key)
+            if bad is None:
+                bad = _VERDICTS[key] = forbidden_dtype(x.dtype) or _int8_math(base, x.dtype)
+            if bad:
+                log.forbidden.add((op, _dt(x.dtype)))
+        elif isinstance(x, (list, tuple)):
+            pending.extend(x)
+        elif isinstance(x, dict):
+            pending.extend(x.values())
 
 
 # higher-order operators that run code no FX graph describes: only their tensor inputs and outputs can be seen

@@ -162,3 +162,43 @@ def test_graph_findings_int8_matmul_and_untyped_graphs() -> None:
 
     typed = make_fx(f)(torch.zeros(32, 32, dtype=torch.int8), torch.zeros(32, 32, dtype=torch.int8))
     assert ("g:aten._int_mm.default", "int8") in graph_findings(typed, "g").forbidden
+
+
+def _found_by_tree_leaves(func: Any, args: Any, kwargs: Any, out: Any) -> set[tuple[str, str]]:
+    """see_op's definition: every tensor torch's pytree finds in the op's arguments and results."""
+    from torch.utils._pytree import tree_leaves
+
+    from workers.watch import _int8_math, forbidden_dtype
+
+    op = str(func)
+    base = op.split(".")[1] if op.startswith("aten.") else op
+    return {(op, str(t.dtype).removeprefix("torch.")) for t in tree_leaves((args, kwargs, out))
+            if isinstance(t, torch.Tensor) and (forbidden_dtype(t.dtype) or _int8_math(base, t.dtype))}
+
+
+def test_see_op_finds_what_tree_leaves_finds_in_nested_arguments_and_results() -> None:
+    from workers.watch import see_op
+
+    f32, f16, bf16 = torch.ones(2), torch.ones(2, dtype=torch.float16), torch.ones(2, dtype=torch.bfloat16)
+    i8, f8 = torch.ones(2, 2, dtype=torch.int8), torch.ones(2, dtype=torch.float8_e4m3fn)
+    q = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8)
+    aten = torch.ops.aten
+    cases = [
+        (aten.add.Tensor, (f32, f32), {"alpha": 1}, f32),  # nothing
+        (aten.add.Tensor, (bf16, bf16), {}, bf16),  # bfloat16 is allowed
+        (aten.add.Tensor, (i8, i8), {}, i8),  # int8 outside matmul-type math is allowed
+        (aten.mm.default, (i8, i8), {}, torch.ones(2, 2, dtype=torch.int32)),  # int8 matmul
+        (aten._int_mm.default, (i8.to(torch.uint8), i8), {}, None),
+        (aten.cat.default, ([f32, [f16, (f32,)]],), {}, f32),  # nested lists and tuples
+        (aten.add.Tensor, (f32,), {"other": {"deep": [f8]}}, f32),  # a tensor in a dict of kwargs
+        (aten.max.dim, (f32, 0), {}, torch.return_types.max((f16, torch.zeros(1, dtype=torch.int64)))),  # structseq
+        (aten.dequantize.self, (q,), {}, f32),  # a quantized tensor
+        (aten.add.Tensor, (f16, 2.0), {}, f16),  # the op's verdict for float16 is cached, and read again below
+    ]
+    for func, args, kwargs, out in [*cases, *cases]:  # twice: the second pass reads the per-process caches
+        log = WatchLog()
+        see_op(log, func, args, kwargs, out)
+        assert log.forbidden == _found_by_tree_leaves(func, args, kwargs, out), (func, log.forbidden)
+    log = WatchLog()
+    see_op(log, aten.mm.default, (i8, i8), {}, None)
+    assert log.forbidden == {("aten.mm.default", "int8")}
