@@ -79,6 +79,15 @@ MINIMAL = REPO / "tests" / "fixtures" / "minimal"  # the smallest trainer orch r
 MINIMAL_PROTOCOL = "minimal.yaml"
 
 
+def lay_out_minimal(proj: Path) -> None:
+    """The minimal trainer's files in a new project folder: trainer/ (train.py, score.py) and recipes/minimal.yaml."""
+    (proj / "trainer").mkdir(parents=True)
+    for name in ("train.py", "score.py"):
+        shutil.copy(MINIMAL / name, proj / "trainer" / name)
+    (proj / "recipes").mkdir()
+    shutil.copy(MINIMAL / "recipe.yaml", proj / "recipes" / "minimal.yaml")
+
+
 def make_minimal_project(tmp_path: Path, commit: bool = True) -> Path:
     """A git project of the minimal trainer (tests/fixtures/minimal): trainer/ (train.py, score.py),
     recipes/minimal.yaml, protocol/minimal.yaml (2 CPU ranks, 16 steps, three windows of 4, compile: none) and the
@@ -90,11 +99,7 @@ def make_minimal_project(tmp_path: Path, commit: bool = True) -> Path:
     change, source=MINIMAL_PROTOCOL) makes the variants; MINI_STEP_S in launcher.env gives a test time to act while
     a package runs."""
     proj = tmp_path / "proj"
-    (proj / "trainer").mkdir(parents=True)
-    for name in ("train.py", "score.py"):
-        shutil.copy(MINIMAL / name, proj / "trainer" / name)
-    (proj / "recipes").mkdir()
-    shutil.copy(MINIMAL / "recipe.yaml", proj / "recipes" / "minimal.yaml")
+    lay_out_minimal(proj)
     (proj / "protocol").mkdir()
     shutil.copy(MINIMAL / "protocol.yaml", proj / "protocol" / MINIMAL_PROTOCOL)
     (proj / "manifests").mkdir()

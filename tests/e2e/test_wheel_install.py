@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launchutil import GIT, MINIMAL, REPO, one_rank
+from launchutil import GIT, MINIMAL, REPO, lay_out_minimal, one_rank
 
 from protocol.recipe import load_recipe, recipe_flags
 
@@ -66,15 +66,11 @@ def _env() -> dict[str, str]:
 
 
 def _project(root: Path) -> Path:
-    """A git project of its own: the minimal trainer (launchutil.make_minimal_project: the test is about the installed
+    """A git project of its own: the minimal trainer (launchutil.lay_out_minimal: the test is about the installed
     tool, not r3-mini), its recipe file and its short-form protocol (no `recipe:`, no recipe flag) on one rank. The
     commitment is made here by the installed orch."""
     proj = root / "proj"
-    (proj / "trainer").mkdir(parents=True)
-    for name in ("train.py", "score.py"):
-        shutil.copy(MINIMAL / name, proj / "trainer" / name)
-    (proj / "recipes").mkdir()
-    shutil.copy(MINIMAL / "recipe.yaml", proj / "recipes" / "minimal.yaml")
+    lay_out_minimal(proj)
     data = yaml.safe_load((MINIMAL / "protocol.yaml").read_text())
     assert "recipe" not in data and data["launcher"]["args"] == []  # the short form
     one_rank(data)
