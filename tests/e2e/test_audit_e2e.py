@@ -1,6 +1,7 @@
-"""Issue 8's acceptance on real r3-mini runs (2 CPU ranks; the RNG draw on one): RNG and fp16 candidates refused; and
-on the minimal trainer (2 CPU ranks: launchutil.make_minimal_project), a killed run unaudited (and, from the same
-launch, kill -9 of orch leaves no process and frees the lock).
+"""Issue 8's acceptance. On a real r3-mini run (2 CPU ranks): the cheating candidate refused, its fp16 ops among the
+cheats named. On the minimal trainer (launchutil.make_minimal_project): a candidate with an extra RNG draw refused
+(one rank), and a killed run unaudited (2 ranks; from the same launch, kill -9 of orch leaves no process and frees
+the lock).
 
 The real CLI runs on a git-committed project copy: baseline = `git archive HEAD`, candidate = the edited tree.
 """
