@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from ledger.cost.salt import host_hash
@@ -23,7 +22,7 @@ from ledger.cost.store import Ledger
 from ledger.cost.witness import check_witnessed, record_head, repository_root
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from manifests.sources import arm_source_dir
-from orchestrator import gpu_lock, slurm
+from orchestrator import gpu_lock, interrupts, slurm
 from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
 from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
 from orchestrator.preflight import require_worker_packages
@@ -109,12 +108,11 @@ def verify_arms(loaded: LoadedProtocol, workdir: Path, say: Callable[[str], None
 @contextmanager
 def _signals_as_interrupt() -> Iterator[None]:
     """SIGTERM and SIGINT to orch behave like Ctrl-C: the current package is stopped and recorded as interrupted,
-    whatever was inherited (a background job of a script starts with SIGINT ignored)."""
+    whatever was inherited (a background job of a script starts with SIGINT ignored); orchestrator.interrupts keeps
+    one that arrives while a package is forked, or inside an at-fork hook, from being lost."""
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    interrupts.reset()
+    old = {sig: signal.signal(sig, interrupts.handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:

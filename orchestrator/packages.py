@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from orchestrator import interrupts
 from orchestrator.isolation import PackageIsolation, isolate
 from orchestrator.process_group import exit_status, spawn_in_group, terminate_group, wait_group
 from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
@@ -224,12 +225,14 @@ def _run(
     pkg_dir = Path(spec.package_dir)
     with open(pkg_dir / "stdout.log", "wb") as out, open(pkg_dir / "stderr.log", "wb") as err:
         try:
-            proc = spawn_in_group(cmd, env=env, cwd=spec.sealed_dir, stdout=out, stderr=err,
-                                  stdin=subprocess.DEVNULL, **iso.spawn_args())
+            with interrupts.deferred():  # an interrupt now is raised by check() below, where the group is ended
+                proc = spawn_in_group(cmd, env=env, cwd=spec.sealed_dir, stdout=out, stderr=err,
+                                      stdin=subprocess.DEVNULL, **iso.spawn_args())
         finally:
             iso.spawned()
         try:
             while True:
+                interrupts.check()  # one deferred above, or lost in an at-fork hook
                 try:
                     rc = wait_group(proc, timeout=0.5, on_exit=iso.leader_exited)
                     break
