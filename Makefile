@@ -25,7 +25,7 @@ install: $(STAMP)
 
 # orch's own modules compiled once: Python reads a cached .pyc even where PYTHONDONTWRITEBYTECODE keeps it from writing
 # one, and each interpreter of a launch (orch, its workers, every rank's probe) would otherwise compile what it imports
-# again (docs/validation/e2e_durations.md: the demo 201 -> 181 s, median of two each)
+# again (docs/validation/e2e_durations.md has the figures: no change to a package's start-up was measured)
 pyc: $(STAMP)
 	$(BIN)/python -m compileall -q -j 0 protocol orchestrator ledger workers manifests > /dev/null
 
