@@ -61,12 +61,13 @@ print('freeze: root', b['root'], 'unchanged' if a['root']==b['root'] else 'CHANG
   ;;
 wait)
   end=$(( $(date +%s) + ${2:-500} ))
-  while [ "$(date +%s)" -lt "$end" ] && ! grep -q "all done" "$W/job.log" 2>/dev/null; do sleep 10; done
-  cat "$W/job.log"
   out=${OUT:-/tmp/gpu33-out}; mkdir -p "$out"
-  # at most 8 files come back: the evidence and audits of the null and the candidate, calibration, the log
-  for f in null.evidence.json null.audit.json candidate.evidence.json candidate.audit.json calibrate.json \
-    candidate.run.json job.log ledger_head.txt; do [ -f "$W/$f" ] && cp "$W/$f" "$out/"; done
+  # at most 8 files come back: the evidence and audits of the null and the candidate, calibration, the log. They are
+  # copied on every tick, so that a call cut short by the device's time limit still brings back what was done
+  keep() { for f in null.evidence.json null.audit.json candidate.evidence.json candidate.audit.json calibrate.json \
+    candidate.run.json job.log ledger_head.txt; do [ -f "$W/$f" ] && cp "$W/$f" "$out/"; done; }
+  while [ "$(date +%s)" -lt "$end" ] && ! grep -q "all done" "$W/job.log" 2>/dev/null; do keep; sleep 10; done
+  keep; cat "$W/job.log"
   ;;
 *)
   echo "usage: bash scripts/gpu_trl.sh start | wait SECONDS | all" >&2; exit 2
