@@ -57,11 +57,14 @@ def test_a_wait_that_times_out_signals_nothing_and_terminate_escalates_to_sigkil
 
 def test_the_group_dies_with_the_process_that_spawned_it(tmp_path: Path) -> None:
     parent = (
-        "import sys, time\n"
+        "import os, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from orchestrator.process_group import spawn_in_group\n"
         "spawn_in_group(['sh', '-c', 'sleep 60 & echo grandchild $!; wait'])\n"
-        "print('spawned', flush=True)\n"  # spawn_in_group has returned: the watchdog is running
+        # spawn_in_group has returned: the watchdog is running. One write() of the whole line, atomic on a pipe: an
+        # unbuffered print (PYTHONUNBUFFERED) writes 'spawned' and its newline apart, and the shell's line can fall
+        # between them
+        "os.write(1, b'spawned\\n')\n"
         "time.sleep(60)\n"
     )
     errors = tmp_path / "parent.stderr"  # what the parent or its shell said, should a line be missing
