@@ -8,7 +8,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 # published evidence is never rewritten: each rehearsal is published under the orch commit it ran (the device's copy
 # of the tree may have no .git: then give REHEARSAL_TAG), refused here, before any device time, if that name is taken
 export REHEARSAL_TAG=${REHEARSAL_TAG:-$(git rev-parse --short HEAD 2>/dev/null || date -u +%Y%m%d)}
-PUB=docs/validation/rehearsal_h200x1_$REHEARSAL_TAG
+# CARD names the lent card in the published file (h200x1 by default; h100x1 on an H100)
+PUB=docs/validation/rehearsal_${CARD:-h200x1}_$REHEARSAL_TAG
 if [ -e "$PUB.json" ]; then
   echo "rehearse_h200: $PUB.json exists (published evidence is never rewritten): set REHEARSAL_TAG to a new name" >&2
   exit 2
