@@ -31,6 +31,9 @@ SLURM_COMMANDS = ("salloc", "srun", "scontrol", "sacct")
 ONE_NODE_KINDS = ("checks", "reload", "score")  # on the allocation's first node; train and replay span every node
 SCONTROL_TIMEOUT_S = 60.0
 SEAL_TIMEOUT_S = 600.0
+RDZV_PORTS = (20000, 40000)  # a train package's rendezvous port is one of these, less the host's ephemeral range
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LINUX_EPHEMERAL = (32768, 60999)  # the kernel's default, where the file cannot be read
 LOST_STATES = ("DOWN", "NOT_RESPONDING", "FAIL", "POWERED_DOWN", "POWERING_DOWN")  # scontrol's State flags
 NODE_INDEX = re.compile(r"(?<![\w-])node (\d+): ")  # the train worker names a node by its index in the step
 
@@ -270,8 +273,7 @@ class SlurmRun:
     def step(self, package: str, nproc_per_node: int, scratch: Path) -> SlurmStep:
         """A train package on every node: the node agent's srun, the rendezvous port and id, the clock folder."""
         nodes = len(self.alloc.nodes)
-        digest = hashlib.sha256(self.step_name(package).encode()).digest()
-        port = 20000 + int.from_bytes(digest[:4], "big") % 20000  # one per package: a lingering store never collides
+        port = rendezvous_port(self.step_name(package), ephemeral_ports())
         return SlurmStep(srun=self.srun(package, nodes, self.alloc.gpus_per_node), nodes=nodes,
                          nproc_per_node=nproc_per_node, port=port, rdzv_id=self.step_name(package),
                          clock_dir=str(scratch / "clock" / package))
@@ -307,3 +309,24 @@ class SlurmRun:
 
 
 STEP_NOTE = re.compile(r"^slurm job (\d+) steps ([0-9,]+)")
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_RANGE) -> tuple[int, int]:
+    """The range the kernel hands out for outgoing connections and bind(0) on this host (inclusive)."""
+    try:
+        lo, hi = (int(x) for x in path.read_text().split())
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL
+    return lo, hi
+
+
+def rendezvous_port(step_name: str, ephemeral: tuple[int, int]) -> int:
+    """A train package's rendezvous port: one per package, from its step name (a lingering store of an earlier
+    package never collides), outside the ephemeral range. A port in that range can be taken by any process's
+    connection or bind(0) on the node before the store listens: seen as torchrun's EADDRINUSE on a host running
+    other launches beside. The range is read on orch's host; the allocation's nodes are taken to use the same one
+    (the kernel's default unless configured). Where it covers every candidate, every candidate is used."""
+    lo, hi = ephemeral
+    ports = [p for p in range(*RDZV_PORTS) if not lo <= p <= hi] or list(range(*RDZV_PORTS))
+    digest = hashlib.sha256(step_name.encode()).digest()
+    return ports[int.from_bytes(digest[:4], "big") % len(ports)]

@@ -94,6 +94,30 @@ SACCT = """5|orch-slurm|billing=4,cpu=4,gres/gpu=2,node=2|182|COMPLETED
 """
 
 
+def test_rendezvous_ports_stay_out_of_the_hosts_ephemeral_range(tmp_path: Path) -> None:
+    """A port the kernel may hand to any connection or bind(0) can be taken before the store listens (seen as
+    torchrun's EADDRINUSE beside other launches): the rendezvous port avoids that range, stays one per package and
+    is the same for the same step name."""
+    names = [f"RUN{i}.train-{arm}" for i in range(300) for arm in "ACB"]
+    ports = [slurm.rendezvous_port(n, (32768, 60999)) for n in names]
+    assert all(20000 <= p < 32768 for p in ports)
+    assert len(set(ports)) > 800  # 900 names spread over the 12,768 left (about 869 distinct expected), not a handful
+    assert slurm.rendezvous_port(names[0], (32768, 60999)) == ports[0]
+    low = [slurm.rendezvous_port(n, (1024, 29999)) for n in names]
+    assert all(30000 <= p < 40000 for p in low)
+    # a range that covers every candidate leaves them all in use rather than none
+    assert all(20000 <= slurm.rendezvous_port(n, (1024, 65535)) < 40000 for n in names[:20])
+    f = tmp_path / "range"
+    f.write_text("40000\t50999\n")
+    assert slurm.ephemeral_ports(f) == (40000, 50999)
+    assert slurm.ephemeral_ports(tmp_path / "missing") == slurm.LINUX_EPHEMERAL
+    f.write_text("garbage\n")
+    assert slurm.ephemeral_ports(f) == slurm.LINUX_EPHEMERAL
+    lo, hi = slurm.ephemeral_ports()
+    run = slurm.SlurmRun(slurm.Allocation("77", ["a", "b"], 4, 32), "RUN", Path("/nonexistent"))
+    assert not lo <= run.step("train-A", 4, Path("/scratch")).port <= hi or (lo <= 20000 and hi >= 39999)
+
+
 def test_sacct_output_read() -> None:
     steps, job = parse_sacct(SACCT)
     assert job is not None and job.gpu_seconds == 364.0
