@@ -19,11 +19,16 @@ from typing import IO, Any
 from protocol.process import die_with_parent
 
 # The watchdog reads one byte: b"x" means stand down; EOF means our parent died, so kill the child's group.
+# The watchdog reads the leader's pid (its group id), which the leader writes itself before it runs its command, then
+# waits: end of file (this process died) kills the group; b'x' stands it down. A leader that never wrote its pid (it
+# failed first) leaves nothing to kill.
 _WATCHDOG_CODE = (
-    "import os,signal,sys\n"
+    "import os,signal\n"
     "signal.signal(signal.SIGINT,signal.SIG_IGN)\n"
-    "if os.read(0,1)!=b'x':\n"
-    "    try: os.killpg(int(sys.argv[1]),signal.SIGKILL)\n"
+    "f=os.fdopen(0,'rb',0)\n"
+    "pid=f.readline()\n"
+    "if pid.strip().isdigit() and f.read(1)!=b'x':\n"
+    "    try: os.killpg(int(pid),signal.SIGKILL)\n"
     "    except OSError: pass\n"
 )
 # leader pid -> (leader, write end of its watchdog's pipe, watchdog)
@@ -53,27 +58,16 @@ def spawn_in_group(
     """
     _sweep()
     arm = die_with_parent(signal.SIGKILL)
-
-    def preexec() -> None:
-        arm()
-        if cgroup_fd is not None:
-            os.write(cgroup_fd, b"0")
-    proc = subprocess.Popen(
-        list(cmd),
-        env=None if env is None else dict(env),
-        cwd=cwd,
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        start_new_session=True,
-        preexec_fn=preexec,
-        pass_fds=tuple(pass_fds),
-    )
+    # The watchdog starts first and the leader tells it its pid before it runs its command: were this process killed
+    # between the two spawns the other way round, what the leader had already started would outlive it (PDEATHSIG
+    # ends the leader only). Seen: a kill -9 of gpu-run just after its command started left the command's child.
+    guard: subprocess.Popen[bytes] | None = None
+    write_fd = -1
     if watchdog:
-        read_fd, write_fd = os.pipe()  # non-inheritable: only the watchdog gets the read end, as stdin
-        try:
+        read_fd, write_fd = os.pipe()  # non-inheritable: the watchdog gets the read end as stdin, the leader's
+        try:                        # fork keeps the write end only until its exec
             guard = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _WATCHDOG_CODE, str(proc.pid)],
+                [sys.executable, "-I", "-S", "-c", _WATCHDOG_CODE],
                 stdin=read_fd,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -81,10 +75,37 @@ def spawn_in_group(
             )
         except BaseException:
             os.close(write_fd)
-            terminate_group(proc, 0)
             raise
         finally:
             os.close(read_fd)
+
+    def preexec() -> None:
+        arm()
+        if write_fd >= 0:
+            os.write(write_fd, b"%d\n" % os.getpid())  # after setsid: the group's id
+        if cgroup_fd is not None:
+            os.write(cgroup_fd, b"0")
+    try:
+        proc = subprocess.Popen(
+            list(cmd),
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+            preexec_fn=preexec,
+            pass_fds=tuple(pass_fds),
+        )
+    except BaseException:
+        if guard is not None:  # no leader runs: stand the watchdog down
+            with contextlib.suppress(OSError):
+                os.write(write_fd, b"x")
+            os.close(write_fd)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                guard.wait(timeout=5)
+        raise
+    if guard is not None:
         _WATCHDOGS[proc.pid] = (proc, write_fd, guard)
     return proc
 

@@ -87,6 +87,44 @@ def test_the_group_dies_with_the_process_that_spawned_it(tmp_path: Path) -> None
             proc.stdout.close()
 
 
+def test_the_group_dies_with_a_process_killed_right_after_the_leader_started(tmp_path: Path) -> None:
+    """Killed after the leader started but before spawn_in_group returned (held there by a slowed Popen, as a loaded
+    host can): the watchdog already runs, so what the leader started dies too (it outlived a kill -9 of gpu-run
+    when the watchdog was spawned after the leader)."""
+    parent = (
+        "import os, subprocess, sys, time\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from orchestrator.process_group import spawn_in_group\n"
+        "real = subprocess.Popen\n"
+        "class Slowed(real):\n"
+        "    def __init__(self, args, *a, **k):\n"
+        "        super().__init__(args, *a, **k)\n"
+        "        if args[0] == 'sh':\n"
+        "            os.write(1, b'leader started\\n')\n"
+        "            time.sleep(60)\n"
+        "subprocess.Popen = Slowed\n"
+        "spawn_in_group(['sh', '-c', 'sleep 60 & echo grandchild $!; wait'])\n"
+    )
+    errors = tmp_path / "parent.stderr"
+    with errors.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, stderr=sink, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = sorted([proc.stdout.readline(), proc.stdout.readline()])
+        said = f"parent exit {proc.poll()}, stdout {lines}, stderr {errors.read_text()[-2000:]!r}"
+        assert lines[1] == "leader started\n" and lines[0].split()[0] == "grandchild", said
+        grandchild = int(lines[0].split()[1])
+        assert psutil.pid_exists(grandchild)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert _gone(grandchild)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def test_on_exit_sees_what_the_leader_left_before_the_group_is_killed(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     seen: list[bool] = []
