@@ -18,7 +18,6 @@ from typing import IO, Any
 
 from protocol.process import die_with_parent
 
-# The watchdog reads one byte: b"x" means stand down; EOF means our parent died, so kill the child's group.
 # The watchdog reads the leader's pid (its group id), which the leader writes itself before it runs its command, then
 # waits: end of file (this process died) kills the group; b'x' stands it down. A leader that never wrote its pid (it
 # failed first) leaves nothing to kill.
@@ -98,12 +97,8 @@ def spawn_in_group(
             pass_fds=tuple(pass_fds),
         )
     except BaseException:
-        if guard is not None:  # no leader runs: stand the watchdog down
-            with contextlib.suppress(OSError):
-                os.write(write_fd, b"x")
-            os.close(write_fd)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                guard.wait(timeout=5)
+        if guard is not None:  # no leader runs
+            _stand_down(write_fd, guard)
         raise
     if guard is not None:
         _WATCHDOGS[proc.pid] = (proc, write_fd, guard)
@@ -116,6 +111,11 @@ def _disarm(proc: subprocess.Popen[bytes]) -> None:
         return
     del _WATCHDOGS[proc.pid]
     _, write_fd, guard = entry
+    _stand_down(write_fd, guard)
+
+
+def _stand_down(write_fd: int, guard: subprocess.Popen[bytes]) -> None:
+    """Tell a watchdog not to kill (b"x"), close our end of its pipe and reap it."""
     with contextlib.suppress(OSError):
         os.write(write_fd, b"x")
     os.close(write_fd)
