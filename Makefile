@@ -103,7 +103,8 @@ bench-null: $(STAMP)
 	$(BIN)/python bench/bench_null.py $(BENCH_NULL_ARGS)
 
 # issue 28: TRL GRPO's candidate without orch (gradient checkpointing on vs off, TRL's own script on 2 CPU ranks,
-# 3 alternated runs each, ~3 min); installs the trl extra
+# 3 alternated runs each, ~3 min); installs the trl extra. BENCH_TRL_ARGS="--device cuda --size 16x1536x256 ..." sizes
+# the one-GPU recipe: per size the spread of step times between fresh launches, the generation share, the ratio
 bench-trl: $(STAMP)
 	$(BIN)/pip install -q $(CONSTRAINTS) -e '.[trl]'
 	$(BIN)/python bench/bench_trl_gc.py $(BENCH_TRL_ARGS)

@@ -1,13 +1,22 @@
 """Benchmark of the TRL GRPO candidate without orch: TRL's default (gradient checkpointing on) against
 `--gradient_checkpointing False`, each run being the user's own script (examples/trl_grpo/train_grpo.py) under
-torchrun on 2 CPU ranks with the frozen recipe's flags.
+torchrun with the recipe's flags, on 2 CPU ranks (default) or on one GPU (`--device cuda`: bf16 autocast,
+`--full_determinism`, cuBLAS's deterministic workspace, as protocol/trl_grpo_cuda1.yaml runs it).
 
 Each run's step times come from a TrainerCallback (perf_counter around each optimizer step, rank 0) added by
-wrapping GRPOTrainer.__init__ from outside the script; the figure per run is the median of steps 10-15 (the owner's
-measured windows). Runs alternate on, off, on, off...; the table gives each arm's median over runs and the ratio
-on/off (> 1: the candidate is faster). Needs the `trl` extra (`make test-trl` installs it).
+wrapping GRPOTrainer.__init__ from outside the script; the time of GRPOTrainer._generate_and_score_completions
+(generation, rewards, the reference model's forward) is taken the same way, so that a step splits into generation
+and training. On CUDA the device is synchronized at those marks. The figure per run is the median of steps 10-15
+(the owner's measured windows). Runs alternate on, off, on, off...; per size the table gives each arm's median over
+runs, the spread of the run medians between fresh launches (CV: what `orch calibrate` measures between A/A launches),
+the generation share of a step, and the ratio on/off (> 1: the candidate is faster).
 
-Usage: python bench/bench_trl_gc.py [--runs 3] [--layers 4 --hidden-size 512 --batch 16] [--out FILE]
+Why sizes: on one H100 the shipped GPU recipe (16 layers x 1536, 256 completions of 16 tokens) gave A/A launches
+whose step times differed by up to 1.8x (docs/validation/trl_grpo_h100x1_calibration.json); a size fit for a verdict
+has a small CV between launches and a candidate saving well beyond it. Needs the `trl` extra (`make bench-trl`
+installs it).
+
+Usage: python bench/bench_trl_gc.py [--runs 3] [--size LAYERSxHIDDENxBATCH ...] [--device cuda] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,91 +28,184 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "trl_grpo"
+MEASURED = slice(10, 16)  # steps 10-15: the protocol's three timed windows of 2
 
-# run as the torchrun entry point: the user's script with a timing callback added from outside
+# run as the torchrun entry point: the user's script with timing callbacks added from outside
 TIMED = """
 import json, os, runpy, sys, time
+import torch
 import trl
 from transformers import TrainerCallback
 
-times = []
+CUDA = os.environ.get("BENCH_DEVICE") == "cuda"
+steps, gens = [], []
+
+def now():
+    if CUDA:
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 class StepTimer(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
-        self.t0 = time.perf_counter()
+        self.t0 = now()
+        gens.append(0.0)
 
     def on_step_end(self, args, state, control, **kwargs):
-        times.append(time.perf_counter() - self.t0)
+        steps.append(now() - self.t0)
 
 init = trl.GRPOTrainer.__init__
+generate = trl.GRPOTrainer._generate_and_score_completions
 
 def timed_init(self, *args, **kwargs):
     kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), StepTimer()]
     init(self, *args, **kwargs)
 
+def timed_generate(self, *args, **kwargs):
+    t0 = now()
+    out = generate(self, *args, **kwargs)
+    if gens:
+        gens[-1] += now() - t0
+    return out
+
 trl.GRPOTrainer.__init__ = timed_init
+trl.GRPOTrainer._generate_and_score_completions = timed_generate
 sys.path.insert(0, os.getcwd())
 sys.argv = ["train_grpo.py", *sys.argv[1:]]
 runpy.run_path("train_grpo.py", run_name="__main__")
 if os.environ.get("RANK", "0") == "0":
     with open(os.environ["BENCH_TIMES"], "w") as f:
-        json.dump(times, f)
+        json.dump({"steps": steps, "generation": gens}, f)
 """
 
 
-def one_run(work: Path, gc: bool, opts: argparse.Namespace, n: int) -> float:
-    """Median step time of steps 10-15 of one torchrun of the user's script."""
+@dataclass(frozen=True)
+class Size:
+    layers: int
+    hidden: int
+    batch: int  # completions a device a step (per_device_train_batch_size)
+
+    @classmethod
+    def parse(cls, text: str) -> Size:
+        try:
+            layers, hidden, batch = (int(x) for x in text.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"size {text!r}: write LAYERSxHIDDENxBATCH, e.g. 16x1536x256") from None
+        return cls(layers, hidden, batch)
+
+    def __str__(self) -> str:
+        return f"{self.layers}x{self.hidden}x{self.batch}"
+
+
+@dataclass(frozen=True)
+class Run:
+    step_s: float  # median of steps 10-15
+    generation_s: float  # median over the same steps of the time in generation and scoring
+
+
+def command(wrapper: Path, out: Path, gc: bool, size: Size, opts: argparse.Namespace) -> list[str]:
+    """torchrun of the user's script with the recipe's flags (recipes/trl_grpo_tiny.yaml on CPU,
+    recipes/trl_grpo_cuda.yaml on CUDA), at `size`."""
+    cuda = opts.device == "cuda"
+    device = (["--bf16", "True", "--full_determinism", "True"] if cuda
+              else ["--bf16", "False", "--use_cpu", "True"])
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(opts.nproc), str(wrapper),
+        "--output_dir", str(out), *device, "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1",
+        "--disable_tqdm", "True", "--max_steps", "16", "--learning_rate", "1e-5", "--warmup_steps", "10",
+        "--beta", "0.04", "--num_generations", str(opts.num_generations),
+        "--per_device_train_batch_size", str(size.batch), "--max_completion_length", str(opts.completion_length),
+        "--seed", "42", "--layers", str(size.layers), "--hidden_size", str(size.hidden),
+        "--gradient_checkpointing", str(gc),
+    ]  # fmt: skip
+
+
+def one_run(work: Path, gc: bool, size: Size, opts: argparse.Namespace, n: int) -> Run:
+    """Medians over steps 10-15 of one torchrun of the user's script."""
     times = work / f"times{n}.json"
     wrapper = work / "timed.py"
     wrapper.write_text(TIMED)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(wrapper),
-        "--output_dir", str(work / f"out{n}"), "--bf16", "False", "--use_cpu", "True", "--report_to", "none",
-        "--save_strategy", "no", "--logging_steps", "1", "--disable_tqdm", "True", "--max_steps", "16",
-        "--learning_rate", "1e-5", "--warmup_steps", "10", "--beta", "0.04", "--num_generations", "4",
-        "--per_device_train_batch_size", str(opts.batch), "--max_completion_length", "16", "--seed", "42",
-        "--layers", str(opts.layers), "--hidden_size", str(opts.hidden_size),
-        "--gradient_checkpointing", str(gc),
-    ]  # fmt: skip
-    env = {**os.environ, "BENCH_TIMES": str(times), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "BENCH_TIMES": str(times), "BENCH_DEVICE": opts.device, "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if opts.device == "cuda":
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    cmd = command(wrapper, work / f"out{n}", gc, size, opts)
     done = subprocess.run(cmd, cwd=SCRIPT, env=env, capture_output=True, text=True, timeout=900, check=False)
     if not times.is_file():
-        raise SystemExit(f"run {n} (gradient_checkpointing={gc}) failed, exit {done.returncode}:\n"
+        raise SystemExit(f"run {n} ({size}, gradient_checkpointing={gc}) failed, exit {done.returncode}:\n"
                          f"{done.stderr[-3000:]}")
-    steps = json.loads(times.read_text())
-    return statistics.median(steps[10:16])
+    got = json.loads(times.read_text())
+    if len(got["steps"]) < MEASURED.stop:
+        raise SystemExit(f"run {n} ({size}) recorded {len(got['steps'])} steps, fewer than {MEASURED.stop}")
+    return Run(statistics.median(got["steps"][MEASURED]), statistics.median(got["generation"][MEASURED]))
+
+
+def cv(values: list[float]) -> float:
+    """Spread of fresh launches' medians: sample SD over mean (0 for one run)."""
+    return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else 0.0
+
+
+def summary(size: Size, runs: dict[str, list[Run]]) -> dict[str, object]:
+    """One size's figures: per arm the run medians, their median and CV, the generation share; the ratio on/off."""
+    row: dict[str, object] = {"size": str(size), "layers": size.layers, "hidden_size": size.hidden,
+                              "batch": size.batch}
+    for arm, arm_runs in runs.items():
+        steps = [r.step_s for r in arm_runs]
+        row[arm] = {"s_per_step": steps, "median": statistics.median(steps), "cv": cv(steps),
+                    "generation_share": statistics.median(r.generation_s / r.step_s for r in arm_runs)}
+    on, off = (runs[a] for a in ("on", "off"))
+    row["ratio_on_off"] = statistics.median(r.step_s for r in on) / statistics.median(r.step_s for r in off)
+    row["every_off_faster"] = max(r.step_s for r in off) < min(r.step_s for r in on)
+    return row
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3, help="runs per arm, alternated")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden-size", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=16, help="per_device_train_batch_size")
+    ap.add_argument("--runs", type=int, default=3, help="runs per arm and size, alternated")
+    ap.add_argument("--size", type=Size.parse, action="append", default=None,
+                    help="LAYERSxHIDDENxBATCH, repeatable (default 4x512x16 on CPU, 16x1536x256 on CUDA)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--nproc", type=int, default=None, help="ranks (default 2 on CPU, 1 on CUDA)")
+    ap.add_argument("--num-generations", type=int, default=None, help="default 4 on CPU, 8 on CUDA (the recipes')")
+    ap.add_argument("--completion-length", type=int, default=16, help="max_completion_length")
     ap.add_argument("--out", type=Path, default=None, help="write the figures (JSON) here")
     opts = ap.parse_args()
-    medians: dict[str, list[float]] = {"on": [], "off": []}
+    cuda = opts.device == "cuda"
+    opts.nproc = opts.nproc or (1 if cuda else 2)
+    opts.num_generations = opts.num_generations or (8 if cuda else 4)
+    sizes = opts.size or [Size(16, 1536, 256) if cuda else Size(4, 512, 16)]
+    rows = []
     with tempfile.TemporaryDirectory(prefix="orch-bench-trl-") as tmp:
-        for i in range(opts.runs):
-            for arm, gc in (("on", True), ("off", False)):
-                medians[arm].append(one_run(Path(tmp), gc, opts, len(medians["on"]) + len(medians["off"])))
-                print(f"run {i + 1} gradient checkpointing {arm}: {medians[arm][-1]:.4f} s/step", flush=True)
-    on, off = statistics.median(medians["on"]), statistics.median(medians["off"])
-    size = f"{opts.layers} layers x {opts.hidden_size}, {opts.batch} completions a device"
-    print(f"\nTRL GRPO on 2 CPU ranks ({size}), median s/step of steps 10-15 over {opts.runs} runs per arm")
-    print("arm | runs | median s/step")
-    for arm, label, mid in (("on", "on (TRL default, baseline)", on), ("off", "off (candidate)", off)):
-        print(f"gradient checkpointing {label} | {' / '.join(f'{x:.4f}' for x in medians[arm])} | {mid:.4f}")
-    print(f"ratio on/off: {on / off:.3f}x; every candidate run faster than every baseline run: "
-          f"{max(medians['off']) < min(medians['on'])}")
+        for size in sizes:
+            runs: dict[str, list[Run]] = {"on": [], "off": []}
+            for i in range(opts.runs):
+                for arm, gc in (("on", True), ("off", False)):
+                    n = len(rows) * 1000 + len(runs["on"]) + len(runs["off"])
+                    runs[arm].append(one_run(Path(tmp), gc, size, opts, n))
+                    got = runs[arm][-1]
+                    print(f"{size} run {i + 1} gradient checkpointing {arm}: {got.step_s:.4f} s/step "
+                          f"(generation {got.generation_s:.4f} s)", flush=True)
+            rows.append(summary(size, runs))
+    where = f"{opts.nproc} {'GPU' if cuda else 'CPU'} rank(s)"
+    print(f"\nTRL GRPO on {where}, {opts.num_generations} generations of at most {opts.completion_length} tokens; "
+          f"median s/step of steps 10-15, {opts.runs} fresh runs per arm")
+    print("size (layers x hidden x completions) | arm | run medians s/step | median | CV between runs | generation")
+    for row in rows:
+        for arm, label in (("on", "on (baseline)"), ("off", "off (candidate)")):
+            a = row[arm]
+            assert isinstance(a, dict)
+            print(f"{row['size']} | {label} | {' / '.join(f'{x:.4f}' for x in a['s_per_step'])} | "
+                  f"{a['median']:.4f} | {a['cv']:.1%} | {a['generation_share']:.0%}")
+        print(f"{row['size']} | ratio on/off {row['ratio_on_off']:.3f}x | every candidate run faster than every "
+              f"baseline run: {row['every_off_faster']}")
     if opts.out is not None:
-        opts.out.write_text(json.dumps({"layers": opts.layers, "hidden_size": opts.hidden_size, "batch": opts.batch,
-                                        "runs": opts.runs, "s_per_step": medians, "ratio_on_off": on / off},
+        opts.out.write_text(json.dumps({"device": opts.device, "nproc": opts.nproc, "runs": opts.runs,
+                                        "num_generations": opts.num_generations,
+                                        "completion_length": opts.completion_length, "sizes": rows},
                                        indent=1) + "\n")
     return 0
 

@@ -1,0 +1,64 @@
+"""bench/bench_trl_gc.py's sizing figures (issue 33): the command it runs per device, the size it parses, and the
+table's numbers (the spread between fresh runs, the generation share, the ratio on/off)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        return importlib.import_module("bench_trl_gc")
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def _opts(device: str) -> argparse.Namespace:
+    return argparse.Namespace(device=device, nproc=1 if device == "cuda" else 2, num_generations=8,
+                              completion_length=16)
+
+
+def test_a_size_is_layers_hidden_and_completions(bench: ModuleType) -> None:
+    size = bench.Size.parse("16x1536x256")
+    assert (size.layers, size.hidden, size.batch) == (16, 1536, 256) and str(size) == "16x1536x256"
+    with pytest.raises(argparse.ArgumentTypeError, match="write LAYERSxHIDDENxBATCH"):
+        bench.Size.parse("16x1536")
+
+
+def test_the_cuda_command_freezes_what_the_gpu_protocol_does_and_never_fp16(bench: ModuleType) -> None:
+    size = bench.Size(24, 2048, 512)
+    cuda = bench.command(Path("w.py"), Path("out"), False, size, _opts("cuda"))
+    flags = dict(zip(cuda[6::2], cuda[7::2], strict=False))
+    assert cuda[3:6] == ["--nproc_per_node", "1", "w.py"]  # one rank
+    assert flags["--bf16"] == "True" and flags["--full_determinism"] == "True" and "--use_cpu" not in flags
+    assert "--fp16" not in cuda
+    assert (flags["--layers"], flags["--hidden_size"], flags["--per_device_train_batch_size"]) == ("24", "2048", "512")
+    assert flags["--gradient_checkpointing"] == "False"
+    cpu = bench.command(Path("w.py"), Path("out"), True, size, _opts("cpu"))
+    cpu_flags = dict(zip(cpu[6::2], cpu[7::2], strict=False))
+    assert cpu[4] == "2" and cpu_flags["--use_cpu"] == "True" and cpu_flags["--bf16"] == "False"
+
+
+def test_the_summary_gives_the_spread_between_runs_and_the_ratio(bench: ModuleType) -> None:
+    run = bench.Run
+    on = [run(1.0, 0.5), run(1.2, 0.6), run(1.1, 0.55)]
+    off = [run(0.8, 0.5), run(0.9, 0.54), run(0.85, 0.51)]
+    row = bench.summary(bench.Size(16, 1536, 256), {"on": on, "off": off})
+    assert row["on"]["median"] == pytest.approx(1.1) and row["off"]["median"] == pytest.approx(0.85)
+    assert row["on"]["cv"] == pytest.approx(0.1 / 1.1)  # sample SD 0.1 over the mean 1.1
+    assert row["on"]["generation_share"] == pytest.approx(0.5)
+    assert row["ratio_on_off"] == pytest.approx(1.1 / 0.85)
+    assert row["every_off_faster"] is True
+    row = bench.summary(bench.Size(16, 1536, 256), {"on": on, "off": [*off[:2], run(1.05, 0.5)]})
+    assert row["every_off_faster"] is False
+    assert bench.cv([2.0]) == 0.0
