@@ -4,6 +4,8 @@
 # must be unchanged), the null at K = 1, orch calibrate (A/A launches), then the candidate with --until-decided.
 #   start: bash scripts/gpu_trl.sh start        poll (copies what is done to $OUT): bash scripts/gpu_trl.sh wait SECONDS
 #   one call, if it fits: bash scripts/gpu_trl.sh all
+#   sizing without orch (bench/bench_trl_gc.py --device cuda; SIZES="16x1536x256 16x1536x1024", RUNS per arm,
+#   default 2): bash scripts/gpu_trl.sh size, then wait SECONDS; the table ends job.log, figures in bench_trl_size.json
 # Needs beside the repository .whl/ (carried; or the folder WHEELS names, e.g. WHEELS=.whl-trl when .whl holds
 # upstream R3's): trl 1.16.0, transformers 5.24.0, accelerate 1.16.0, datasets 5.2.0,
 # dill, multiprocess, pydantic (+ core, annotated-types, typing-inspection, typing_extensions); the image has torch.
@@ -13,11 +15,19 @@
 set -u
 W=/tmp/gpu33
 case "${1:-}" in
-start|all)
+start|all|size)
   rm -rf "$W"; mkdir -p "$W"
   cp -a . "$W/orch"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl \
     || exit 1
+  if [ "$1" = size ]; then
+    sizes=(); for s in ${SIZES:-16x1536x256}; do sizes+=(--size "$s"); done
+    (cd "$W/orch" && PYTHONPATH=/tmp/site:$W/orch PYTHONUNBUFFERED=1 setsid nohup bash -c \
+      'nvidia-smi --query-gpu=name --format=csv,noheader; python3 bench/bench_trl_gc.py --device cuda --runs "$0" "$@" \
+       --out '"$W"'/bench_trl_size.json; echo "bench exit $?"; echo "all done"' "${RUNS:-2}" "${sizes[@]}" \
+      > "$W/job.log" 2>&1 < /dev/null &)
+    echo "sizing started: ${SIZES:-16x1536x256}, ${RUNS:-2} runs per arm"; exit 0
+  fi
   if [ "$1" = all ]; then bash "$W/orch/scripts/gpu_trl.sh" job > "$W/job.log" 2>&1; cat "$W/job.log"
     bash "$W/orch/scripts/gpu_trl.sh" wait 0 > /dev/null; exit 0; fi
   setsid nohup bash "$W/orch/scripts/gpu_trl.sh" job > "$W/job.log" 2>&1 < /dev/null &
@@ -62,14 +72,14 @@ print('freeze: root', b['root'], 'unchanged' if a['root']==b['root'] else 'CHANG
 wait)
   end=$(( $(date +%s) + ${2:-500} ))
   out=${OUT:-/tmp/gpu33-out}; mkdir -p "$out"
-  # at most 8 files come back: the evidence and audits of the null and the candidate, calibration, the log. They are
+  # what comes back: the evidence and audits of the null and the candidate, calibration, the log, the sizing. They are
   # copied on every tick, so that a call cut short by the device's time limit still brings back what was done
   keep() { for f in null.evidence.json null.audit.json candidate.evidence.json candidate.audit.json calibrate.json \
-    candidate.run.json job.log ledger_head.txt; do [ -f "$W/$f" ] && cp "$W/$f" "$out/"; done; }
+    candidate.run.json job.log ledger_head.txt bench_trl_size.json; do [ -f "$W/$f" ] && cp "$W/$f" "$out/"; done; }
   while [ "$(date +%s)" -lt "$end" ] && ! grep -q "all done" "$W/job.log" 2>/dev/null; do keep; sleep 10; done
   keep; cat "$W/job.log"
   ;;
 *)
-  echo "usage: bash scripts/gpu_trl.sh start | wait SECONDS | all" >&2; exit 2
+  echo "usage: bash scripts/gpu_trl.sh start | wait SECONDS | all | size" >&2; exit 2
   ;;
 esac
