@@ -22,6 +22,7 @@ Usage: python bench/bench_trl_gc.py [--runs 3] [--size LAYERSxHIDDENxBATCH ...] 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -30,6 +31,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "trl_grpo"
@@ -149,10 +151,10 @@ def cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else 0.0
 
 
-def summary(size: Size, runs: dict[str, list[Run]]) -> dict[str, object]:
+def summary(size: Size, runs: dict[str, list[Run]]) -> dict[str, Any]:
     """One size's figures: per arm the run medians, their median and CV, the generation share; the ratio on/off."""
-    row: dict[str, object] = {"size": str(size), "layers": size.layers, "hidden_size": size.hidden,
-                              "batch": size.batch}
+    row: dict[str, Any] = {"size": str(size), "layers": size.layers, "hidden_size": size.hidden,
+                           "batch": size.batch}
     for arm, arm_runs in runs.items():
         steps = [r.step_s for r in arm_runs]
         row[arm] = {"s_per_step": steps, "median": statistics.median(steps), "cv": cv(steps),
@@ -179,13 +181,13 @@ def main() -> int:
     opts.num_generations = opts.num_generations or (8 if cuda else 4)
     sizes = opts.size or [Size(16, 1536, 256) if cuda else Size(4, 512, 16)]
     rows = []
+    numbers = itertools.count()  # each run's own times and output folder
     with tempfile.TemporaryDirectory(prefix="orch-bench-trl-") as tmp:
         for size in sizes:
             runs: dict[str, list[Run]] = {"on": [], "off": []}
             for i in range(opts.runs):
                 for arm, gc in (("on", True), ("off", False)):
-                    n = len(rows) * 1000 + len(runs["on"]) + len(runs["off"])
-                    runs[arm].append(one_run(Path(tmp), gc, size, opts, n))
+                    runs[arm].append(one_run(Path(tmp), gc, size, opts, next(numbers)))
                     got = runs[arm][-1]
                     print(f"{size} run {i + 1} gradient checkpointing {arm}: {got.step_s:.4f} s/step "
                           f"(generation {got.generation_s:.4f} s)", flush=True)
@@ -197,7 +199,6 @@ def main() -> int:
     for row in rows:
         for arm, label in (("on", "on (baseline)"), ("off", "off (candidate)")):
             a = row[arm]
-            assert isinstance(a, dict)
             print(f"{row['size']} | {label} | {' / '.join(f'{x:.4f}' for x in a['s_per_step'])} | "
                   f"{a['median']:.4f} | {a['cv']:.1%} | {a['generation_share']:.0%}")
         print(f"{row['size']} | ratio on/off {row['ratio_on_off']:.3f}x | every candidate run faster than every "

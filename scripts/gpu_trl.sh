@@ -21,11 +21,7 @@ start|all|size)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl \
     || exit 1
   if [ "$1" = size ]; then
-    sizes=(); for s in ${SIZES:-16x1536x256}; do sizes+=(--size "$s"); done
-    (cd "$W/orch" && PYTHONPATH=/tmp/site:$W/orch PYTHONUNBUFFERED=1 setsid nohup bash -c \
-      'nvidia-smi --query-gpu=name --format=csv,noheader; python3 bench/bench_trl_gc.py --device cuda --runs "$0" "$@" \
-       --out '"$W"'/bench_trl_size.json; echo "bench exit $?"; echo "all done"' "${RUNS:-2}" "${sizes[@]}" \
-      > "$W/job.log" 2>&1 < /dev/null &)
+    setsid nohup bash "$W/orch/scripts/gpu_trl.sh" sizejob > "$W/job.log" 2>&1 < /dev/null &
     echo "sizing started: ${SIZES:-16x1536x256}, ${RUNS:-2} runs per arm"; exit 0
   fi
   if [ "$1" = all ]; then bash "$W/orch/scripts/gpu_trl.sh" job > "$W/job.log" 2>&1; cat "$W/job.log"
@@ -68,6 +64,14 @@ print('freeze: root', b['root'], 'unchanged' if a['root']==b['root'] else 'CHANG
   step candidate launch protocol/trl_grpo_cuda1.yaml --until-decided --max-repeats "${MAX_REPEATS:-6}"
   $ORCH ledger head --home "$H" > "$W/ledger_head.txt" 2>&1
   echo "all done after $(( $(date +%s) - t0 )) s"
+  ;;
+sizejob)
+  cd "$W/orch" || exit 1
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+  sizes=(); for s in ${SIZES:-16x1536x256}; do sizes+=(--size "$s"); done
+  nvidia-smi --query-gpu=name --format=csv,noheader
+  python3 bench/bench_trl_gc.py --device cuda --runs "${RUNS:-2}" "${sizes[@]}" --out "$W/bench_trl_size.json"
+  echo "bench exit $?"; echo "all done"
   ;;
 wait)
   end=$(( $(date +%s) + ${2:-500} ))
