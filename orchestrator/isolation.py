@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from orchestrator.cgroups import PackageCgroup, joiner
+from orchestrator.process_group import group_members
 from orchestrator.surface import Snapshot, changes, snapshot
 
 NS_INIT = Path(__file__).with_name("ns_init.py")
@@ -203,7 +202,7 @@ class PackageIsolation:
             return
         deadline = time.monotonic() + GRACE_S
         while True:
-            left = self.cgroup.members() if self.cgroup is not None else _group_members(proc.pid)
+            left = self.cgroup.members() if self.cgroup is not None else group_members(proc.pid)
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
@@ -246,18 +245,6 @@ class PackageIsolation:
         if self.mode != "scan":
             return []
         return [_shown(c) for c in changes(self.surface_before, snapshot(self.surface))]
-
-
-def _group_members(pgid: int) -> list[tuple[int, str]]:
-    """(pid, name) of the live processes of a process group, its exited leader left out."""
-    out = []
-    for p in psutil.process_iter(["pid", "name", "status"]):
-        try:
-            if p.pid != pgid and os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                out.append((p.pid, str(p.info["name"])))
-        except (OSError, psutil.Error):
-            continue
-    return out
 
 
 def _shown(path: str) -> str:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
 from protocol.process import die_with_parent
 
 # The watchdog reads the leader's pid (its group id), which the leader writes itself before it runs its command, then
@@ -172,10 +174,32 @@ def wait_group(
                 time.sleep(min(poll_s, left))
         if on_exit is not None:
             on_exit(proc)
-        signal_group(proc, signal.SIGKILL)  # leftovers would keep devices after the lock is released
+        if signal_group(proc, signal.SIGKILL):  # leftovers would keep devices after the lock is released
+            _await_group_end(proc.pid)
         proc.wait()
     _disarm(proc)
     return proc.returncode
+
+
+def group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, name) of the live processes of a process group, its exited leader left out."""
+    out = []
+    for p in psutil.process_iter(["pid", "name", "status"]):
+        try:
+            if p.pid != pgid and os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append((p.pid, str(p.info["name"])))
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def _await_group_end(pgid: int, limit_s: float = 30.0, poll_s: float = 0.01) -> None:
+    """After a SIGKILL, wait until no member of the group is left alive (a killed process is still running until
+    the kernel has torn it down: its devices and memory are freed only then). The leader, unreaped, keeps the
+    group id ours meanwhile. Bounded: a process stuck in the kernel is not waited for beyond `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(poll_s)
 
 
 def terminate_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> int:

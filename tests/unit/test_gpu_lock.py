@@ -208,6 +208,16 @@ def test_wait_group_removes_leftovers(tmp_path: Path) -> None:
     assert pg.signal_group(proc, 15) is False  # reaped: its pid may be reused, so never signalled again
 
 
+def test_group_members_names_the_live_members_not_the_exited_leader(tmp_path: Path) -> None:
+    pidfile = tmp_path / "left"
+    proc = pg.spawn_in_group(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; exit 0"])
+    assert pg._leader_exited(proc, block=True)  # exited, unreaped: the group id is still ours
+    left = int(pidfile.read_text())
+    assert [pid for pid, _ in pg.group_members(proc.pid)] == [left]  # its name: sh until it has exec'd sleep
+    assert pg.wait_group(proc) == 0
+    assert pg.group_members(proc.pid) == []  # wait_group returned only after the kill had taken effect
+
+
 def test_watchdog_stands_down_for_a_leader_reaped_elsewhere() -> None:
     proc = pg.spawn_in_group(["true"])
     proc.wait()  # reaped without wait_group: the watchdog must not outlive this knowledge
