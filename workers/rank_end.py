@@ -42,6 +42,7 @@ def end_children() -> None:
             p.kill()
         except psutil.NoSuchProcess:
             pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 def destroy_process_group() -> None:

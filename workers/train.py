@@ -5,6 +5,7 @@ Usage: python -m workers.train --spec package.json  (cwd = the arm's sealed copy
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -227,7 +228,9 @@ def run(spec: PackageSpec) -> TrainResult:
     quiet = watch.finish()
     leftovers = psutil.Process().children(recursive=True)
     for p in leftovers:
-        p.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # it may end by itself between the listing and the kill
+            p.kill()
+    psutil.wait_procs(leftovers, timeout=10)  # a killed process holds its memory and devices until it is torn down
     if rc != 0:
         sys.stderr.write(f"the trainer's last traceback:\n{_traceback_tail(log)}\n")
         cause = failure_cause(log.read_text(errors="replace"))
