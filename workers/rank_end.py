@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 # the trainer's own cleanup after the stop may take this long before the rank exits anyway
 STOP_GRACE_S = float(os.environ.get("ORCH_PROBE_STOP_GRACE_S", "20"))
@@ -37,12 +38,21 @@ def end_children() -> None:
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(kids, timeout=5)
-    for p in alive:
+    kill_and_wait(alive, timeout_s=5)
+
+
+def kill_and_wait(procs: list[Any], timeout_s: float) -> None:
+    """SIGKILL each of `procs` (one that ended by itself meanwhile is no error), then wait up to `timeout_s` until
+    they are gone: a killed process holds its memory and devices until the kernel has torn it down. `procs` are
+    psutil.Process objects (psutil is imported here, not at the top: the probe imports this module in every rank)."""
+    import psutil
+
+    for p in procs:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=5)
+    psutil.wait_procs(procs, timeout=timeout_s)
 
 
 def destroy_process_group() -> None:

@@ -5,7 +5,6 @@ Usage: python -m workers.train --spec package.json  (cwd = the arm's sealed copy
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -33,6 +32,7 @@ from protocol.results import ObservedRecipe, ProbeSummary, RankSummary, StepReco
 from workers.clock import StepClock
 from workers.common import WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
+from workers.rank_end import kill_and_wait
 from workers.rank_failure import RANK_FAILED_LINE, failure_cause, killed_rank, signal_name
 from workers.torchrun import torchrun_command
 
@@ -227,10 +227,7 @@ def run(spec: PackageSpec) -> TrainResult:
             clock.stop()
     quiet = watch.finish()
     leftovers = psutil.Process().children(recursive=True)
-    for p in leftovers:
-        with contextlib.suppress(psutil.NoSuchProcess):  # it may end by itself between the listing and the kill
-            p.kill()
-    psutil.wait_procs(leftovers, timeout=10)  # a killed process holds its memory and devices until it is torn down
+    kill_and_wait(leftovers, timeout_s=10)
     if rc != 0:
         sys.stderr.write(f"the trainer's last traceback:\n{_traceback_tail(log)}\n")
         cause = failure_cause(log.read_text(errors="replace"))
