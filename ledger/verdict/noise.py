@@ -24,9 +24,8 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from scipy import optimize
-from scipy import stats as sps
 
+from ledger.verdict import dist
 from ledger.verdict.stats import OUTLIER_ALPHA, Outlier, Spread, pooled
 from ledger.verdict.windows import Speedup
 
@@ -86,7 +85,7 @@ _NODES = 400  # Gauss-Legendre nodes over the F distribution's probability (c ag
 def _f_nodes(d1: float, d2: float) -> tuple[np.ndarray, np.ndarray]:
     x, w = np.polynomial.legendre.leggauss(_NODES)
     u = (x + 1.0) / 2.0
-    return np.sqrt(sps.f.ppf(u, d1, d2)), w / 2.0
+    return np.sqrt(dist.f_ppf(u, d1, d2)), w / 2.0
 
 
 @lru_cache(maxsize=512)
@@ -94,22 +93,26 @@ def critical_scaled(level: float, a: float, d1: float, d2: float) -> float:
     """c with P(|Z| <= c sqrt(Q F)) = level, Q = chi2_a / a, F ~ F(d1, d2) independent: the two-sided critical
     value of mean d / (s_cal sqrt(R)). One integral over F's probability u of the Student t probability of
     t_a = Z / sqrt(Q) (a smooth integrand on [0, 1])."""
+    from scipy.optimize import brentq  # here, not at the top: 0.4 s of every orch start that needs no calibration
+
     root_f, w = _f_nodes(d1, d2)
 
     def coverage(c: float) -> float:
-        return float(np.sum(w * (2.0 * sps.t.cdf(c * root_f, a) - 1.0)))
+        return float(np.sum(w * (2.0 * dist.t_cdf(c * root_f, a) - 1.0)))
 
-    return float(optimize.brentq(lambda c: coverage(c) - level, 1e-6, 1e4, xtol=1e-12))
+    return float(brentq(lambda c: coverage(c) - level, 1e-6, 1e4, xtol=1e-12))
 
 
 @lru_cache(maxsize=512)
 def equivalent_df(level: float, a: float, d1: float, d2: float) -> float:
     """The Student t df whose two-sided critical value at `level` is critical_scaled's: the weight of the scaled
     calibration when it is pooled with a run's own triplets (K >= 2), and its df at K = 1 (same critical value)."""
+    from scipy.optimize import brentq
+
     c = critical_scaled(level, a, d1, d2)
-    if sps.t.ppf(0.5 + level / 2.0, 1e7) >= c:
+    if dist.t_ppf(0.5 + level / 2.0, 1e7) >= c:
         return 1e7
-    return float(optimize.brentq(lambda v: float(sps.t.ppf(0.5 + level / 2.0, v)) - c, 0.05, 1e7, xtol=1e-10))
+    return float(brentq(lambda v: float(dist.t_ppf(0.5 + level / 2.0, v)) - c, 0.05, 1e7, xtol=1e-10))
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ class NoiseScale:
     @property
     def p_value(self) -> float:
         """One-sided: P(F(d1, d2) >= R) for a candidate as noisy as the baseline (small: noisier)."""
-        return float(sps.f.sf(self.ratio, self.d1, self.d2))
+        return float(dist.f_sf(self.ratio, self.d1, self.d2))
 
     def df(self, level: float) -> float:
         return equivalent_df(round(level, 12), self.calibration_df, self.d1, self.d2)
@@ -181,7 +184,7 @@ def without_window(ratios: Sequence[float], window: int, calibration: Spread, wi
         crit = critical_scaled(round(level, 12), scale.calibration_df, scale.d1, scale.d2)
         var *= scale.ratio
     else:
-        crit = float(sps.t.ppf(0.5 + level / 2.0, calibration.df))
+        crit = float(dist.t_ppf(0.5 + level / 2.0, calibration.df))
     half = crit * math.sqrt(var)
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
@@ -243,7 +246,7 @@ def baseline_outliers(us: Sequence[float], calibration: Spread | None,
     out = []
     for i, u in enumerate(us):
         z = u / scale
-        p = float(2.0 * sps.t.sf(abs(z), calibration.df))
+        p = float(2.0 * dist.t_sf(abs(z), calibration.df))
         if p * len(us) < alpha:
             out.append(Outlier(i, None, z, p, calibration.df))
     return out

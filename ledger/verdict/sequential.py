@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize
-from scipy import stats as sps
-from scipy.stats import qmc
 
+from ledger.verdict import dist
 from ledger.verdict.noise import NoiseEvidence
 from ledger.verdict.stats import LEVEL, TARGET_HALF_WIDTH, Interval, Spread, paired_interval
 
@@ -56,6 +54,8 @@ def nominal_alphas(first: int, last: int, alpha: float) -> tuple[float, ...]:
     and Rowe's recursion; Jennison & Turnbull ch. 19), Simpson's rule on _NODES points."""
     if not 1 <= first <= last:
         raise ValueError(f"looks must satisfy 1 <= first <= last, got {first}, {last}")
+    from scipy.optimize import brentq  # here, not at the top: 0.4 s of every orch start that runs no sequential stop
+
     nodes: np.ndarray | None = None
     mass = np.zeros(0)  # Simpson weight x density of S_k at the nodes, continuation region only
     spent, out = 0.0, []
@@ -65,20 +65,20 @@ def nominal_alphas(first: int, last: int, alpha: float) -> tuple[float, ...]:
         def crossing(c: float, x: np.ndarray | None = nodes, m: np.ndarray = mass, rk: float = root_k) -> float:
             b = c * rk
             if x is None:  # S_first ~ N(0, first)
-                return float(2.0 * sps.norm.sf(b / math.sqrt(first)))
-            return float(np.sum(m * (sps.norm.cdf(-b - x) + sps.norm.sf(b - x))))
+                return float(2.0 * dist.norm_sf(b / math.sqrt(first)))
+            return float(np.sum(m * (dist.norm_cdf(-b - x) + dist.norm_sf(b - x))))
 
         target = pocock_spending(k / last, alpha) - spent
         c = 0.0 if crossing(0.0) <= target else float(
-            optimize.brentq(lambda v, t=target: crossing(v) - t, 0.0, 15.0, xtol=1e-12))
+            brentq(lambda v, t=target: crossing(v) - t, 0.0, 15.0, xtol=1e-12))
         spent += crossing(c)
-        out.append(float(2.0 * sps.norm.sf(c)))
+        out.append(float(2.0 * dist.norm_sf(c)))
         b = c * root_k
         x = np.linspace(-b, b, _NODES)
         if nodes is None:
-            dens = sps.norm.pdf(x, scale=math.sqrt(first))
+            dens = dist.norm_pdf(x, scale=math.sqrt(first))
         else:
-            dens = (mass[None, :] * sps.norm.pdf(x[:, None] - nodes[None, :])).sum(axis=1)
+            dens = (mass[None, :] * dist.norm_pdf(x[:, None] - nodes[None, :])).sum(axis=1)
         nodes, mass = x, _simpson(_NODES) * (x[1] - x[0]) * dens
     return tuple(out)
 
@@ -100,7 +100,9 @@ def t_alphas(first: int, last: int, alpha: float) -> tuple[float, ...]:
     mostly on a small s, independently of the later looks): DESIGN.md section 5."""
     if not 2 <= first <= last:
         raise ValueError(f"t looks must satisfy 2 <= first <= last, got {first}, {last}")
-    z = sps.norm.ppf(qmc.Sobol(d=last, scramble=True, seed=_T_SEED).random_base2(_T_PATHS))
+    from scipy.stats import qmc  # here: scipy.stats' import is 0.6 s of every orch start (ledger/verdict/dist.py)
+
+    z = dist.norm_ppf(qmc.Sobol(d=last, scramble=True, seed=_T_SEED).random_base2(_T_PATHS))
     n = z.shape[0]
     total, squares = np.cumsum(z, axis=1), np.cumsum(z * z, axis=1)
     alive = np.ones(n, dtype=bool)
@@ -113,7 +115,7 @@ def t_alphas(first: int, last: int, alpha: float) -> tuple[float, ...]:
         cross = round(pocock_spending(k / last, alpha) * n) - spent  # paths to cross at look k
         live = np.sort(t[alive])[::-1]
         if k == first:  # nothing crossed before: the t law itself
-            c = float(sps.t.isf(pocock_spending(k / last, alpha) / 2.0, k - 1))
+            c = float(dist.t_isf(pocock_spending(k / last, alpha) / 2.0, k - 1))
         elif cross <= 0:
             c = float(live[0]) if live.size else math.inf
         elif cross >= live.size:
@@ -123,7 +125,7 @@ def t_alphas(first: int, last: int, alpha: float) -> tuple[float, ...]:
         crossed = alive & (t > c)
         spent += int(crossed.sum())
         alive &= ~crossed
-        out.append(float(2.0 * sps.t.sf(c, k - 1)))
+        out.append(float(2.0 * dist.t_sf(c, k - 1)))
     return tuple(out)
 
 

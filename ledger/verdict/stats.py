@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from scipy import stats as sps
+from ledger.verdict import dist
 
 LEVEL = 0.95
 TARGET_HALF_WIDTH = 0.05  # the audit says how many triplets would bring the interval to +-5 %
@@ -100,13 +100,13 @@ def spread_check(run: Spread, calibration: Spread, alpha: float = SPREAD_ALPHA) 
         p = 0.0 if run.sd > 0 else 1.0
     else:
         f = (run.sd / calibration.sd) ** 2
-        p = float(sps.f.sf(f, run.df, calibration.df))
+        p = float(dist.f_sf(f, run.df, calibration.df))
     return SpreadCheck(run, calibration, f, p, p < alpha)
 
 
 def t_critical(level: float, df: float) -> float:
     """Two-sided Student t multiplier: P(|T_df| <= c) = level."""
-    return float(sps.t.ppf(0.5 + level / 2.0, df))
+    return float(dist.t_ppf(0.5 + level / 2.0, df))
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def triplets_needed(sd: float, calibration_df: float = 0, level: float = LEVEL,
             return k
     # beyond: the normal quantile's K is a lower bound (t > z at every df); step up from it to the t-based K (a few
     # triplets: about (1 + z^2) / 2)
-    z = float(sps.norm.ppf(0.5 + level / 2.0))
+    z = float(dist.norm_ppf(0.5 + level / 2.0))
     k = max(201, math.ceil((z * sd / goal) ** 2))
     while k <= MAX_TRIPLETS:
         if t_critical(level, calibration_df + k - 1) * sd / math.sqrt(k) <= goal:
@@ -238,7 +238,7 @@ def outlier_triplets(d: Sequence[float], calibration: Spread | None = None,
             continue
         m = math.fsum(rest) / len(rest)
         z = (d[i] - m) / (spread.sd * math.sqrt(1.0 + 1.0 / len(rest)))
-        p = float(2.0 * sps.t.sf(abs(z), spread.df))
+        p = float(2.0 * dist.t_sf(abs(z), spread.df))
         if p * k < alpha:
             out.append(Outlier(i, None, z, p, spread.df))
     return out
@@ -260,7 +260,7 @@ def outlier_windows(ratios_by_triplet: Sequence[Sequence[float]], window_sd: Spr
         d = triplet_log_speedup(ratios)
         for w, r in enumerate(ratios):
             z = (math.log(r) - d) / (spread.sd * math.sqrt((nw - 1) / nw))
-            p = float(2.0 * sps.t.sf(abs(z), spread.df))
+            p = float(2.0 * dist.t_sf(abs(z), spread.df))
             if p * n < alpha:
                 out.append(Outlier(i, w, z, p, spread.df))
     return out
