@@ -33,11 +33,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy protocol manifests orchestrator ledger
 
-# lint, the unit tests on every core (at most 4 processes; --dist loadscope: a module's tests on one worker, so each
-# module-scoped fixture is made once), then the end-to-end launches on a worker a core (each test has its own home, lock
-# directory and run id; a file's tests on one worker, heaviest files first) with the Slurm acceptance subset beside
-# them, on a local Slurm cluster whose Debian packages install in the background when ORCH_INSTALL_SYSTEM_PACKAGES=1
-# (.ci/run): scripts/test_suite.sh; docs/validation/e2e_durations.md has the measured times
+# lint, then the end-to-end launches and the unit tests in one session on a worker a core (at most 4 processes; a
+# file's tests on one worker, so each module- or session-scoped fixture is made once; the end-to-end files heaviest
+# first, then the unit files; each launch has its own home, lock directory and run id) with the Slurm acceptance subset
+# beside them, on a local Slurm cluster whose Debian packages install in the background when
+# ORCH_INSTALL_SYSTEM_PACKAGES=1 (.ci/run): scripts/test_suite.sh; docs/validation/e2e_durations.md has the times
 test: slurm-packages lint pyc
 	bash scripts/test_suite.sh
 

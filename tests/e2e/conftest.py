@@ -1,7 +1,8 @@
 """The one complete r3-mini launch that the end-to-end tests which only read its outputs share (session-scoped), the
 per-test profile (ORCH_E2E_PROFILE), and the order in which `make test` (`-n auto --dist loadfile
---no-loadscope-reorder`) sends the test files to its workers: heaviest first by the seconds recorded in
-durations.json, so that no long file starts last and runs alone."""
+--no-loadscope-reorder`, the unit tests in the same session) sends the test files to its workers: the end-to-end files
+heaviest first by the seconds recorded in durations.json, so that no long file starts last and runs alone, then the
+unit files."""
 
 from __future__ import annotations
 
@@ -20,26 +21,31 @@ DURATIONS = Path(__file__).with_name("durations.json")  # test id -> seconds (ca
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Orders the test files heaviest first for `--dist loadfile --no-loadscope-reorder` (a file's tests on one
-    worker, so that a fixture made once per session or module is made once): a file's weight is the sum of its
-    tests' recorded seconds, a test not recorded (one that skips, or a new one: scripts/e2e_durations.py re-records
-    them) counting as the median recorded test. Within a file the collection order stays.
+    """Orders the test files for `--dist loadfile --no-loadscope-reorder` (a file's tests on one worker, so that a
+    fixture made once per session or module is made once): the end-to-end files first, heaviest first, a file's
+    weight the sum of its tests' recorded seconds, a test not recorded (one that skips, or a new one:
+    scripts/e2e_durations.py re-records them) counting as the median recorded test; then, where `make test` runs
+    them in the same session (scripts/test_suite.sh), the unit test files in their collection order, which fill the
+    cores that the last launches leave idle. Within a file the collection order stays.
 
     (Groups finer than files, xdist's `--dist loadgroup`, are not used: with pytest 9 the xdist_group marks do not
     reach the scheduler, pytest-xdist 3.8 writing the test id where pytest no longer reads it.)"""
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     unknown = statistics.median(recorded.values()) if recorded else 0.0
+    here = Path(__file__).parent
     weight: dict[str, float] = {}
     first: dict[str, int] = {}
     for index, item in enumerate(items):
         path = item.nodeid.split("::", 1)[0]
-        weight[path] = weight.get(path, 0.0) + float(recorded.get(item.nodeid, unknown))
+        end_to_end = item.path.is_relative_to(here)
+        weight[path] = weight.get(path, 0.0) + (float(recorded.get(item.nodeid, unknown)) if end_to_end else 0.0)
         first.setdefault(path, index)
+    e2e = {item.nodeid.split("::", 1)[0] for item in items if item.path.is_relative_to(here)}
     order = {item.nodeid: index for index, item in enumerate(items)}
 
-    def key(item: pytest.Item) -> tuple[float, int, int]:
+    def key(item: pytest.Item) -> tuple[bool, float, int, int]:
         path = item.nodeid.split("::", 1)[0]
-        return -weight[path], first[path], order[item.nodeid]
+        return path not in e2e, -weight[path], first[path], order[item.nodeid]
 
     items.sort(key=key)
 
