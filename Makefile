@@ -17,8 +17,11 @@ all: test
 $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# one resolve: torch pinned and orch with its extras together (the extras' torch>=2.6 is then already met)
-	$(BIN)/pip install -q $(CONSTRAINTS) "$(TORCH_PIN)" -e '.[workers,dev]'
+	# one resolve: torch pinned and orch with its extras together (the extras' torch>=2.6 is then already met); the
+	# bytecode compiled after it on every core instead of by pip on one. As pip does, a file that does not compile is
+	# left out: torch/testing/_internal/py312_intrinsics.py is Python 3.12 syntax (docs/validation/e2e_durations.md)
+	$(BIN)/pip install -q --no-compile $(CONSTRAINTS) "$(TORCH_PIN)" -e '.[workers,dev]'
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $(STAMP)
 
 install: $(STAMP)

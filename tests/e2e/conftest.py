@@ -2,7 +2,7 @@
 per-test profile (ORCH_E2E_PROFILE), and the order in which `make test` (`-n auto --dist loadfile
 --no-loadscope-reorder`, the unit tests in the same session) sends the test files to its workers: the end-to-end files
 heaviest first by the seconds recorded in durations.json, so that no long file starts last and runs alone, then the
-unit files."""
+unit files, heaviest first."""
 
 from __future__ import annotations
 
@@ -22,25 +22,30 @@ DURATIONS = Path(__file__).with_name("durations.json")  # test id -> seconds (ca
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Orders the test files for `--dist loadfile --no-loadscope-reorder` (a file's tests on one worker, so that a
-    fixture made once per session or module is made once): the end-to-end files first, heaviest first, a file's
-    weight the sum of its tests' recorded seconds, a test not recorded (one that skips, or a new one:
-    scripts/e2e_durations.py re-records them) counting as the median recorded test; then, where `make test` runs
-    them in the same session (scripts/test_suite.sh), the unit test files in their collection order, which fill the
-    cores that the last launches leave idle. Within a file the collection order stays.
+    fixture made once per session or module is made once), by the seconds recorded in durations.json
+    (scripts/e2e_durations.py re-records them): the end-to-end files first, heaviest first, a file's weight the sum of
+    its tests' seconds, a test not recorded (one that skips, or a new one) counting as the median recorded end-to-end
+    test; then, where `make test` runs them in the same session (scripts/test_suite.sh), the unit test files, heaviest
+    first by their file's recorded seconds (0 if not recorded), which fill the cores that the last launches leave idle
+    and end with the lightest. Within a file the collection order stays.
 
     (Groups finer than files, xdist's `--dist loadgroup`, are not used: with pytest 9 the xdist_group marks do not
     reach the scheduler, pytest-xdist 3.8 writing the test id where pytest no longer reads it.)"""
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    unknown = statistics.median(recorded.values()) if recorded else 0.0
+    per_test = [seconds for nodeid, seconds in recorded.items() if "::" in nodeid]
+    unknown = statistics.median(per_test) if per_test else 0.0
     here = Path(__file__).parent
     weight: dict[str, float] = {}
     first: dict[str, int] = {}
+    e2e: set[str] = set()
     for index, item in enumerate(items):
         path = item.nodeid.split("::", 1)[0]
-        end_to_end = item.path.is_relative_to(here)
-        weight[path] = weight.get(path, 0.0) + (float(recorded.get(item.nodeid, unknown)) if end_to_end else 0.0)
+        if item.path.is_relative_to(here):
+            e2e.add(path)
+            weight[path] = weight.get(path, 0.0) + float(recorded.get(item.nodeid, unknown))
+        else:
+            weight[path] = float(recorded.get(path, 0.0))
         first.setdefault(path, index)
-    e2e = {item.nodeid.split("::", 1)[0] for item in items if item.path.is_relative_to(here)}
     order = {item.nodeid: index for index, item in enumerate(items)}
 
     def key(item: pytest.Item) -> tuple[bool, float, int, int]:
