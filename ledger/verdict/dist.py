@@ -1,6 +1,7 @@
 """The distributions the verdict reads (Student t, F, standard normal), as the scipy.special functions that
-scipy.stats' t, f and norm call for them (scipy/stats/_continuous_distns.py), without importing scipy.stats: its
-import is about 0.6 s of every `orch launch`, `orch audit` and `orch calibrate` start, and those read only these.
+scipy.stats' t, f and norm call for them (scipy/stats/_continuous_distns.py), without importing scipy.stats: with
+scipy.optimize, which it imports, about 0.5 s of every `orch launch`, `orch audit` and `orch calibrate` start (both
+are now imported only where a calibration or a sequential stop needs them).
 
 Each function returns what the scipy.stats method returns at loc 0 and scale 1, bit for bit. The method evaluates
 the same special function inside the distribution's support, applies its location and scale there (`* 1 + 0` on a

@@ -93,7 +93,7 @@ def critical_scaled(level: float, a: float, d1: float, d2: float) -> float:
     """c with P(|Z| <= c sqrt(Q F)) = level, Q = chi2_a / a, F ~ F(d1, d2) independent: the two-sided critical
     value of mean d / (s_cal sqrt(R)). One integral over F's probability u of the Student t probability of
     t_a = Z / sqrt(Q) (a smooth integrand on [0, 1])."""
-    from scipy.optimize import brentq  # here, not at the top: 0.4 s of every orch start that needs no calibration
+    from scipy.optimize import brentq  # here, not at the top: about 0.1 s of every orch start with no calibration
 
     root_f, w = _f_nodes(d1, d2)
 

@@ -54,7 +54,7 @@ def nominal_alphas(first: int, last: int, alpha: float) -> tuple[float, ...]:
     and Rowe's recursion; Jennison & Turnbull ch. 19), Simpson's rule on _NODES points."""
     if not 1 <= first <= last:
         raise ValueError(f"looks must satisfy 1 <= first <= last, got {first}, {last}")
-    from scipy.optimize import brentq  # here, not at the top: 0.4 s of every orch start that runs no sequential stop
+    from scipy.optimize import brentq  # here, not at the top: about 0.1 s of every orch start with no sequential stop
 
     nodes: np.ndarray | None = None
     mass = np.zeros(0)  # Simpson weight x density of S_k at the nodes, continuation region only
@@ -100,7 +100,7 @@ def t_alphas(first: int, last: int, alpha: float) -> tuple[float, ...]:
     mostly on a small s, independently of the later looks): DESIGN.md section 5."""
     if not 2 <= first <= last:
         raise ValueError(f"t looks must satisfy 2 <= first <= last, got {first}, {last}")
-    from scipy.stats import qmc  # here: scipy.stats' import is 0.6 s of every orch start (ledger/verdict/dist.py)
+    from scipy.stats import qmc  # here: scipy.stats' import is about 0.3 s more of every orch start (dist.py)
 
     z = dist.norm_ppf(qmc.Sobol(d=last, scramble=True, seed=_T_SEED).random_base2(_T_PATHS))
     n = z.shape[0]

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from launchutil import EDITED, CompleteRun, edit_protocol, end_started, make_project, small_protocol, start_until
 
-DURATIONS = Path(__file__).with_name("durations.json")  # test id -> seconds (call and set-up) on the 2-core machine
+# seconds on the 2-core machine: an end-to-end test id -> its call and set-up; a unit test file's path -> its tests'
+DURATIONS = Path(__file__).with_name("durations.json")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
