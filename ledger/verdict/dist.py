@@ -8,8 +8,7 @@ the same special function inside the distribution's support, applies its locatio
 quantile, which turns -0.0 into 0.0), and sets the rest by rule (rv_continuous's cdf, sf, ppf, isf): NaN for an
 invalid shape (df <= 0) or a NaN argument; a probability of 0 or 1 outside the open support; a quantile's bound at q
 = 0 and 1 (where stdtrit alone returns +inf at q = 0) and NaN beyond. Those rules are repeated here, and
-tests/unit/test_dist.py checks the equality inside and outside the verdict's domain. scipy.stats.qmc (the sequential
-t boundaries' Sobol points) and scipy.optimize are imported where they are used.
+tests/unit/test_dist.py checks the equality inside and outside the verdict's domain.
 """
 
 from __future__ import annotations
