@@ -3,6 +3,8 @@
 # tree: the job runs from a copy in /tmp): the cold rehearsal of unmodified upstream R3 (the identical candidate must
 # be exact with every arm on the prime's tuned kernels), then r3-mini's CUDA candidate and null at K = 1.
 #   start: bash scripts/gpu_tuned_kernels.sh start     poll: bash scripts/gpu_tuned_kernels.sh wait SECONDS
+# PRIME_STEPS=N rehearses with `measurement.prime_steps: N` (a copy of the protocol in the job's tree; the shipped
+# file is not changed); MINI names the r3-mini protocols launched after the rehearsal ("" for none).
 # The job lives only as long as the machine: a lent machine goes back after 30 s idle and takes the job with it, so
 # issue each `wait` call at once after the previous one returns (nothing else in between). Device time: the rehearsal
 # about 20 min, each of the two tools about 8 cold compiles of 2 min, each r3-mini launch about 5 min.
@@ -16,6 +18,12 @@ case "${1:-}" in
 start)
   rm -rf "$W"; mkdir -p "$W"
   cp -a . "$W/orch"
+  if [ -n "${PRIME_STEPS:-}" ]; then
+    sed "s/^measurement: {steps: 16,/measurement: {prime_steps: $PRIME_STEPS, steps: 16,/" \
+      protocol/r3_bagel7b_8xh100.yaml > "$W/orch/protocol/r3_bagel7b_8xh100.yaml"
+    grep -q "prime_steps: $PRIME_STEPS," "$W/orch/protocol/r3_bagel7b_8xh100.yaml" || { echo "no prime_steps set"; exit 1; }
+  fi
+  echo "MINI='${MINI-r3_mini_cuda1 r3_mini_cuda1_null}'" > "$W/mini.sh"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl \
     || exit 1
   setsid nohup bash "$W/orch/scripts/gpu_tuned_kernels.sh" job > "$W/job.log" 2>&1 < /dev/null &
@@ -58,7 +66,8 @@ triton.__version__, 'transformers', transformers.__version__)"
   tar -czf "$W/rehearsal_home.tgz" -C "$H" runs ledger 2>/dev/null; ls -l "$W/rehearsal_home.tgz"
   wait  # the tools, if still running (orch's lock would wait for them anyway)
   echo "rehearsal done"
-  for p in r3_mini_cuda1 r3_mini_cuda1_null; do
+  . "$W/mini.sh"
+  for p in $MINI; do
     t0=$(date +%s)
     python3 -m orchestrator.cli launch "protocol/$p.yaml" --home "$W/home-$p" > "$W/$p.log" 2>&1
     echo "$p exit $? after $(( $(date +%s) - t0 )) s"
