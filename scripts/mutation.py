@@ -7,6 +7,12 @@ its per-function test selection never mix modules. Not part of CI (minutes per m
     python scripts/mutation.py ledger/verdict/windows.py    # some of them
     python scripts/mutation.py --timeout 900 --max-children 2 --json .mutation/scores.json
     python scripts/mutation.py --list ledger/verdict/stats.py   # its mutants and named equivalents, no test run
+    python scripts/mutation.py --pin ledger/verdict/stats.py    # after reading --list: pin each equivalent's diff
+
+mutmut names a mutant by its position in its function, so code added above it renumbers the mutants after it, and a
+name judged equivalent can come to mean another mutant. Each named equivalent is therefore pinned to the diff it was
+judged on (scripts/mutation_equivalents.json); a name whose mutant's diff is no longer the pinned one is `moved`:
+counted by its result like any other mutant, and listed, until it is judged again and re-pinned.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCRATCH = REPO / ".mutation"
+PINS = Path(__file__).resolve().with_name("mutation_equivalents.json")  # module -> name -> the diff judged
 PACKAGES = ["protocol", "manifests", "orchestrator", "ledger", "workers"]
 
 
@@ -60,15 +67,22 @@ MODULES: dict[str, Target] = {
     # unpaired interval (_betacf, _betainc, t_cdf, speedup_interval, the old triplets_needed) are gone with it
     "ledger/verdict/stats.py": Target(("tests/unit/test_stats.py", "tests/unit/test_noise.py"), equivalent={
         "ledger.verdict.stats.x_triplets_needed__mutmut_4": "sd < 0 instead of <= 0: at sd = 0 the loop returns the "
-                                                            "first K with df >= 1 (half-width 0 <= goal), 1 with a "
-                                                            "calibration's df and 2 without, as the early return",
+                                                            "first K with df >= 1 (half-width 0 <= goal): 1 with a "
+                                                            "calibration_df >= 1 and 2 below it, as the early return",
         "ledger.verdict.stats.x_triplets_needed__mutmut_17": "the first loop up to K = 201 instead of 200: the "
                                                              "stepping loop starts at K >= 201 and applies the same "
                                                              "t condition, so K = 201 is answered alike",
         "ledger.verdict.stats.x_triplets_needed__mutmut_39": "the normal quantile at 0.5 + level / 3: a smaller z, "
                                                              "still a lower bound of the t-based K, from which the "
                                                              "loop steps up to the same answer (more steps)",
-        "ledger.verdict.stats.x_paired_interval__mutmut_58": "cal_df for every source (`or True`): the other source, "
+        "ledger.verdict.stats.x_triplets_needed__mutmut_36": "the normal quantile at 0.5 - level / 2: -z (to "
+                                                            "rounding), and only its square is read: the same lower "
+                                                            "bound, 2 or more triplets below the t-based K",
+        "ledger.verdict.stats.x_triplets_needed__mutmut_47": "(z * sd / goal) * 2 instead of ** 2: for x = z * sd / "
+                                                            "goal >= 2 a smaller start, still a lower bound, from "
+                                                            "which the loop steps up to the same K; for x < 2 the "
+                                                            "start is max(201, ceil(2x) <= 4) = 201 alike",
+        "ledger.verdict.stats.x_paired_interval__mutmut_70": "cal_df for every source (`or True`): the other source, "
                                                              "the run's own SD, has df = K - 1, so spread.df - (K - 1) "
                                                              "is 0 there as well",
     }),
@@ -125,11 +139,12 @@ MODULES: dict[str, Target] = {
             [f"protocol.schema.x_canonical_json__mutmut_{n}" for n in (13, 15, 17, 19, 21, 25, 27, 29)],
             "a default dropped from .get / .pop: model_dump always holds every section and every key of them, so "
             "no default is ever used"),
-        "protocol.schema.x_canonical_json__mutmut_31": "ensure_ascii=None instead of False: only its truth is read",
+        "protocol.schema.x_canonical_json__mutmut_33": "the sequential keys popped without a default: model_dump "
+                                                      "holds every field of measurement, and no earlier pop takes "
+                                                      "them (they are not among _LATER_DEFAULTS)",
+        "protocol.schema.x_canonical_json__mutmut_37": "ensure_ascii=None instead of False: only its truth is read",
         "protocol.schema.x_json_schema__mutmut_1": "by_alias=None: pydantic's json schema then keeps its default, "
                                                    "aliases (the test sees 'schema', never 'schema_')",
-        "protocol.schema.x_load_protocol__mutmut_66": "the join of REHEARSAL_OVERRIDABLE, which has one entry: the "
-                                                      "separator is never written",
     }),
     "ledger/verdict/exactness.py": Target(("tests/unit/test_exactness_rules.py", "tests/unit/test_exactness_run.py",
                                            "tests/unit/test_audit.py"), equivalent={
@@ -152,7 +167,7 @@ MODULES: dict[str, Target] = {
                                                        "for a run without ledger records, which collect_evidence has "
                                                        "refused before (every package needs its records)",
         **dict.fromkeys(
-            ("ledger.verdict.audit.x_unseal_score__mutmut_27", "ledger.verdict.audit.x_unseal_score__mutmut_30"),
+            ("ledger.verdict.audit.x_unseal_score__mutmut_33", "ledger.verdict.audit.x_unseal_score__mutmut_30"),
             "bytes.decode without 'utf-8', or with 'UTF-8': the default codec is UTF-8, names are case-insensitive"),
         "ledger.verdict.audit.x_audit_run__mutmut_141": "the audit records of every run searched for this audit's "
                                                         "digest, not only this run's: audit.json holds its run_id, so "
@@ -177,15 +192,21 @@ MODULES: dict[str, Target] = {
              "ledger.verdict.evidence.x__package_problems__mutmut_28"),
             "opens.get(name, None) / opens.get(name) for a package without an open record: None is false, as 0"),
         **dict.fromkeys(
-            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (28, 29, 140, 217)],
+            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (28, 29, 170)],
             "the value a missing piece starts with (protocol_sha '' as None or 'XXXX', n_steps 0 as 1 without a "
-            "protocol, watch_steps {} as None without a replay): each is kept only when that piece is there, and "
-            "without it the run is refused before the value is used or returned"),
+            "protocol): each is kept only when that piece is there, and without it the run is refused before the "
+            "value is used or returned"),
+        "ledger.verdict.evidence.x_collect_evidence__mutmut_249": "watch_steps starting as None instead of {}: it is "
+                                                                  "replaced by the replay's steps wherever a watched "
+                                                                  "replay exists; without one (an A/A calibration "
+                                                                  "run, not refused) exactness reads it only when "
+                                                                  "`watch is not None`, so never",
         **dict.fromkeys(
-            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (252, 253, 254, 255, 256)],
+            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (284, 285, 286, 287, 294)],
             "`or` -> `and` after `problems` in the refusal's condition: each later term implies a problem line (a "
-            "missing run.json, protocol, result or replay adds one, and every package in `bad` has its line), so "
-            "the condition is `problems` either way; the terms narrow the types for mypy"),
+            "missing run.json, protocol, result or replay adds one, and every package in `bad` has its line; 294 is "
+            "the `or` inside the term of a run that is not a calibration, where a missing score or replay adds its "
+            "line too), so the condition is `problems` either way; the terms narrow the types for mypy"),
     }),
     # test_audit.py's altered-evidence tests reach verify_integrity through whole audits (1-2 s each per surviving
     # mutant); test_integrity_rules.py pins each check on its own
@@ -196,8 +217,6 @@ MODULES: dict[str, Target] = {
             "two processes append 5000 records each under the ledger's flock (about 20 s of the 25 s): a rule of the "
             "store's lock, not of the record model, whose every function the other tests reach",
     }, equivalent={
-        "ledger.cost.record.x_utc_iso__mutmut_9": "'Z' is not replaced by '+00:00' before fromisoformat: Python >= "
-                                                  "3.11 (the project's floor) reads a final 'Z' as UTC itself",
         **dict.fromkeys(
             ("ledger.cost.record.x_record_message__mutmut_16", "ledger.cost.record.x_record_message__mutmut_17"),
             "the same 'Z' replacement in record_message: a record's times are validated to end in an upper-case 'Z', "
@@ -222,10 +241,6 @@ MODULES: dict[str, Target] = {
             [f"ledger.cost.store.xǁLedgerǁrecords__mutmut_{n}" for n in (23, 24, 29)],
             "the run_id match's nulls filled with None or True, or zero_copy_only=None: run_id is never null, and "
             "only the truth of zero_copy_only is read"),
-        **dict.fromkeys(
-            [f"ledger.cost.store.xǁLedgerǁorphans__mutmut_{n}" for n in (2, 3, 4, 5, 14)],
-            "orphans read from every column, or from plain (not dictionary-encoded) strings: orphans_of reads the "
-            "same four columns' values either way"),
         "ledger.cost.store.xǁLedgerǁverify__mutmut_20": "the record hashes gathered without a head to check: they "
                                                         "are read only for that check",
         "ledger.cost.store.xǁLedgerǁappend__mutmut_40": "the version also read from an empty file: file_version of "
@@ -291,10 +306,6 @@ MODULES: dict[str, Target] = {
             "(64 000) are written, which fit the pipe's 64 KiB, so the write neither blocks nor raises"),
         "ledger.cost.verify.x__shared_chunks__mutmut_43": "the OpenSSL warm-up hashes b'XXXX' instead of b'': the same "
                                                           "digest lookup",
-        **dict.fromkeys(
-            [f"ledger.cost.verify.x_verify_fast__mutmut_{n}" for n in (103, 105, 112)],
-            "the orphan keys read as plain instead of dictionary-encoded strings: orphans_of reads the same values "
-            "either way (as store.py's orphans 2-5, 14)"),
         "ledger.cost.verify.x_verify_fast__mutmut_123": "the file size passed to a chunk as None: _chain_chunk's "
                                                         "bounds never reach it (as _chain_chunk 78-80)",
         "ledger.cost.verify.x_verify_fast__mutmut_138": "a chunk's job checking up to (i + 2) * chunk: the same "
@@ -371,12 +382,12 @@ MODULES: dict[str, Target] = {
     "workers/probe_steps.py": Target(("tests/unit/test_probe_steps_rules.py", "tests/unit/test_probe_timing.py"),
                                      forkserver=True, equivalent={
         **dict.fromkeys(
-            [f"workers.probe_steps.xǁProbeǁwrite_summary__mutmut_{n}" for n in (92, 94, 96, 97)],
+            [f"workers.probe_steps.xǁProbeǁwrite_summary__mutmut_{n}" for n in (94, 96, 98, 99)],
             "the summary dumped in python mode (mode None, left out, or a word pydantic does not know): its fields are "
             "str, int, bool, None, lists and dicts of them and the recipe's betas tuple, which json.dumps writes as "
             "the list that json mode gives"),
         **dict.fromkeys(
-            [f"workers.probe_steps.xǁProbeǁwrite_summary__mutmut_{n}" for n in (104, 105, 107, 108, 109, 110)],
+            [f"workers.probe_steps.xǁProbeǁwrite_summary__mutmut_{n}" for n in (106, 107, 109, 110, 111, 112)],
             "the summary file's indent and key order: the train worker reads it with model_validate_json, and "
             "whitespace and key order change no value read from it"),
         **dict.fromkeys(
@@ -409,6 +420,26 @@ MODULES: dict[str, Target] = {
 # mutmut's exit-code words (mutmut 3): what counts for the score
 KILLED = {"killed", "caught by type check"}
 SURVIVED = {"survived"}
+
+
+def read_pins(path: Path = PINS) -> dict[str, dict[str, str]]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def judged_equivalents(named: dict[str, str], diffs: dict[str, str], pinned: dict[str, str]
+                       ) -> tuple[dict[str, str], dict[str, dict[str, str | None]]]:
+    """(equivalent, moved) of the named equivalents whose mutant exists now (`diffs`: name -> its diff now): a name
+    counts apart only while its diff is the one pinned when it was judged; the others are moved, with both diffs."""
+    equivalent: dict[str, str] = {}
+    moved: dict[str, dict[str, str | None]] = {}
+    for name, why in named.items():
+        if name not in diffs:
+            continue
+        if pinned.get(name) == diffs[name]:
+            equivalent[name] = why
+        else:
+            moved[name] = {"pinned": pinned.get(name), "now": diffs[name]}
+    return equivalent, moved
 
 
 def _tracked_files() -> list[str]:
@@ -479,7 +510,8 @@ def run_module(module: str, target: Target, timeout: float, max_children: int, m
                 proc.wait()
     wall = time.monotonic() - started
     status = _results(work, mutmut)
-    equivalent = {name: why for name, why in target.equivalent.items() if name in status}
+    diffs = {n: _show(work, mutmut, n, None) for n in target.equivalent if n in status}
+    equivalent, moved = judged_equivalents(target.equivalent, diffs, read_pins().get(module, {}))
     counted = {n: s for n, s in status.items() if n not in equivalent}
     killed = sorted(n for n, s in counted.items() if s in KILLED)
     survived = sorted(n for n, s in counted.items() if s in SURVIVED)
@@ -496,7 +528,8 @@ def run_module(module: str, target: Target, timeout: float, max_children: int, m
     return {
         "module": module, "tests": list(target.tests), "mutants": len(status), "killed": len(killed),
         "timeout": len(timeouts), "survived": survived, "uncovered": uncovered, "not_run": len(not_run),
-        "not_run_names": not_run, "equivalent": equivalent, "stale_equivalent": stale, "score": score,
+        "not_run_names": not_run, "equivalent": equivalent, "moved_equivalent": moved, "stale_equivalent": stale,
+        "score": score,
         "complete": complete and proc.returncode == 0, "returncode": proc.returncode, "wall_s": round(wall, 1),
         "log": str(log.relative_to(REPO)), "clean_run_problems": failing[:5] if not status else [],
     }
@@ -524,13 +557,15 @@ def list_module(module: str, target: Target, mutmut: Path) -> dict[str, Any]:
         raise SystemExit(f"mutation: mutmut could not generate the mutants of {module}: {proc.stderr.strip()[-1500:]}")
     meta = json.loads((work / "mutants" / (module + ".meta")).read_text())
     names = set(meta["exit_code_by_key"])
-    return {"module": module, "mutants": len(names),
-            "equivalent": {n: _show(work, mutmut, n) for n in sorted(target.equivalent) if n in names},
+    diffs = {n: _show(work, mutmut, n, None) for n in sorted(target.equivalent) if n in names}
+    _, moved = judged_equivalents(target.equivalent, diffs, read_pins().get(module, {}))
+    return {"module": module, "mutants": len(names), "equivalent": diffs, "moved_equivalent": moved,
             "stale_equivalent": sorted(set(target.equivalent) - names)}
 
 
 def _function_source(text: str, name: str) -> list[str] | None:
-    """The lines of `def name(` in mutmut's trampolined module text (a function or a method), or None."""
+    """The lines of `def name(` in mutmut's trampolined module text (a function or a method), or None; the def line
+    without the name."""
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith(f"def {name}(")), None)
     if start is None:
@@ -541,12 +576,15 @@ def _function_source(text: str, name: str) -> list[str] | None:
     while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent
                                 or lines[end][indent:].startswith(")")):
         end += 1
-    return [ln.strip() for ln in lines[start + 1:end] if ln.strip()]
+    # the def line too, its name left out (the mutant's and the original's differ): a default's mutant is there
+    head = "def (" + lines[start].split("(", 1)[1]
+    return [head.strip()] + [ln.strip() for ln in lines[start + 1:end] if ln.strip()]
 
 
-def _show(work: Path, mutmut: Path, name: str) -> str:
+def _show(work: Path, mutmut: Path, name: str, limit: int | None = 200) -> str:
     """The changed lines of one mutant, read from mutants/ against the original function (one `mutmut show`
-    process per mutant took about 2 s on the shared host); `mutmut show` where the source cannot be read so."""
+    process per mutant took about 2 s on the shared host); `mutmut show` where the source cannot be read so. `limit`:
+    characters kept (None: all, as pinned: two mutants of one long line can differ only past 200)."""
     module, _, function = name.rpartition(".")
     source = work / "mutants" / (module.replace(".", "/") + ".py")
     with contextlib.suppress(OSError):
@@ -556,10 +594,10 @@ def _show(work: Path, mutmut: Path, name: str) -> str:
         if mutant is not None and orig is not None:
             diff = [ln for ln in difflib.unified_diff(orig, mutant, lineterm="", n=0)
                     if ln.startswith(("+", "-")) and not ln.startswith(("+++", "---"))]
-            return " | ".join(diff)[:200]
+            return " | ".join(diff)[:limit]
     proc = subprocess.run([str(mutmut), "show", name], cwd=work, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("+", "-")) and not ln.startswith(("+++", "---"))]
-    return " | ".join(ln.strip() for ln in lines)[:200]
+    return " | ".join(ln.strip() for ln in lines)[:limit]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -573,7 +611,11 @@ def main(argv: list[str] | None = None) -> int:
                          "the wall time is then the continuation's only)")
     ap.add_argument("--list", action="store_true",
                     help="generate each module's mutants without running a test: print their count, the diff of "
-                         "each mutant named equivalent, and the names that match no mutant now (exit 1 if any)")
+                         "each mutant named equivalent, the names that match no mutant now and those whose diff is "
+                         "not the pinned one (exit 1 if any)")
+    ap.add_argument("--pin", action="store_true",
+                    help="as --list, then pin each named equivalent's diff now in scripts/mutation_equivalents.json "
+                         "(only after reading each diff against its reason)")
     args = ap.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -584,17 +626,25 @@ def main(argv: list[str] | None = None) -> int:
     if not mutmut.exists():
         print("mutation: mutmut is not installed in this environment; run `make mutation`", file=sys.stderr)
         return 2
-    if args.list:
+    if args.list or args.pin:
         stale = 0
+        pins = read_pins()
         for module in args.modules or list(MODULES):
             got = list_module(module, MODULES[module], mutmut)
             print(f"{module}: {got['mutants']} mutants, {len(got['equivalent'])} named equivalent, "
-                  f"{len(got['stale_equivalent'])} stale")
+                  f"{len(got['stale_equivalent'])} stale, {len(got['moved_equivalent'])} moved")
             for name, diff in got["equivalent"].items():
-                print(f"  equivalent: {name}: {diff}")
+                print(f"  equivalent: {name}: {diff}\n    why: {MODULES[module].equivalent[name]}")
+            for name, both in got["moved_equivalent"].items():
+                print(f"  moved (the diff is not the pinned one): {name}: pinned {both['pinned']!r}")
             for name in got["stale_equivalent"]:
                 print(f"  stale equivalent-mutant entry (no such mutant now): {name}")
-            stale += len(got["stale_equivalent"])
+            stale += len(got["stale_equivalent"]) + (0 if args.pin else len(got["moved_equivalent"]))
+            if args.pin:
+                pins[module] = dict(sorted(got["equivalent"].items()))
+        if args.pin:
+            PINS.write_text(json.dumps(dict(sorted(pins.items())), indent=1) + "\n")
+            print(f"pinned: {PINS.relative_to(REPO)}")
         return 1 if stale else 0
     rows = []
     for module in args.modules or list(MODULES):
@@ -618,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for name in r["survived"]:
             print(f"survived: {name}: {r['survivor_diffs'][name]}")
+        for name, both in r["moved_equivalent"].items():
+            print(f"moved equivalent (counted by its result; judge it and --pin): {name}: {both['now']}")
         for name in r["uncovered"]:
             print(f"no test: {name}: {r['survivor_diffs'][name]}")
         for line in r["clean_run_problems"]:

@@ -151,8 +151,9 @@ def triplets_needed(sd: float, calibration_df: float = 0, level: float = LEVEL,
                     target: float = TARGET_HALF_WIDTH) -> int | None:
     """Smallest K whose fixed-design interval (df = calibration_df + K - 1) has relative half-width <= target."""
     goal = math.log1p(target)
+    # sd 0: the first K with df >= 1 (a calibration's df may be fractional: a noise-scaled one's is)
     if sd <= 0.0:
-        return 1 if calibration_df > 0 else 2
+        return 1 if calibration_df >= 1 else 2
     for k in range(1, 201):
         df = calibration_df + k - 1
         if df >= 1 and t_critical(level, df) * sd / math.sqrt(k) <= goal:

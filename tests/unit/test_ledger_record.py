@@ -68,6 +68,8 @@ def test_utc_iso_keeps_seconds_by_default() -> None:
     ("yesterday", "not an ISO 8601 time: 'yesterday'"),
     (1767322800, "not a time: 1767322800"),
     ("2026-01-02T04:04:05+01:00", "time must be UTC (Z or +00:00): 2026-01-02T04:04:05+01:00"),
+    # a 'Z' is the UTC suffix only: as a date-time separator (which fromisoformat alone would read) it is refused
+    ("2026-01-02Z03:04:05Z", "not an ISO 8601 time: '2026-01-02Z03:04:05Z'"),
     (datetime(2026, 1, 2, 3, 4, 5), "time must be UTC (Z or +00:00): 2026-01-02T03:04:05"),
 ])
 def test_a_time_that_is_not_a_utc_instant_is_refused_saying_why(value: Any, message: str) -> None:

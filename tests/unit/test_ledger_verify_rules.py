@@ -303,6 +303,30 @@ def test_verification_goes_on_after_a_message_that_does_not_decode() -> None:
     assert keys.column("seq").to_pylist() == [0, 2, 3] and len(hashes) == 3
 
 
+def test_a_rechained_record_whose_run_id_column_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    """Record 3's run_id column (not its hashed JSON) holds a byte that is not UTF-8, and the chain after it is
+    recomputed: every hash and digest holds, yet the ledger is not one orch wrote. The vectorised pass reads the
+    orphan keys as dictionary-encoded strings, which decodes them, and declines; the slow pass names the record."""
+
+    def undecodable_run_id(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
+        message = bytearray(record_message(record))
+        at = message.find(b'\x01\x00\x00\x00r')  # the run_id column's one value, 'r', after its length
+        assert at > 0 and message.find(b'"run_id":"r"') > at
+        message[at + 4] = 0xFF
+        return record, bytes(message)
+
+    buf = _altered(40, 3, undecodable_run_id)
+    path = tmp_path / "ledger.arrows"
+    path.write_bytes(buf)
+    report = Ledger(path, fsync=False).verify()
+    assert not report.ok and report.first_bad_seq == 3
+    assert report.problems[0] == f"seq 3: the message at offset {_offset(buf, 3)} does not decode as a ledger record"
+
+
+def _offset(buf: bytes, seq: int) -> int:
+    return verify.scan_messages(buf, len(buf)).spans[seq][0]
+
+
 def test_a_record_the_schema_refuses_is_named_with_its_field_and_seq() -> None:
     schema, messages = _chain(3, gpus_at=1)
     buf = schema + b"".join(messages)

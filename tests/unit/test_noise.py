@@ -27,6 +27,7 @@ from ledger.verdict.interval_doc import interval_doc
 from ledger.verdict.noise import (
     AB_FACTOR,
     NoiseEvidence,
+    NoiseScale,
     arm_spread,
     baseline_disagreement,
     baseline_outliers,
@@ -151,6 +152,27 @@ def test_scaled_interval_words_and_no_scale_without_a_step_spread() -> None:
     assert iv.critical == pytest.approx(critical_scaled(0.95, 4, scale.d1, scale.d2), rel=1e-8)
     assert "noisier than" in scale.words or scale.p_value >= 0.05
     assert scale.p_value == pytest.approx(float(sps.f.sf(scale.ratio, scale.d1, scale.d2)), rel=1e-12)
+
+
+def test_the_scale_applies_with_a_calibration_of_some_df_and_is_kept_where_the_calibration_is_used() -> None:
+    # R = 2.25 (the candidate's SD 1.5 times the baseline's); the scale's df comes from its own calibration_df
+    scale = NoiseScale(2.25, Spread(0.06, 10), Spread(0.04, 50), 1)
+    # a calibration of df 0 is no calibration: the scale is not applied, as if none had been passed
+    none_cal = Spread(0.1, 0)
+    d = [0.01, 0.03, 0.02]
+    assert paired_interval(d, none_cal, noise=scale) == paired_interval(d, none_cal)
+    assert paired_interval(d, none_cal, noise=scale).noise is None
+    # one calibration df is enough: the calibration's SD is scaled by sqrt(R) = 1.5 and the scale is kept
+    one = paired_interval([0.0], Spread(0.1, 1), noise=scale)
+    assert one.variance_source == "calibration" and one.noise is scale
+    assert one.sd == pytest.approx(0.15, rel=1e-12) and one.df == scale.df(0.95)
+    # pooled with the run's own spread (not larger than the scaled calibration): the scale is kept
+    pooled_iv = paired_interval(d, Spread(0.1, 4), noise=scale)
+    assert pooled_iv.variance_source == "pooled" and pooled_iv.noise is scale
+    # the run's own spread far larger: the interval uses it alone, and no scale is carried
+    run_iv = paired_interval([0.9, -0.9, 1.1, -1.2], Spread(0.001, 4), noise=scale)
+    assert run_iv.variance_source == "run" and run_iv.noise is None
+    assert run_iv == paired_interval([0.9, -0.9, 1.1, -1.2], Spread(0.001 * 1.5, scale.df(0.95)))
 
 
 def test_one_window_never_decides_alone_at_k1() -> None:

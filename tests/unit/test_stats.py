@@ -303,12 +303,12 @@ def _t(level: float, df: int) -> float:
     return float(sps.t.ppf(0.5 + level / 2.0, df))
 
 
-def _needed_by_search(sd: float, cal_df: int, level: float = LEVEL) -> int:
-    """The smallest K whose t interval (df = cal_df + K - 1) is within +-5 %: every K up to 5,000 at once, no
-    shortcut."""
+def _needed_by_search(sd: float, cal_df: float, level: float = LEVEL, goal: float = GOAL) -> int:
+    """The smallest K whose t interval (df = cal_df + K - 1) is within the goal (+-5 % unless given, on the log
+    scale): every K up to 5,000 at once, no shortcut."""
     k = np.arange(1, 5001)
     df = cal_df + k - 1
-    ok = (df >= 1) & (sps.t.ppf(0.5 + level / 2.0, np.maximum(df, 1)) * sd / np.sqrt(k) <= GOAL)
+    ok = (df >= 1) & (sps.t.ppf(0.5 + level / 2.0, np.maximum(df, 1)) * sd / np.sqrt(k) <= goal)
     assert ok.any()
     return int(k[np.argmax(ok)])
 
@@ -367,8 +367,10 @@ def test_triplets_needed_at_its_small_df_edges() -> None:
     # df 1 is a usable interval: K = 1 with one calibration df (12.706 * 0.003 = 0.0381), K = 2 without
     # (12.706 * 0.005 / sqrt(2) = 0.0449)
     assert triplets_needed(0.003, 1) == 1 and triplets_needed(0.005, 0) == 2
-    # sd 0: one triplet with any calibration df, two without
+    # sd 0: one triplet with a calibration of at least one df, two without; a noise-scaled calibration's df is
+    # fractional, and below one df K = 1 is no interval (df < 1): two, as the search says
     assert triplets_needed(0.0, 1) == 1 and triplets_needed(0.0, 0) == 2 and triplets_needed(0.0) == 2
+    assert triplets_needed(0.0, 2.5) == 1 and triplets_needed(0.0, 0.5) == 2 == _needed_by_search(0.0, 0.5)
     for sd in (0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3):
         for cal_df in (0, 1, 2, 3, 5, 10):
             assert triplets_needed(sd, cal_df) == _needed_by_search(sd, cal_df), (sd, cal_df)
@@ -406,6 +408,33 @@ def test_triplets_needed_past_k_200_is_the_t_based_k() -> None:
         assert math.ceil((zl * sd / GOAL) ** 2) < exact and triplets_needed(sd, 0, level) == exact, (sd, level)
         assert triplets_needed(sd, 10, level) == _needed_by_search(sd, 10, level) <= exact
     assert triplets_needed(0.5) == 406 and triplets_needed(1.0) == 1617 and triplets_needed(0.3, 0, 0.99) == 255
+
+
+def test_triplets_needed_past_k_200_for_a_target_wider_than_e_minus_1() -> None:
+    # a target above e - 1 (log goal > 1): the normal quantile's K, (z * sd / goal)^2, stays a lower bound of the
+    # t-based K, from which the search steps up; K past 200 needs a large SD
+    for target, sd in ((2.0, 20.0), (3.0, 25.0), (9.0, 60.0)):
+        goal = math.log1p(target)
+        assert goal > 1.0
+        exact = _needed_by_search(sd, 0, LEVEL, goal)
+        assert exact > 200 and triplets_needed(sd, 0, LEVEL, target) == exact, (target, sd)
+        assert triplets_needed(sd, 7, LEVEL, target) == _needed_by_search(sd, 7, LEVEL, goal)
+
+
+def test_triplets_needed_past_k_200_accepts_a_half_width_exactly_at_the_goal() -> None:
+    # as below K = 200: an SD whose K = 201 half-width, t(0.975, 200) * sd / sqrt(201), is the log of a target to
+    # the last bit (an SD is taken where expm1 and log1p give that half-width back exactly); one ulp tighter, K = 202
+    sd = GOAL * math.sqrt(201) / _t(LEVEL, 200)
+    while True:
+        half = t_critical(LEVEL, 200) * sd / math.sqrt(201)
+        if math.log1p(math.expm1(half)) == half:
+            break
+        sd = math.nextafter(sd, 1.0)
+    target = math.expm1(half)
+    assert t_critical(LEVEL, 199) * sd / math.sqrt(200) > half  # K = 200 is not within it
+    assert triplets_needed(sd, 0, LEVEL, target) == 201
+    tighter = math.nextafter(target, 0.0)
+    assert math.log1p(tighter) < half and triplets_needed(sd, 0, LEVEL, tighter) == 202
 
 
 def test_triplets_needed_caps_at_ten_thousand() -> None:
