@@ -129,8 +129,11 @@ MODULES: dict[str, Target] = {
     }, timeout_multiplier=2.0),  # glob_regex's `i += n` mutants loop forever: 4x the tests' CPU time is enough
     "protocol/recipe.py": Target(("tests/unit/test_recipe.py", "tests/unit/test_protocol.py",
                                   "tests/unit/test_model_declared.py")),
+    # the short form's rendering (issue 33) and the calibration's workload id are tested in their own
+    # files: test_recipe_short_form.py and test_calibrate.py
     "protocol/schema.py": Target(("tests/unit/test_schema_rules.py", "tests/unit/test_protocol.py",
-                                  "tests/unit/test_model_declared.py", "tests/unit/test_recipe.py"), equivalent={
+                                  "tests/unit/test_model_declared.py", "tests/unit/test_recipe.py",
+                                  "tests/unit/test_recipe_short_form.py", "tests/unit/test_calibrate.py"), equivalent={
         **dict.fromkeys(
             [f"protocol.schema.x_canonical_json__mutmut_{n}" for n in (2, 4, 6, 7)],
             "model_dump in python mode (mode None, left out, or a word pydantic does not know): every field of a "
@@ -143,6 +146,12 @@ MODULES: dict[str, Target] = {
                                                       "holds every field of measurement, and no earlier pop takes "
                                                       "them (they are not among _LATER_DEFAULTS)",
         "protocol.schema.x_canonical_json__mutmut_37": "ensure_ascii=None instead of False: only its truth is read",
+        "protocol.schema.x_baseline_workload_id__mutmut_23": "ensure_ascii=None instead of False: only its truth is "
+                                                             "read",
+        **dict.fromkeys(
+            ("protocol.schema.x_baseline_workload_id__mutmut_6", "protocol.schema.x_baseline_workload_id__mutmut_9"),
+            "name, scorer, timeouts and arms.candidate popped without a default: the canonical JSON always holds "
+            "them (canonical_json drops only the later fields model, rehearsal and recipe_file)"),
         "protocol.schema.x_json_schema__mutmut_1": "by_alias=None: pydantic's json schema then keeps its default, "
                                                    "aliases (the test sees 'schema', never 'schema_')",
     }),
@@ -181,8 +190,11 @@ MODULES: dict[str, Target] = {
     }),
     # the audit's whole-run tests (test_audit.py, test_audit_hardening.py) reach every function here too, at 1-2 s
     # each for every surviving mutant; the rules are pinned one by one in test_evidence_rules.py
+    # the recipe copy's checks and the calibration run's evidence came after the rule files and are tested in
+    # test_recipe.py and test_calibrate.py; a sequential run's evidence only end to end (test_sequential_e2e.py)
     "ledger/verdict/evidence.py": Target(("tests/unit/test_evidence_rules.py", "tests/unit/test_audit_evidence.py",
-                                          "tests/unit/test_integrity.py", "tests/unit/test_run_record.py"), equivalent={
+                                          "tests/unit/test_integrity.py", "tests/unit/test_run_record.py",
+                                          "tests/unit/test_recipe.py", "tests/unit/test_calibrate.py"), equivalent={
         **dict.fromkeys(
             [f"ledger.verdict.evidence.x__package_problems__mutmut_{n}" for n in (8, 9, 13, 14)],
             "the count of a package's open records starting at 1, counting by 2 or by -1, or kept at 1: it is only "

@@ -57,6 +57,13 @@ def verify_fast(
 
     Each record's canonical JSON and Arrow message are hashed once (hashlib over the map, no copies), in
     chunks shared by this process and a forked child; the orphan keys are gathered while the child hashes.
+
+    What it does not check, where the slow path does: that each record's columns equal its canonical JSON (only the
+    last record is compared whole). A record's columns are pinned by the message digest in the next record's JSON,
+    so columns that disagree with their JSON can only be written by recomputing every hash after them, which a
+    forger who rewrites the JSON to agree does as well; a tree head recorded once they were written (orch's witness,
+    `orch ledger verify --against`) catches both. Dictionary-encoding the orphan keys also decodes them: a key that
+    is not UTF-8 sends the ledger to the slow path.
     """
     if cols is None:
         return None

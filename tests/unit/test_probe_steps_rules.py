@@ -119,10 +119,12 @@ def test_a_whole_run_through_the_optimizer_hook(tmp_path: Path, env: dict[str, A
     assert calls == ["torch", "logging"] and len(OPTIMIZER._global_optimizer_post_hooks) == 1
     assert gc.isenabled() and probe.applied_controls == {}
     expected, rng = [], []
+    after_step0 = 0.0
     for step in range(3):
         if step < 2:
             _train_step(model, optimizer)
             assert len(_lines(probe)) == step + 1  # each line is flushed at its boundary
+            after_step0 = after_step0 or time.time()
         else:
             with pytest.raises(ProbeStop) as stop:
                 _train_step(model, optimizer)
@@ -153,7 +155,7 @@ def test_a_whole_run_through_the_optimizer_hook(tmp_path: Path, env: dict[str, A
     recipe = summary.pop("observed_recipe")
     startup = summary.pop("startup")  # Unix times of the start-up (main() of workers.probe adds process and probe)
     assert set(startup) == {"torch", "installed", "step0_end"}
-    assert startup["torch"] <= startup["installed"] <= startup["step0_end"]
+    assert startup["torch"] <= startup["installed"] <= startup["step0_end"] <= after_step0  # step 0's end, no later
     assert summary == {
         "schema": "orch.probe/2", "rank": 0, "world_size": 1, "complete": True, "steps": 3,
         "steps_file": "steps.rank0.jsonl", "steps_sha256": hashlib.sha256(probe.steps_path.read_bytes()).hexdigest(),
