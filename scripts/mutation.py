@@ -189,9 +189,9 @@ MODULES: dict[str, Target] = {
                                                            "code is 0, so this line is never reached then",
     }),
     # the audit's whole-run tests (test_audit.py, test_audit_hardening.py) reach every function here too, at 1-2 s
-    # each for every surviving mutant; the rules are pinned one by one in test_evidence_rules.py
-    # the recipe copy's checks and the calibration run's evidence came after the rule files and are tested in
-    # test_recipe.py and test_calibrate.py; a sequential run's evidence only end to end (test_sequential_e2e.py)
+    # each for every surviving mutant; the rules are pinned one by one in test_evidence_rules.py, the recipe copy's
+    # checks in test_recipe.py and the calibration run's evidence in test_calibrate.py; a sequential run's evidence
+    # only end to end (test_sequential_e2e.py)
     "ledger/verdict/evidence.py": Target(("tests/unit/test_evidence_rules.py", "tests/unit/test_audit_evidence.py",
                                           "tests/unit/test_integrity.py", "tests/unit/test_run_record.py",
                                           "tests/unit/test_recipe.py", "tests/unit/test_calibrate.py"), equivalent={
