@@ -463,3 +463,42 @@ def test_a_run_stopped_in_its_checks_names_the_package_not_its_missing_result(tm
         "package checks: interrupted (exit -15)",
         *(f"package {n}: not-run: not reached" for n in UNPRIMED[1:]),
     ]
+
+
+@pytest.mark.parametrize("ends_after_triplets", [True, False], ids=["as-run-now", "recorded-with-watch-and-score"])
+def test_an_aa_launch_is_read_with_the_packages_its_plan_ran(tmp_path: Path, ends_after_triplets: bool) -> None:
+    """An A/A launch of `orch calibrate` (run.json names what it calibrates) ends after its triplet; one recorded
+    before that change ran the watched replay and the scorer, and is read with them."""
+    make_run(tmp_path, spec=RunSpec(calibration_of=True, ends_after_triplets=ends_after_triplets,
+                                    candidate_switches={}))
+    ev = _collect(tmp_path)
+    assert ev.names == package_names(1, prime=False, calibration=ends_after_triplets)
+    assert ("watch-C" in ev.names, "score" in ev.names) == (not ends_after_triplets, not ends_after_triplets)
+    assert (ev.watch is None, ev.score is None) == (ends_after_triplets, ends_after_triplets)
+    assert sorted(ev.watch_steps) == ([] if ends_after_triplets else [0, 1])
+    assert sorted(ev.closes) == sorted(ev.names) and sorted(ev.result_sha256) == sorted(ev.names)
+
+
+def test_only_an_aa_launch_is_read_without_its_watched_replay_and_score(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(ends_after_triplets=True))
+    _, problems = _problems(tmp_path)
+    assert problems == ["package watch-C: no ledger record", "package score: no ledger record"]
+
+
+def test_an_aa_launch_with_a_package_after_its_triplet_in_either_record_is_read_with_the_whole_plan(
+        tmp_path: Path) -> None:
+    """run.json names its calibration; a watch-C in the ledger but not in run.json (or the other way round) makes it
+    a run of the whole plan: the record that lacks watch-C is named, not read as a short A/A launch."""
+    run_dir = make_run(tmp_path, spec=RunSpec(calibration_of=True, candidate_switches={}))
+    doc = json.loads((run_dir / "run.json").read_text())
+    doc["packages"] = [p for p in doc["packages"] if p["name"] != "watch-C"]  # run.json lacks it; the ledger has it
+    (run_dir / "run.json").write_text(json.dumps(doc))
+    _, problems = _problems(tmp_path)
+    assert problems == ["package watch-C: ok in the ledger but absent from run.json"]
+
+
+def test_a_primed_run_is_read_with_its_prime(tmp_path: Path) -> None:
+    make_run(tmp_path, spec=RunSpec(primed=True))
+    ev = _collect(tmp_path)
+    assert ev.names == package_names(1) and ev.names[1] == "prime" and "prime" in ev.closes
+    assert sorted(ev.result_sha256) == sorted(ev.names)
