@@ -23,7 +23,6 @@ start)
       protocol/r3_bagel7b_8xh100.yaml > "$W/orch/protocol/r3_bagel7b_8xh100.yaml"
     grep -q "prime_steps: $PRIME_STEPS," "$W/orch/protocol/r3_bagel7b_8xh100.yaml" || { echo "no prime_steps set"; exit 1; }
   fi
-  echo "MINI='${MINI-r3_mini_cuda1 r3_mini_cuda1_null}'" > "$W/mini.sh"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl \
     || exit 1
   setsid nohup bash "$W/orch/scripts/gpu_tuned_kernels.sh" job > "$W/job.log" 2>&1 < /dev/null &
@@ -66,8 +65,7 @@ triton.__version__, 'transformers', transformers.__version__)"
   tar -czf "$W/rehearsal_home.tgz" -C "$H" runs ledger 2>/dev/null; ls -l "$W/rehearsal_home.tgz"
   wait  # the tools, if still running (orch's lock would wait for them anyway)
   echo "rehearsal done"
-  . "$W/mini.sh"
-  for p in $MINI; do
+  for p in ${MINI-r3_mini_cuda1 r3_mini_cuda1_null}; do  # MINI (as TOOLS) comes from start's environment
     t0=$(date +%s)
     python3 -m orchestrator.cli launch "protocol/$p.yaml" --home "$W/home-$p" > "$W/$p.log" 2>&1
     echo "$p exit $? after $(( $(date +%s) - t0 )) s"

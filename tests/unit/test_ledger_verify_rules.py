@@ -310,7 +310,7 @@ def test_a_rechained_record_whose_run_id_column_is_not_utf8_is_refused(tmp_path:
 
     def undecodable_run_id(record: LedgerRecord) -> tuple[LedgerRecord, bytes]:
         message = bytearray(record_message(record))
-        at = message.find(b'\x01\x00\x00\x00r')  # the run_id column's one value, 'r', after its length
+        at = message.find(b'\x01\x00\x00\x00r')  # the run_id column's one value, 'r', after its end offset (1)
         assert at > 0 and message.find(b'"run_id":"r"') > at
         message[at + 4] = 0xFF
         return record, bytes(message)
@@ -320,11 +320,8 @@ def test_a_rechained_record_whose_run_id_column_is_not_utf8_is_refused(tmp_path:
     path.write_bytes(buf)
     report = Ledger(path, fsync=False).verify()
     assert not report.ok and report.first_bad_seq == 3
-    assert report.problems[0] == f"seq 3: the message at offset {_offset(buf, 3)} does not decode as a ledger record"
-
-
-def _offset(buf: bytes, seq: int) -> int:
-    return verify.scan_messages(buf, len(buf)).spans[seq][0]
+    at = verify.scan_messages(buf, len(buf)).spans[3][0]
+    assert report.problems[0] == f"seq 3: the message at offset {at} does not decode as a ledger record"
 
 
 def test_a_record_the_schema_refuses_is_named_with_its_field_and_seq() -> None:
