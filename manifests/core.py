@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.errors import RefusedError
 from protocol.hashing import canonical_json, file_sha256
+from protocol.home import is_home
 
 MANIFEST_SCHEMA = "orch.manifest/1"
 _PARALLEL_MIN_FILES = 2000
@@ -84,6 +85,7 @@ def _walk(root: Path) -> list[tuple[str, bool, bool]]:
     """(relative POSIX path, is_symlink, is_regular_file) of every non-folder under root.
 
     Symlinked folders are listed, not entered; the file types come from the directory entries (no stat per file).
+    An orch home (runs/, ledger/, scratch/: the default ./.orch of a project whose root is `.`) is never a source.
     """
     found: list[tuple[str, bool, bool]] = []
     stack = [(str(root), "")]
@@ -95,7 +97,8 @@ def _walk(root: Path) -> list[tuple[str, bool, bool]]:
                 if entry.is_symlink():
                     found.append((rel, True, False))
                 elif entry.is_dir(follow_symlinks=False):
-                    stack.append((entry.path, rel + "/"))
+                    if not is_home(Path(entry.path)):
+                        stack.append((entry.path, rel + "/"))
                 else:
                     found.append((rel, False, entry.is_file(follow_symlinks=False)))
     return found

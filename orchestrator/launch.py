@@ -163,8 +163,7 @@ def load(protocol_path: Path, home_dir: Path | None, loaded: LoadedProtocol | No
     loaded = loaded or load_protocol(protocol_path)
     require_worker_packages(loaded)
     home = resolve_home(home_dir)
-    for d in (home.runs, home.ledger_dir, home.scratch):
-        d.mkdir(parents=True, exist_ok=True)
+    home.create()
     ledger = Ledger(home.ledger_path)
     report = ledger.verify()
     if not report.ok:  # never append to a damaged ledger: before any lock or package

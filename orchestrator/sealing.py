@@ -13,8 +13,14 @@ from pathlib import Path
 
 from manifests.core import Manifest, diff_manifests, hash_tree
 from protocol.errors import FailedError, RefusedError
+from protocol.home import is_home
 
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
+
+
+def _ignore(folder: str, names: list[str]) -> set[str]:
+    """What a sealed copy leaves out: caches, .git, and any orch home (./.orch of a root `.`: it holds the copy)."""
+    return set(_IGNORE(folder, names)) | {n for n in names if is_home(Path(folder, n))}
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,15 @@ def _make_read_only(root: Path) -> None:
 
 def seal_arm(arm: str, source_dir: Path, include: list[str], expected_root: str, dest: Path) -> SealedArm:
     """Copy source_dir to dest, check the included sources against expected_root, make it read-only."""
-    shutil.copytree(source_dir, dest, ignore=_IGNORE, symlinks=True)
+    try:
+        shutil.copytree(source_dir, dest, ignore=_ignore, symlinks=True)
+    except shutil.Error as err:  # one line per file would be kilobytes: the first failure and the count
+        failures = [e for e in err.args[0] if isinstance(e, tuple) and len(e) == 3] if err.args else []
+        src, _, why = failures[0] if failures else ("", "", str(err))
+        rel = os.path.relpath(src, source_dir) if src else "?"
+        first = f"{rel[:120]} ({str(why).replace(str(src), rel)[:200]})"
+        raise FailedError(f"cannot seal {arm}: {len(failures) or 'some'} file(s) not copied from {source_dir}, "
+                          f"first {first}; make them readable, or leave them out of sources.root") from None
     included = hash_tree(dest, include)
     if included.root != expected_root:
         raise RefusedError(

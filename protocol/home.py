@@ -19,6 +19,15 @@ LEDGER_FILE = "ledger.arrows"
 OWNERS_DIR = ".owners"  # under scratch/: one flock'd file per live run (the kernel drops it when orch dies)
 # what `orch launch` prints (e.g. 20260101T000000Z-0123abcd-9f3e) and what tests name runs: one path segment
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+HOME_FOLDERS = ("runs", "ledger", "scratch")
+# written into every home: git never lists it (a home inside a project is never committed by accident)
+GITIGNORE = "# orch's home (runs, ledger, scratch): never committed\n*\n"
+
+
+def is_home(path: Path) -> bool:
+    """Whether a folder is an orch home (it holds runs/, ledger/ and scratch/): never a source, never sealed."""
+    return all(os.path.isdir(os.path.join(path, d)) and not os.path.islink(os.path.join(path, d))
+               for d in HOME_FOLDERS)
 
 
 def validate_run_id(run_id: str) -> str:
@@ -52,6 +61,14 @@ class Home:
     @property
     def witness_dir(self) -> Path:
         return self.root / "witness"
+
+    def create(self) -> None:
+        """Its folders, and a .gitignore that keeps git from listing any of it (the default ./.orch is in a project)."""
+        for d in HOME_FOLDERS:
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        ignore = self.root / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text(GITIGNORE)
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs / validate_run_id(run_id)
