@@ -30,6 +30,7 @@ NS_INIT = Path(__file__).with_name("ns_init.py")
 SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 GRACE_S = 1.0  # what is still ending when the package's main process ends is given this long
 ENDINGS = ("pid-namespace", "cgroup", "token-scan")
+NETWORKS = ("own", "host")
 
 
 def _user_home() -> str | None:
@@ -55,9 +56,15 @@ def _under(path: str, root: str) -> bool:
 
 
 def ns_command(holes: Sequence[str], dev_staging: str, report_fd: int, cwd: str, cmd: Sequence[str],
-               grace_s: float = GRACE_S) -> list[str]:
-    """The command line that runs `cmd` in the package's namespaces (orchestrator/ns_init.py, isolated Python)."""
-    cfg = {"holes": list(holes), "dev_staging": dev_staging, "report_fd": report_fd, "cwd": cwd, "grace_s": grace_s}
+               grace_s: float = GRACE_S, network: str = "own",
+               endpoints: Sequence[tuple[str, int]] = ()) -> list[str]:
+    """The command line that runs `cmd` in the package's namespaces (orchestrator/ns_init.py, isolated Python).
+    `network`: own (a network namespace of its own, the host's path sockets masked, only `endpoints` relayed) or
+    host (srun, which needs slurmctld and munge)."""
+    if network not in NETWORKS:
+        raise ValueError(f"network {network!r} is not own or host")
+    cfg = {"holes": list(holes), "dev_staging": dev_staging, "report_fd": report_fd, "cwd": cwd, "grace_s": grace_s,
+           "network": network, "endpoints": [[host, port] for host, port in endpoints]}
     return [sys.executable, "-I", "-S", str(NS_INIT), json.dumps(cfg, sort_keys=True), "--", *cmd]
 
 
@@ -148,6 +155,9 @@ class PackageIsolation:
     surface_before: Snapshot = field(default_factory=dict)
     survivors: list[str] = field(default_factory=list)
     cgroup: PackageCgroup | None = None
+    network_wanted: str = "own"  # own | host (namespace mode; ns_command)
+    endpoints: list[tuple[str, int]] = field(default_factory=list)
+    network: str = "host"  # what held, as run.json says it: namespace | host | host: why (the init's report)
     _report: tuple[int, int] | None = None
     _cgroup_fd: int | None = None
 
@@ -166,7 +176,8 @@ class PackageIsolation:
         if self.mode != "namespace":
             return list(cmd)
         assert self._report is not None, "start() first"
-        return ns_command(self.keep, str(self.root / "dev"), self._report[1], cwd, cmd)
+        return ns_command(self.keep, str(self.root / "dev"), self._report[1], cwd, cmd,
+                          network=self.network_wanted, endpoints=self.endpoints)
 
     def start(self) -> None:
         """Make its folders (holes must exist to be mounted), then what its mode needs before it runs."""
@@ -215,6 +226,7 @@ class PackageIsolation:
             self._report = None
             if report is None:
                 return
+            self.network = str(report.get("network", "host: no report from the namespace's init"))
             self.survivors += _named([(int(s["pid"]), str(s["name"])) for s in report.get("survivors", [])])
             more = int(report.get("survivor_count", 0)) - len(report.get("survivors", []))
             if more > 0:
@@ -256,12 +268,15 @@ def _shown(path: str) -> str:
 
 
 def isolate(scratch_dir: str, name: str, keep: Sequence[str], mode: str = "auto",
-            protect: Sequence[str] = (), surface: Sequence[str] = (), ending: str = "auto") -> PackageIsolation:
+            protect: Sequence[str] = (), surface: Sequence[str] = (), ending: str = "auto", network: str = "own",
+            endpoints: Sequence[tuple[str, int]] = ()) -> PackageIsolation:
     """The isolation of package `name`: private folders under scratch/isolated/NAME; mode auto = namespace where
     the kernel allows, else scan. `keep`: the package's own folders (writable; the rest is read-only in the
     namespace). `protect`: more folders scan mode lists (orch's home). `surface`: the interpreter's startup
     folders scan mode compares. `ending` (scan mode): auto = a cgroup where one can be made, else the token scan;
-    mode "scan+ENDING" (as run.json records it) names both."""
+    mode "scan+ENDING" (as run.json records it) names both. `network` (namespace mode): own = a network namespace of
+    its own reaching only `endpoints` (host, port), the host's path sockets masked; host = the host's network (srun);
+    scan mode always shares the host's."""
     if mode.startswith("scan+"):
         mode, ending = "scan", mode.removeprefix("scan+")
     if mode == "auto":
@@ -279,4 +294,7 @@ def isolate(scratch_dir: str, name: str, keep: Sequence[str], mode: str = "auto"
     protected = protected_dirs()
     more = [os.path.realpath(p) for p in protect if os.path.isdir(p)]
     protected += [p for p in more if not any(_under(p, d) for d in protected)]
-    return PackageIsolation(mode, ending, root, keep_paths, protected, list(surface))
+    if network not in NETWORKS:
+        raise ValueError(f"network {network!r} is not own or host")
+    return PackageIsolation(mode, ending, root, keep_paths, protected, list(surface), network_wanted=network,
+                            endpoints=list(endpoints))

@@ -2,20 +2,32 @@
 
 A read-only root with only the package's own folders writable, a /dev of the devices a trainer needs, a fresh
 /dev/shm and IPC namespace; a PID namespace whose init (this file) ends every process still running when the command
-ends, naming them; the command in a user namespace below, so that it cannot undo the mounts even as root.
+ends, naming them; the command in a user namespace below, so that it cannot undo the mounts even as root, and in a
+network namespace of its own (loopback only; the host's path sockets masked; declared endpoints relayed by the init).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
+import ipaddress
 import json
 import os
 import signal
+import socket
+import stat
+import struct
 import sys
+import threading
 import time
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x08000000, 0x10000000, 0x20000000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, SIOCSIFADDR, SIOCSIFNETMASK, IFF_UP = 0x8913, 0x8914, 0x8916, 0x891C, 0x1
+# the host's interfaces are not in the package's network namespace: a name of one would stop NCCL / gloo starting
+NET_IFNAMES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+RUN_USER = "/run/user"  # each user's runtime folder: its bus, systemd, podman, gnupg sockets (made later, too)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
@@ -127,10 +139,133 @@ def _setup(cfg: dict[str, object]) -> None:
     _set_read_only("/", True, recursive=True)
     _mount(staging, "/dev", None, MS_MOVE)
     _mount("orch-shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    for hole in sorted(map(str, cfg["holes"]), key=len):  # type: ignore[call-overload]
+    holes = sorted(map(str, cfg["holes"]), key=len)  # type: ignore[call-overload]
+    for hole in holes:
         _mount(hole, hole, None, MS_BIND | MS_REC)
         _set_read_only(hole, False, recursive=False)
+    if cfg.get("network", "own") == "own":  # these mounts too are locked below the worker's user namespace
+        _mask_sockets([*holes, str(cfg["cwd"]), sys.prefix, sys.base_prefix])
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _bound_paths() -> list[str]:
+    """Every path a Unix socket of this (the host's) network namespace is bound to; "@" names are abstract."""
+    out = set()
+    with open("/proc/self/net/unix", "rb") as f:
+        next(f, None)
+        for line in f:
+            fields = line.rstrip(b"\n").split(None, 7)
+            if len(fields) == 8 and fields[7].startswith(b"/"):
+                out.add(os.fsdecode(fields[7]))
+    return sorted(out)
+
+
+def _needed(path: str, keep: list[str]) -> bool:
+    """Whether a folder holds (or lies in) a path the package needs: one of its holes, its cwd, the interpreter."""
+    root = path.rstrip("/") + "/"
+    return any(k == path or k.startswith(root) or path.startswith(k.rstrip("/") + "/") for k in keep)
+
+
+def _mask_sockets(keep: list[str]) -> int:
+    """Hide the host's path sockets: an empty read-only tmpfs over each /run/user/UID that holds nothing the package
+    needs, then /dev/null bound over every other bound path /proc/net/unix lists that is a socket here (pinned by an
+    O_PATH descriptor, so what is checked is what is covered). Returns how many were masked."""
+    bound = _bound_paths()
+    masked = 0
+    try:
+        users = sorted(os.listdir(RUN_USER))
+    except OSError:
+        users = []
+    for name in users:
+        folder = f"{RUN_USER}/{name}"
+        if os.path.isdir(folder) and not os.path.islink(folder) and not _needed(folder, keep):
+            _mount("orch-mask", folder, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=755,size=4k")
+            masked += 1
+    for path in bound:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone, or in a folder this user cannot search: not reachable from the package either
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                _mount("/dev/null", f"/proc/self/fd/{fd}", None, MS_BIND)
+                masked += 1
+        finally:
+            os.close(fd)
+    return masked
+
+
+def _ifreq(name: str, payload: bytes = b"") -> bytes:
+    return name.encode().ljust(16, b"\0") + payload.ljust(24, b"\0")  # struct ifreq: IFNAMSIZ + a 24-byte union
+
+
+def _sockaddr_in(host: str) -> bytes:
+    return struct.pack("=H2s4s8x", socket.AF_INET, b"\0\0", socket.inet_aton(host))
+
+
+def _own_network(endpoints: list[tuple[str, int]]) -> tuple[str, list[socket.socket]]:
+    """In the worker, before exec: a network namespace of its own with loopback up (its ranks' rendezvous, gloo,
+    NCCL), each declared endpoint's address on it and a listener there, which the init relays from the host's
+    network. ("namespace", listeners), or ("host: why", []) where the kernel refuses a network namespace."""
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        return f"host: the kernel refused a network namespace ({os.strerror(ctypes.get_errno())})", []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as ctl:
+        flags = struct.unpack_from("=H", fcntl.ioctl(ctl, SIOCGIFFLAGS, _ifreq("lo")), 16)[0]
+        fcntl.ioctl(ctl, SIOCSIFFLAGS, _ifreq("lo", struct.pack("=H", flags | IFF_UP)))
+        hosts = sorted({h for h, _ in endpoints if ":" not in h and not ipaddress.IPv4Address(h).is_loopback})
+        for i, host in enumerate(hosts):  # an external service's own address, so the package uses it unchanged
+            fcntl.ioctl(ctl, SIOCSIFADDR, _ifreq(f"lo:{i}", _sockaddr_in(host)))
+            fcntl.ioctl(ctl, SIOCSIFNETMASK, _ifreq(f"lo:{i}", _sockaddr_in("255.255.255.255")))
+    listeners = []
+    for host, port in endpoints:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise OSError(exc.errno, f"listen on {host}:{port} in the package's network: {exc.strerror}") from None
+        sock.listen(128)
+        listeners.append(sock)
+    for var in NET_IFNAMES:
+        if var in os.environ:
+            os.environ[var] = "lo"
+    return "namespace", listeners
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    try:
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _forward(conn: socket.socket, target: tuple[str, int]) -> None:
+    try:
+        up = socket.create_connection(target, timeout=10)
+    except OSError:
+        conn.close()  # the package sees the connection end, as it would see a refused one
+        return
+    up.settimeout(None)
+    back = threading.Thread(target=_pump, args=(up, conn), daemon=True)
+    back.start()
+    _pump(conn, up)
+    back.join()
+    conn.close()
+    up.close()
+
+
+def _relay(listener: socket.socket, target: tuple[str, int]) -> None:
+    """In the init (the host's network): each connection the package makes to the listener, to its endpoint."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=_forward, args=(conn, target), daemon=True).start()
 
 
 def _alive() -> list[tuple[int, str]]:
@@ -170,13 +305,26 @@ def _init(cfg: dict[str, object], report_fd: int, cmd: list[str]) -> int:
         sys.stderr.write(f"orch isolation: {exc}\n")
         return SETUP_FAILED
     uid, gid = os.getuid(), os.getgid()
+    declared = cfg.get("endpoints") or []
+    assert isinstance(declared, list)
+    endpoints = [(str(host), int(port)) for host, port in declared]  # relayed in this order
+    chan, worker_chan = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     worker = os.fork()
     if worker == 0:
         try:
+            chan.close()
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its /proc/self/*_map are its own again
             _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare user namespace")
             _map_self(uid, gid)  # mounts copied into a less privileged namespace are locked: no remount, no umount
+            # owned by the worker's user namespace: it may bring its loopback up, and reaches no other network
+            network, listeners = _own_network(endpoints) if cfg.get("network", "own") == "own" else ("host", [])
+            if listeners:
+                socket.send_fds(worker_chan, [network.encode()], [s.fileno() for s in listeners])
+            else:
+                worker_chan.send(network.encode())
+            for sock in (*listeners, worker_chan):
+                sock.close()
             for sig in _RESET:
                 signal.signal(sig, signal.SIG_DFL)
             os.chdir(str(cfg["cwd"]))
@@ -185,6 +333,12 @@ def _init(cfg: dict[str, object], report_fd: int, cmd: list[str]) -> int:
         except OSError as exc:
             sys.stderr.write(f"orch isolation: {exc}\n")
         os._exit(SETUP_FAILED)
+    worker_chan.close()
+    message, fds, _, _ = socket.recv_fds(chan, 4096, len(endpoints) + 1)  # b"" if the worker failed before
+    chan.close()
+    network = message.decode() or "none: the worker ended before its network was made"
+    for fd, target in zip(fds, endpoints, strict=False):  # no fds: host network, or the worker failed first
+        threading.Thread(target=_relay, args=(socket.socket(fileno=fd), target), daemon=True).start()
     while True:
         pid, status = os.waitpid(-1, 0)
         if pid == worker:
@@ -206,7 +360,7 @@ def _init(cfg: dict[str, object], report_fd: int, cmd: list[str]) -> int:
         except ChildProcessError:
             break
     report = {"guarantee": "pid-namespace", "survivors": [{"pid": p, "name": n} for p, n in alive[:20]],
-              "survivor_count": len(alive)}
+              "survivor_count": len(alive), "network": network}
     os.write(report_fd, json.dumps(report).encode())
     os.close(report_fd)
     return code

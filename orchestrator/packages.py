@@ -25,6 +25,7 @@ from protocol.fileio import write_atomic
 from protocol.hashing import canonical_json
 from protocol.package import PackageSpec, TrainSpec
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, TrainResult
+from protocol.schema import endpoint
 
 ORCH_ROOT = Path(__file__).resolve().parents[1]  # holds workers/, protocol/: on PYTHONPATH of every package
 RESULT_MODELS: dict[str, type[BaseModel]] = {
@@ -127,7 +128,7 @@ def load_result(kind: str, path: Path) -> tuple[BaseModel | None, str | None, st
 def run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None = None,
     isolation: str = "auto", prefix: Sequence[str] = (), surface: Sequence[str] | None = None,
-    cache: str | None = None,
+    cache: str | None = None, endpoints: Sequence[str] = (),
 ) -> PackageOutcome:
     """Run the package to its end (or timeout / Ctrl-C), isolated (orchestrator.isolation), end what it left
     running, validate its result. It may write only its own folders (package directory, private TMPDIR and HOME,
@@ -135,11 +136,12 @@ def run_package(
     scratch). A process left running after its main process, a change of the interpreter's startup surface (scan
     mode) or a write outside fails it, named. `prefix`: what the worker runs under (srun on a Slurm allocation's
     first node); `surface`: the startup folders scan mode compares (default: the interpreter's and the package's
-    PYTHONPATH)."""
+    PYTHONPATH); `endpoints`: the TCP services (launcher.endpoints, HOST:PORT) it may reach from its own network
+    namespace."""
     token = new_token()
     try:
         outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick, isolation, prefix, surface,
-                               cache)
+                               cache, endpoints)
     finally:
         left = end_stragglers(token)
     if left:
@@ -179,6 +181,7 @@ def own_folders(spec: PackageSpec) -> list[str]:
 def _run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None,
     isolation: str, prefix: Sequence[str] = (), surface: Sequence[str] | None = None, cache: str | None = None,
+    endpoints: Sequence[str] = (),
 ) -> PackageOutcome:
     isolating = time.time()  # start-up figures (orchestrator.startup): the package's set-up begins
     spec_path = write_spec(spec)
@@ -186,6 +189,8 @@ def _run_package(
     run_dir = pkg_dir.parent.parent  # runs/<id>/packages/<name>
     iso = isolate(spec.scratch_dir, spec.name, [*own_folders(spec), *([cache] if cache else [])], isolation,
                   protect=[str(run_dir.parent.parent)],
+                  # srun needs slurmctld and munge: a Slurm package keeps the host's network (its ranks do anyway)
+                  network="host" if prefix else "own", endpoints=[endpoint(e) for e in endpoints],
                   surface=surface_dirs(env, skip=[spec.scratch_dir]) if surface is None else surface)
     iso.start()
     worker = [sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
@@ -200,6 +205,7 @@ def _run_package(
     # run.json's isolation says which guarantee held: namespace (read-only root, PID namespace) or scan+ENDING
     outcome.extra["isolation"] = iso.mode if iso.mode == "namespace" else f"scan+{iso.ending}"
     outcome.extra["ending"] = iso.ending
+    outcome.extra["network"] = iso.network  # namespace, or host (scan mode, srun, or the kernel refused one: why)
     if iso.survivors:
         outcome.extra["survivors"] = iso.survivors
         _fail(outcome, f"left {len(iso.survivors)} process(es) running after its main process ended, ended by "

@@ -116,7 +116,9 @@ def derive_protocol(
     args = _set_flag(args, "--num_shard", str(gpus))
     args = _set_flag(args, "--reward_server_urls", "127.0.0.1")
     args = _set_flag(args, "--reward_server_port", ",".join(map(str, ports)))
-    data["launcher"] = {**data["launcher"], "nproc": gpus, "args": args}
+    # the judge runs outside the packages: their network namespace reaches it as a declared endpoint
+    endpoints = [*data["launcher"].get("endpoints", []), *(f"127.0.0.1:{p}" for p in ports)]
+    data["launcher"] = {**data["launcher"], "nproc": gpus, "args": args, "endpoints": endpoints}
     env = dict(data["launcher"].get("env") or {})
     env["PYTHONPATH"] = os.pathsep.join([str(SHIM), *[p for p in env.get("PYTHONPATH", ".").split(os.pathsep) if p]])
     env.setdefault("WANDB_MODE", "offline")

@@ -308,7 +308,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if watcher is not None:
             watcher.start()
         try:
-            outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix, cache=str(cache))
+            outcome: PackageOutcome = (run_package(spec, env, timeout, on_tick=tick, prefix=prefix, cache=str(cache),
+                                                   endpoints=ctx.loaded.protocol.launcher.endpoints)
                                        if refused is None
                                        else PackageOutcome(pkg.name, "failed", None, 0.0, utc_now(), utc_now(),
                                                            note=refused))
@@ -374,7 +375,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         ctx.run_record = ctx.run.with_package(entry.finish(
             **said, status=outcome.status, exit_code=outcome.exit_code, started=outcome.started, ended=outcome.ended,
             wall_s=round(outcome.wall_s, 6), gpus=ctx.gpus, gpu_seconds=gpu_seconds,
-            result_sha256=outcome.result_sha256, note=outcome.note, isolation=outcome.extra.get("isolation")))
+            result_sha256=outcome.result_sha256, note=outcome.note, isolation=outcome.extra.get("isolation"),
+            network=outcome.extra.get("network")))
         ctx.write_run_json()
         statuses[pkg.name] = outcome.status
         progress.finish(pkg.name, outcome.status, outcome.wall_s, gpu_seconds, outcome.note)

@@ -122,6 +122,7 @@ class PackageEntry(_Strict):
     result_sha256: str | None = None
     note: str | None = None
     isolation: str | None = None
+    network: str | None = None  # namespace (its own: loopback and launcher.endpoints only), or host[: why]
     # present only when there is something to say
     stragglers: list[str] | None = None
     trainer_outputs: TrainerOutputs | None = None

@@ -6,6 +6,7 @@ A protocol freezes one experiment; its id is the SHA256 of its canonical JSON. R
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -74,6 +75,25 @@ class SlurmLauncher(_Frozen):
     time_limit: str | None = Field(None, pattern=SLURM_TIME, description="Slurm time limit, e.g. 01:30:00")
 
 
+def endpoint(text: str) -> tuple[str, int]:
+    """(host, port) of a declared endpoint `HOST:PORT`: an IPv4 unicast address, localhost (127.0.0.1) or [::1]
+    (a name could not be resolved inside the package's network namespace); ValueError with one line otherwise."""
+    host, sep, port = text.rpartition(":")
+    usage = (f"{text!r} is not HOST:PORT with HOST an IPv4 address, localhost or [::1] and PORT 1-65535, "
+             "e.g. 127.0.0.1:8000")
+    if not sep or not port.isdigit() or port != str(int(port)) or not 1 <= int(port) <= 65535:
+        raise ValueError(usage)
+    if host in ("localhost", "[::1]"):
+        return ("127.0.0.1" if host == "localhost" else "::1"), int(port)
+    try:
+        addr = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ValueError(usage) from None
+    if addr.is_unspecified or addr.is_multicast or addr == ipaddress.IPv4Address("255.255.255.255"):
+        raise ValueError(f"{text!r}: {host} is not one host's address; give the service's own address")
+    return str(addr), int(port)
+
+
 class Launcher(_Frozen):
     nproc: int = Field(ge=1, le=64, description="ranks (one node); ranks per node under scheduler slurm")
     backend: Literal["gloo", "nccl"]
@@ -85,6 +105,25 @@ class Launcher(_Frozen):
         "local", description="local: this host under orch's GPU lock; slurm: inside a Slurm allocation (launcher.slurm)"
     )
     slurm: SlurmLauncher | None = None
+    endpoints: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="TCP services outside the package that it may reach, as HOST:PORT (an IPv4 address, localhost "
+        "or [::1]; e.g. a reward server the owner keeps external, a loopback judge): in namespace mode a package "
+        "has a network of its own (loopback only) and reaches these alone, each at the same HOST:PORT "
+        "(docs/THREAT_MODEL.md, sockets and the network)",
+    )
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, value: list[str]) -> list[str]:
+        for i, text in enumerate(value):
+            try:
+                endpoint(text)
+            except ValueError as exc:
+                raise ValueError(f"item {i + 1}: {exc}") from None
+        if len(set(value)) != len(value):
+            raise ValueError("endpoints lists one HOST:PORT twice; give each once")
+        return value
 
     @model_validator(mode="after")
     def _scheduler_section(self) -> Launcher:
@@ -304,7 +343,7 @@ LATER_FIELDS = ("model", "rehearsal", "recipe_file")
 # fields added later inside a section: at their default they stay out of the canonical JSON likewise
 _LATER_DEFAULTS: dict[tuple[str, str], object] = {
     ("measurement", "repeats"): 1, ("launcher", "scheduler"): "local", ("launcher", "slurm"): None,
-    ("measurement", "compile"): "prime", ("measurement", "prime_steps"): None,
+    ("measurement", "compile"): "prime", ("measurement", "prime_steps"): None, ("launcher", "endpoints"): [],
 }
 
 
