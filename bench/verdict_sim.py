@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from ledger.verdict.decision import baseline_effects, decide, outlier_check, verdict_interval, window_effects
+from ledger.verdict.decision import (
+    baseline_effects,
+    decide,
+    outlier_check,
+    outlier_effects,
+    verdict_interval,
+    window_effects,
+)
 from ledger.verdict.noise import (
     AB_FACTOR,
     ArmSpread,
@@ -26,6 +33,7 @@ from ledger.verdict.noise import (
     baseline_outliers,
     critical_scaled,
     equivalent_df,
+    ratio_floor,
 )
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.sequential_doc import replay
@@ -34,6 +42,7 @@ from ledger.verdict.stats import (
     OUTLIER_ALPHA,
     SPREAD_ALPHA,
     TARGET_HALF_WIDTH,
+    Position,
     Spread,
     outlier_triplets,
     outlier_windows,
@@ -64,6 +73,10 @@ class HostModel:
     window_outlier: float = 1.5
     candidate_burst: float = 1.0  # one window in three of every candidate launch this much slower, the other two
     # faster by its square root: the launch's log-mean over its windows, and so E[d], unchanged (a null)
+    candidate_step_noise: float | None = None  # the candidate's step SD factor alone (None: candidate_noise); issue
+    # 52: a candidate steadier inside its launches (CUDA graphs) with the baseline's launch spread
+    positions: tuple[float, float, float] = (0.0, 0.0, 0.0)  # log level of the launch at position 0, 1, 2 of every
+    # triplet, A/A calibration included (issue 52: A fast with C = B slow, B slow, the middle launch slow)
 
 
 SOURCES = {
@@ -82,6 +95,10 @@ SOURCES = {
                        "faster (E[d] = 0): noise that arrives in bursts (issue 34)",
     "outliers": "2% of launches 1.4x slower, 2% of windows of a launch 1.5x slower: the H200 null's w1 C/A = 1.33",
     "base": "each step's own work uniform in [0.3, 0.9] s, the same for every launch of a sequence (same seeds)",
+    "steadier": "issue 52: candidate step SD x 0 or x 0.5 with the baseline's launch SD: R = (lambda^2 + 1/2) / 1.5 "
+                "= 1/3 or 1/2 (a candidate that captures CUDA graphs)",
+    "positions": "issue 52: real GPU runs had B 8-52 % slower than A; levels 5-30 % per launch position, the same "
+                 "in the A/A calibration (A C B) and the run (A C B, then B C A)",
 }
 HOST = HostModel(drift_mean=0.02, drift_sd=0.04, launch_outlier_p=0.02, window_outlier_p=0.02)
 QUIET = replace(HOST, launch_sd=0.015, step_sd=0.02)
@@ -103,14 +120,33 @@ SCENARIOS = (
     Scenario("null, host, candidate bursts (one slow window in three)", 1.0, replace(HOST, candidate_burst=1.5)),
     Scenario("null, noisy host", 1.0, replace(HOST, launch_sd=0.20)),
     Scenario("null, quiet host", 1.0, QUIET),
+    # issue 52: a candidate steadier inside its launches with the baseline's launch spread, and launch-position effects
+    Scenario("null, host, candidate steadier (R = 1/3), same launch spread", 1.0,
+             replace(HOST, candidate_step_noise=0.0)),
+    Scenario("null, host, candidate steadier (R = 1/2), same launch spread", 1.0,
+             replace(HOST, candidate_step_noise=0.5)),
+    Scenario("null, host, steadier (R = 1/3) and B 20% slower", 1.0,
+             replace(HOST, candidate_step_noise=0.0, positions=(0.0, 0.0, math.log(1.2)))),
+    Scenario("null, host, A fast, C and B 10% slower", 1.0,
+             replace(HOST, positions=(0.0, math.log(1.1), math.log(1.1)))),
+    Scenario("null, host, A fast, C and B 30% slower", 1.0,
+             replace(HOST, positions=(0.0, math.log(1.3), math.log(1.3)))),
+    Scenario("null, host, A = C, B 10% slower", 1.0, replace(HOST, positions=(0.0, 0.0, math.log(1.1)))),
+    Scenario("null, host, A = C, B 30% slower", 1.0, replace(HOST, positions=(0.0, 0.0, math.log(1.3)))),
+    Scenario("null, host, middle launch 5% slower", 1.0, replace(HOST, positions=(0.0, math.log(1.05), 0.0))),
+    Scenario("null, host, middle launch 30% slower", 1.0, replace(HOST, positions=(0.0, math.log(1.3), 0.0))),
+    Scenario("null, quiet host, A fast, C and B 30% slower", 1.0,
+             replace(QUIET, positions=(0.0, math.log(1.3), math.log(1.3)))),
+    Scenario("null, quiet host, A = C, B 30% slower", 1.0, replace(QUIET, positions=(0.0, 0.0, math.log(1.3)))),
     Scenario("10% slowdown, host model", 1 / 1.10, HOST),
     Scenario("25% slowdown, host model", 0.8, HOST),
     Scenario("10% slowdown, quiet host", 1 / 1.10, QUIET),
     Scenario("25% slowdown, quiet host", 0.8, QUIET),
 )
-RULES = ("K=1 + cal", "K=2", "K=2 + cal", "K=3", "K=3 + cal", "seq<=6 + cal", "seq<=6", "K=1 + cal, issue 26")
-# the rules as issue 26 left them (the calibration unscaled, no window check): K = 1 only, for before/after
-BEFORE = "K=1 + cal, issue 26"
+RULES = ("K=1 + cal", "K=2", "K=2 + cal", "K=3", "K=3 + cal", "seq<=6 + cal", "seq<=6", "K=1 + cal, issue 34")
+# the rule as issue 34 left it (the calibration scaled by sqrt(R) with no floor, the newest calibration's SD, no
+# position correction, u against 0): K = 1 only, for before/after on the same sequences
+BEFORE = "K=1 + cal, issue 34"
 
 
 
@@ -124,12 +160,17 @@ def _orders() -> np.ndarray:
 
 
 def step_times(rng: np.random.Generator, n: int, k: int, ratio: float, host: HostModel,
-               base: np.ndarray) -> np.ndarray:
-    """Step times [sequence, triplet, role A/C/B, step] of n sequences of k triplets."""
+               base: np.ndarray, aa: bool = False) -> np.ndarray:
+    """Step times [sequence, triplet, role A/C/B, step] of n sequences of k triplets (aa: `orch calibrate`'s
+    one-triplet A/A launches, each in the order A C B)."""
     noise = np.array([1.0, host.candidate_noise, 1.0])[None, None, :]
+    steps = host.candidate_noise if host.candidate_step_noise is None else host.candidate_step_noise
+    step_noise = np.array([1.0, steps, 1.0])[None, None, :, None]
+    orders = np.tile([0.0, 1.0, 2.0], (k, 1)) if aa else _orders()[:k]
     launch = rng.normal(0.0, host.launch_sd, size=(n, k, 3)) * noise
-    drift = rng.normal(host.drift_mean, host.drift_sd, size=(n, k, 1)) * _orders()[None, :k, :]
-    log_t = (launch + drift)[..., None] + rng.normal(0.0, host.step_sd, size=(n, k, 3, STEPS)) * noise[..., None]
+    drift = rng.normal(host.drift_mean, host.drift_sd, size=(n, k, 1)) * orders[None, :, :]
+    launch = launch + np.asarray(host.positions)[orders.astype(int)][None, :, :]
+    log_t = (launch + drift)[..., None] + rng.normal(0.0, host.step_sd, size=(n, k, 3, STEPS)) * step_noise
     times = base[:, None, None, :] * np.exp(log_t)
     times[:, :, 1, :] /= ratio
     if host.launch_outlier_p > 0:
@@ -201,28 +242,71 @@ class Looks:
     veto: np.ndarray | None = None  # decisions the window check takes back (K = 1)
 
 
-def intervals(d: np.ndarray, cal: np.ndarray | None, nominal: float, noise: Noise | None = None) -> Looks:
-    """d [n, k]; cal [n] calibration SDs of df CAL_TRIPLETS - 1 (None: no calibration): stats.variance_for's choice;
-    noise: the calibration scaled by sqrt(R) with the equivalent df (ledger/verdict/noise.py)."""
+@dataclass
+class Cal:
+    """Each sequence's A/A calibration as a rule reads it: the SD of d (df CAL_TRIPLETS - 1) and, with issue 52's
+    rules, its A/A means of d and u (stats.Position, n = CAL_TRIPLETS) and the floor of the noise scale."""
+
+    sd: np.ndarray  # [n]
+    mean_d: np.ndarray | None = None  # None: no position correction (the rules before issue 52)
+    mean_u: np.ndarray | None = None
+    floor: bool = True  # max(R, r0) (noise.ratio_floor); False: R as issue 34 applied it
+
+    @property
+    def launches(self) -> int:
+        return CAL_TRIPLETS if self.mean_d is not None else 0
+
+    @property
+    def carried(self) -> np.ndarray:
+        """The variance of the subtracted A/A mean: sd^2 / n (0 without a correction)."""
+        return self.sd**2 / CAL_TRIPLETS if self.mean_d is not None else np.zeros_like(self.sd)
+
+    def shift(self) -> np.ndarray:
+        return self.mean_d if self.mean_d is not None else np.zeros_like(self.sd)
+
+    def take(self, keep: np.ndarray) -> Cal:
+        return Cal(self.sd[keep], None if self.mean_d is None else self.mean_d[keep],
+                   None if self.mean_u is None else self.mean_u[keep], self.floor)
+
+    def spread(self, i: int) -> Spread:
+        """Sequence i's calibration as ledger/verdict reads it."""
+        pos = None if self.mean_d is None or self.mean_u is None else Position(
+            float(self.mean_d[i]), float(self.mean_u[i]), CAL_TRIPLETS)
+        return Spread(float(self.sd[i]), CAL_TRIPLETS - 1, pos)
+
+
+def _applied(r: np.ndarray, cal: Cal, nominal: float, d1: int, d2: int) -> np.ndarray:
+    return np.maximum(r, ratio_floor(round(nominal, 12), CAL_TRIPLETS - 1, d1, d2)) if cal.floor else r
+
+
+def intervals(d: np.ndarray, cal: Cal | None, nominal: float, noise: Noise | None = None) -> Looks:
+    """d [n, k]; cal: the calibration (None: none): stats.variance_for's choice; noise: the calibration scaled by
+    sqrt(max(R, r0)) with the equivalent df (ledger/verdict/noise.py); the A/A mean subtracted, its variance carried
+    (stats.paired_interval)."""
     n, k = d.shape
     mean = d.mean(axis=1)
     if cal is None and k == 1:
         return Looks(mean, np.full(n, math.inf))
-    cal_df: float = CAL_TRIPLETS - 1
-    if cal is not None and noise is not None:
-        r, d1, d2 = noise.scale(k)
-        cal, cal_df = cal * np.sqrt(r), equivalent_df(round(nominal, 12), CAL_TRIPLETS - 1, d1, d2)
     if cal is None:
         sd, df = d.std(axis=1, ddof=1), np.full(n, k - 1)
-    elif k == 1:
-        sd, df = cal, np.full(n, cal_df)
+        crit = sps.t.ppf(0.5 + nominal / 2.0, df)
+        return Looks(mean, crit * sd / math.sqrt(k))
+    mean = mean - cal.shift()
+    carried = cal.carried
+    sd_cal, cal_df = cal.sd, float(CAL_TRIPLETS - 1)
+    if noise is not None:
+        r, d1, d2 = noise.scale(k)
+        sd_cal = cal.sd * np.sqrt(_applied(r, cal, nominal, d1, d2))
+        cal_df = equivalent_df(round(nominal, 12), CAL_TRIPLETS - 1, d1, d2, cal.launches)
+    if k == 1:
+        sd, df = sd_cal, np.full(n, cal_df)
     else:
         run = d.std(axis=1, ddof=1)
-        larger = sps.f.sf((run / cal) ** 2, k - 1, cal_df) < SPREAD_ALPHA
-        pooled = np.sqrt(((k - 1) * run**2 + cal_df * cal**2) / (k - 1 + cal_df))
+        larger = sps.f.sf((run / sd_cal) ** 2, k - 1, cal_df) < SPREAD_ALPHA
+        pooled = np.sqrt(((k - 1) * run**2 + cal_df * sd_cal**2) / (k - 1 + cal_df))
         sd, df = np.where(larger, run, pooled), np.where(larger, k - 1, k - 1 + cal_df)
     crit = sps.t.ppf(0.5 + nominal / 2.0, df)
-    return Looks(mean, crit * sd / math.sqrt(k))
+    return Looks(mean, crit * np.sqrt(sd**2 / k + carried))
 
 
 def _judge(lk: Looks) -> tuple[np.ndarray, np.ndarray]:
@@ -231,7 +315,7 @@ def _judge(lk: Looks) -> tuple[np.ndarray, np.ndarray]:
     return (lk.mean - lk.half > 0.0) & keep, (lk.mean + lk.half < 0.0) & keep
 
 
-def window_check(lk: Looks, logr: np.ndarray, cal: np.ndarray, cal_w: np.ndarray, noise: Noise,
+def window_check(lk: Looks, logr: np.ndarray, cal: Cal, cal_w: np.ndarray, noise: Noise,
                  level: float = LEVEL) -> Looks:
     """K = 1: a window flagged against the calibrated window SD (df CAL_TRIPLETS * 2, Bonferroni over 3 windows,
     stats.outlier_windows) takes the decision back unless the interval without it decides the same way
@@ -241,25 +325,30 @@ def window_check(lk: Looks, logr: np.ndarray, cal: np.ndarray, cal_w: np.ndarray
     z = dev / (cal_w[:, None] * math.sqrt((nw - 1) / nw))
     flagged = 2.0 * sps.t.sf(np.abs(z), CAL_TRIPLETS * (nw - 1)) * nw < OUTLIER_ALPHA
     r, d1, d2 = noise.scale(1)
-    crit = critical_scaled(round(level, 12), CAL_TRIPLETS - 1, d1, d2)  # the look's own (nominal) level
-    half = crit * np.sqrt((cal**2 + cal_w**2 * (1.0 / (nw - 1) - 1.0 / nw)) * r)
+    crit = critical_scaled(round(level, 12), CAL_TRIPLETS - 1, d1, d2, cal.launches)  # the look's own level
+    var = (cal.sd**2 + cal_w**2 * (1.0 / (nw - 1) - 1.0 / nw)) * _applied(r, cal, level, d1, d2) + cal.carried
+    half = crit * np.sqrt(var)
     faster, slower = lk.mean - lk.half > 0.0, lk.mean + lk.half < 0.0
     veto = np.zeros(lk.mean.shape, bool)
     for w in range(nw):
-        rest = (logr.sum(1) - logr[:, w]) / (nw - 1)
+        rest = (logr.sum(1) - logr[:, w]) / (nw - 1) - cal.shift()
         holds = np.where(faster, rest - half > 0.0, rest + half < 0.0)
         veto |= flagged[:, w] & (faster | slower) & ~holds
     return Looks(lk.mean, lk.half, veto)
 
 
-def baseline_check(lk: Looks, d: np.ndarray, u: np.ndarray, cal: np.ndarray, noise: Noise, taken: np.ndarray,
+def baseline_check(lk: Looks, d: np.ndarray, u: np.ndarray, cal: Cal, noise: Noise, taken: np.ndarray,
                    nominal: dict[int, float]) -> Looks:
-    """A triplet whose A/B disagreement u stands apart from the calibrated between-launch spread (z = u / (s_cal
-    sqrt(4/3)), t with the calibration's df, Bonferroni over the run's triplets: noise.baseline_outliers) takes the
-    decision back unless the same rule's interval without it decides the same way (decision.baseline_effects); at
-    K = 1 nothing is left, so it always does. taken: each sequence's triplets; nominal[k]: the level of look k."""
+    """A triplet whose A/B disagreement u stands apart from the calibrated between-launch spread (z = (u - m_u) /
+    (s_cal sqrt(4/3 (1 + 1/n))), m_u the A/A mean u of its order, t with the calibration's df, Bonferroni over the
+    run's triplets: noise.baseline_outliers) takes the decision back unless the same rule's interval without it
+    decides the same way (decision.baseline_effects); at K = 1 nothing is left, so it always does. taken: each
+    sequence's triplets; nominal[k]: the level of look k."""
     faster, slower = _judge(lk)
-    p = 2.0 * sps.t.sf(np.abs(u) / (cal[:, None] * math.sqrt(AB_FACTOR)), CAL_TRIPLETS - 1)
+    sign = np.where(np.arange(u.shape[1]) % 2 == 0, 1.0, -1.0)[None, :]
+    expected = (cal.mean_u[:, None] * sign) if cal.mean_u is not None else 0.0
+    scale = cal.sd[:, None] * np.sqrt(AB_FACTOR * (1.0 + (1.0 / CAL_TRIPLETS if cal.mean_d is not None else 0.0)))
+    p = 2.0 * sps.t.sf(np.abs(u - expected) / scale, CAL_TRIPLETS - 1)
     veto = np.zeros(lk.mean.shape, bool)
     for k in np.unique(taken):
         k = int(k)
@@ -278,7 +367,7 @@ def baseline_check(lk: Looks, d: np.ndarray, u: np.ndarray, cal: np.ndarray, noi
     return Looks(lk.mean, lk.half, veto if lk.veto is None else veto | lk.veto)
 
 
-def sequential(d: np.ndarray, cal: np.ndarray | None, noise: Noise | None = None,
+def sequential(d: np.ndarray, cal: Cal | None, noise: Noise | None = None,
                u: np.ndarray | None = None) -> tuple[Looks, np.ndarray, np.ndarray]:
     """SequentialRule(MAX_TRIPLETS) with optional stopping, as sequential_doc.look: the interval at each sequence's
     stop, triplets taken, and why it stopped (0 decided, 1 precise, 2 maximum). At every look, a decision that rests
@@ -299,7 +388,7 @@ def sequential(d: np.ndarray, cal: np.ndarray | None, noise: Noise | None = None
         decided = faster | slower
         held = np.zeros(n, bool)
         for i in np.flatnonzero(live & decided):  # the outlier-triplet check: scalar, on the few decided looks
-            c = Spread(float(cal[i]), CAL_TRIPLETS - 1) if cal is not None else None
+            c = cal.spread(int(i)) if cal is not None else None
             held[i] = outlier_check("faster" if faster[i] else "slower", list(d[i, :k]), c, rule) is not None
         if cal is not None and noise is not None and u is not None:
             checked = baseline_check(lk, d, u, cal, noise, np.full(n, k), levels).veto
@@ -346,7 +435,7 @@ def _arms(times: np.ndarray) -> ArmSpread | None:
 
 
 def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndarray, cal_d: np.ndarray,
-               looks: dict[str, tuple[Looks, np.ndarray]], m: int) -> dict[str, Any]:
+               calib: Cal, looks: dict[str, tuple[Looks, np.ndarray]], m: int) -> dict[str, Any]:
     """Judge the first m sequences again with the module's own functions (windows.speedup, triplet_log_speedup,
     noise.arm_spread, paired_interval, sequential_doc.replay with the A/B launch check, decision.window_effects and
     decide); the largest disagreement (log scale), and every decision and every stop must be the same."""
@@ -362,14 +451,18 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
             got = [w.ratio for w in sp.windows]
             worst = max(worst, max(abs(math.log(g / r)) for g, r in zip(got, ratios[i, t], strict=True)),
                         abs(triplet_log_speedup(got) - d[i, t]))
-        cal = Spread.of(list(cal_d[i]))
+        plain = Spread.of(list(cal_d[i]))
+        assert plain is not None
+        cal = calib.spread(i)
         aa_arms = [_arms(aa[i, t]) for t in range(CAL_TRIPLETS)]
         cal_step = pooled(*(a.aa_step for a in aa_arms if a is not None))
         cal_w = window_spread([list(np.exp(np.log(window_ratios(aa[i:i + 1]))[0, t])) for t in range(CAL_TRIPLETS)])
         noise = NoiseEvidence(tuple(_arms(times[i, t]) for t in range(MAX_TRIPLETS)), cal_step)
         for name, (lk, taken) in looks.items():
+            if name == BEFORE:  # the rule before issue 52 is no longer ledger/verdict's
+                continue
             c = cal if "cal" in name else None
-            ns = noise if "cal" in name and name != BEFORE else None
+            ns = noise if "cal" in name else None
             k = int(taken[i])
             if name.startswith("seq"):  # the audit's own replay of the looks, with the A/B launch check
                 rule = SequentialRule(MAX_TRIPLETS)
@@ -391,7 +484,12 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
                 us = [baseline_disagreement(sp) for sp in sps[:k]]
                 ab = baseline_effects(us, baseline_outliers(us, c), list(d[i, :k]), c,
                                       SequentialRule(MAX_TRIPLETS) if name.startswith("seq") else None, ns)
-                verdict, _, _ = decide(True, iv, windows=eff, baselines=ab)
+                # the sequential rule applies the outlier-triplet check at every look (the fixed-K rules here do not:
+                # their simulated false accepts bound the audit's from above)
+                rule = SequentialRule(MAX_TRIPLETS) if name.startswith("seq") else None
+                held = (outlier_effects(list(d[i, :k]), outlier_triplets(list(d[i, :k]), c), c, rule)
+                        if rule is not None else [])
+                verdict, _, _ = decide(True, iv, outliers=held, windows=eff, baselines=ab)
                 faster, slower = _judge(lk)
                 flags["window_check_k1"] += bool(eff) and name == "K=1 + cal"
                 flags["ab_check_k1"] += bool(ab) and name == "K=1 + cal"
@@ -412,10 +510,12 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
     ratios = window_ratios(times)
     d = np.log(ratios).mean(axis=-1)
     aa_host = replace(scenario.host, candidate_noise=1.0, candidate_burst=1.0)  # A/A: the candidate arm is the baseline
-    aa = step_times(rng, n, CAL_TRIPLETS, 1.0, aa_host, base)
+    aa = step_times(rng, n, CAL_TRIPLETS, 1.0, aa_host, base, aa=True)
     aa_logr = np.log(window_ratios(aa))
     cal_d = aa_logr.mean(axis=-1)
-    cal = cal_d.std(axis=1, ddof=1)
+    sd = cal_d.std(axis=1, ddof=1)
+    calib = Cal(sd, cal_d.mean(axis=1), ab_disagreement(aa).mean(axis=1))
+    before = Cal(sd, floor=False)
     cal_w = np.sqrt(((aa_logr - cal_d[..., None]) ** 2).sum((1, 2)) / (CAL_TRIPLETS * (aa_logr.shape[-1] - 1)))
     aa_y, aa_v = contrasts(aa)
     m = len(MEASURED) - 1
@@ -425,8 +525,8 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
     looks: dict[str, tuple[Looks, np.ndarray]] = {}
     stops: dict[str, dict[str, int]] = {}
     for name in RULES:
-        c = cal if "cal" in name else None
-        ns = noise if c is not None and name != BEFORE else None
+        c = None if "cal" not in name else before if name == BEFORE else calib
+        ns = noise if c is not None else None
         if name.startswith("seq"):
             lk, taken, why = sequential(d, c, ns, u)  # the A/B launch check inside each look (sequential_doc.look)
             if ns is not None and c is not None:  # a stop at look 1 is a one-triplet run: the window check applies
@@ -449,4 +549,4 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
     for name, st in stops.items():
         rules[name]["stops"] = st
     return {"scenario": scenario.name, "ratio": scenario.ratio, "host": asdict(scenario.host), "seed": seed,
-            "rules": rules, "crosscheck": crosscheck(times, aa, ratios, d, cal_d, looks, check)}
+            "rules": rules, "crosscheck": crosscheck(times, aa, ratios, d, cal_d, calib, looks, check)}

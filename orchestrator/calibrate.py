@@ -74,6 +74,8 @@ def calibrate(
     headlines: list[float] = []
     windows: list[Spread] = []
     steps: list[Spread] = []  # the baseline's within-launch step spread, each launch's (issue 34)
+    us: list[float] = []  # each launch's A/B log ratio u (issue 52)
+    levels: list[list[float]] = []  # each launch's launch-position levels (issue 52)
     for i in range(1, k + 1):
         say(f"A/A launch {i} of {k}")
         result = launch(protocol_path, home_dir, say=say, lock_timeout=lock_timeout, lock_dir=lock_dir, loaded=aa,
@@ -96,6 +98,9 @@ def calibrate(
         step = aa_step_spread(audit.get("speedup") or {})
         if step is not None:
             steps.append(step)
+        u, level = launch_positions(audit.get("speedup") or {})
+        us.append(u)
+        levels.append(level)
     result = results[-1]
     spread = Spread.of(d)
     if spread is None:  # k >= 2 launches, each one d
@@ -116,7 +121,8 @@ def calibrate(
         headlines=headlines, log_speedups=d, sd=spread.sd, df=spread.df,
         window_sd=None if window is None else window.sd, window_df=0 if window is None else int(window.df),
         step_sd=None if step is None else step.sd, step_df=0 if step is None else int(step.df),
-        mean_log_speedup=math.fsum(d) / len(d), estimate=own.estimate, low=own.low if own.bounded else None,
+        mean_log_speedup=math.fsum(d) / len(d), ab_log_ratios=us, position_levels=levels,
+        estimate=own.estimate, low=own.low if own.bounded else None,
         high=None if math.isinf(own.high) else own.high, level=own.level,
         triplets_for_5pct=triplets_needed(spread.sd, spread.df),
         recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -138,11 +144,24 @@ def calibrate(
     say(f"calibration recorded for protocol {loaded.id[:12]} on this host: {cal.repeats} A/A launches, SD "
         f"{cal.sd:.4f} of the paired log speedup between launches (df {cal.df}); null speedup {cal.estimate:.4f}x "
         f"in [{low}, {high}] ({cal.level:.0%}), headlines " + " / ".join(f"{h:.4f}" for h in cal.headlines)
-        + f"; a +-5% interval: {need}; later audits of this workload on this host pool it")
+        + f"; a +-5% interval: {need}; later audits of this workload on this host pool it with every other "
+        "calibration of it recorded within measurement.calibration_max_age_days (default 7) on the same CPU, kernel "
+        "and GPUs, and subtract the A/A mean (the launch positions' effect)")
     if not cal.covers_one:
         say("warning: the A/A interval excludes 1: identical arms read as different on this host (a position or "
-            "warm-up effect); read later verdicts of this workload with that in mind")
+            "warm-up effect); later verdicts subtract it, its variance carried, so their intervals widen")
     return result, cal
+
+
+def launch_positions(speedup_doc: dict[str, Any]) -> tuple[float, list[float]]:
+    """(u, levels) of one A/A launch (one triplet, order A C B) from its audit's "speedup" block: u = mean over the
+    owner's windows of log(A_w / B_w), and the mean log window time at positions 0, 1, 2 less their mean."""
+    windows = speedup_doc.get("windows") or []
+    if not windows:
+        raise FailedError("an A/A launch's audit has no windows; nothing was recorded as a calibration")
+    mean_log = {role: math.fsum(math.log(float(w[role])) for w in windows) / len(windows) for role in ("A", "C", "B")}
+    centre = math.fsum(mean_log.values()) / 3.0
+    return mean_log["A"] - mean_log["B"], [mean_log[r] - centre for r in ("A", "C", "B")]
 
 
 def audit_host(result: LaunchResult) -> dict[str, Any]:

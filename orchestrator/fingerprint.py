@@ -5,6 +5,8 @@ Read without importing torch (package metadata and nvidia-smi), so the CPU side 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import importlib.metadata
 import platform
 import re
@@ -45,6 +47,33 @@ def _nvidia_smi() -> tuple[str, int, str, str]:
     return " + ".join(models), len(rows), rows[0][1].strip(), m.group(1) if m else "unknown"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo, else platform.processor()); "unknown" when neither says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def gpu_uuids(host_hash: str) -> str:
+    """The GPUs' UUIDs, sorted, as an HMAC keyed by the host hash (never in clear); "none" without a GPU."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "none"
+    try:
+        q = subprocess.run([smi, "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True,
+                           timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    ids = sorted(u.strip() for u in q.stdout.splitlines() if u.strip())
+    if q.returncode != 0 or not ids:
+        return "none"
+    return hmac.new(host_hash.encode(), ",".join(ids).encode(), hashlib.sha256).hexdigest()
+
+
 def host_fingerprint(host_hash: str) -> dict[str, Any]:
     model, count, driver, cuda = _nvidia_smi()
     return {
@@ -56,6 +85,10 @@ def host_fingerprint(host_hash: str) -> dict[str, Any]:
         "triton": _version("triton"),
         "python": platform.python_version(),
         "host_hash": host_hash,
+        # issue 52: an A/A calibration speaks for a run only on the same CPU, kernel and GPUs
+        "cpu_model": cpu_model(),
+        "kernel": platform.release(),
+        "gpu_uuids": gpu_uuids(host_hash),
     }
 
 

@@ -105,7 +105,8 @@ def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
     first_seq = min((r.seq for r in ctx.ledger.records(ctx.run_id)), default=None)
     block: dict[str, Any] = find_calibration(ctx.home.runs, ctx.ledger.records(), ctx.loaded.id,
                                              ctx.host.model_dump(), first_seq,
-                                             baseline_workload_id(ctx.loaded.protocol))
+                                             baseline_workload_id(ctx.loaded.protocol),
+                                             ctx.loaded.protocol.measurement.calibration_max_age_days)
     state.calibration = calibration_spread(block)
     state.calibration_step = calibration_step_spread(block)
     if state.calibration is not None:

@@ -43,6 +43,10 @@ class HostFingerprint(_Strict):
     triton: str
     python: str
     host_hash: str  # HMAC of the host name keyed by the ledger's salt
+    # issue 52: what an A/A calibration must share with a run besides the above (None: recorded before)
+    cpu_model: str | None = None
+    kernel: str | None = None
+    gpu_uuids: str | None = None  # HMAC of the sorted GPU UUIDs keyed by host_hash ("none": no GPU)
 
 
 class ArmRecord(_Strict):

@@ -183,6 +183,11 @@ class Measurement(_Frozen):
         description="repeats: auto only: stop once the repeated interval's relative half-width is at most this "
         "(null: stop only when decided or at the maximum)",
     )
+    calibration_max_age_days: float = Field(
+        7.0, gt=0,
+        description="an A/A calibration (orch calibrate) speaks for this host only this many days after it was "
+        "recorded; an older one is not used, and a one-triplet run without a younger one is not decided",
+    )
 
     @field_validator("repeats", mode="before")
     @classmethod
@@ -346,6 +351,7 @@ _LATER_DEFAULTS: dict[tuple[str, str], object] = {
     ("measurement", "compile"): "prime", ("measurement", "prime_steps"): None, ("launcher", "endpoints"): [],
 }
 
+_LATER_DEFAULTS[("measurement", "calibration_max_age_days")] = 7.0  # issue 52
 
 # the sequential rule's settings: part of the id only of a protocol with repeats: auto (always there in full)
 _SEQUENTIAL_KEYS = ("max_repeats", "target_half_width")

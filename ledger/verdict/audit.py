@@ -26,6 +26,7 @@ from ledger.verdict.document import (
     AUDIT_UNITS,
     AUDIT_V1,
     STATISTICS_KEYS,
+    STATISTICS_RULES,
     AuditResult,
     DevScore,
     canonical_bytes,
@@ -134,7 +135,7 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
     tree_head = ledger.head()
     first_seq = min((r.seq for r in ev.records), default=None)
     calibration = find_calibration(h.runs, ledger.records(), ev.run.protocol_id, ev.run.host.model_dump(), first_seq,
-                                   baseline_workload_id(ev.protocol))
+                                   baseline_workload_id(ev.protocol), ev.protocol.measurement.calibration_max_age_days)
     doc = compute_audit(ev, (tree_head.size, tree_head.root), datetime.now(UTC).isoformat(timespec="seconds"),
                         calibration)
     audit_path = ev.run_dir / "audit.json"
@@ -145,7 +146,9 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
     if audit_path.exists():
         existing = json.loads(audit_path.read_bytes())
         # an audit recorded before paired statistics is compared on the parts whose computation did not change
-        skip = STATISTICS_KEYS if existing.get("schema") == AUDIT_V1 else ()
+        # ... and so is one recorded under earlier statistics rules (before STATISTICS_RULES)
+        earlier = existing.get("schema") == AUDIT_V1 or existing.get("statistics_rules") != STATISTICS_RULES
+        skip = STATISTICS_KEYS if earlier else ()
         fresh = {k: v for k, v in evidence_part(doc).items()
                  if k not in skip and (k in existing or k not in ADDED_LATER)}
         differ = _differing_keys({k: v for k, v in evidence_part(existing).items() if k not in skip}, fresh)
@@ -157,9 +160,11 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
         doc = existing
         written = False
         if skip:
-            notes.append(f"audit.json was recorded as {AUDIT_V1}, before paired statistics: a recomputation equals "
-                         "it on every part but the statistics (verdict, interval, per-triplet figures, calibration, "
-                         "reasons, diagnostics), which are shown as recorded")
+            when = (f"as {AUDIT_V1}, before paired statistics" if existing.get("schema") == AUDIT_V1 else
+                    f"under statistics rules before {STATISTICS_RULES}")
+            notes.append(f"audit.json was recorded {when}: a recomputation equals it on every part but the "
+                         "statistics (verdict, interval, per-triplet figures, calibration, reasons, diagnostics), "
+                         "which are shown as recorded")
         else:
             notes.append("audit.json was already recorded; the recomputation equals it, shown unchanged")
     data = canonical_bytes(doc) if written else audit_path.read_bytes()

@@ -1,28 +1,36 @@
 """A/A calibrations (`orch calibrate`): this host's spread between triplets for one workload, and finding it.
 
-A calibration is used only on the same host (salted hash and fingerprint) for the same protocol id, or for a protocol
-with the same baseline workload (protocol.schema.baseline_workload_id: a candidate and its null share one); never
-another. One recorded before paired statistics (orch.calibration/1) is shown, never pooled.
+A calibration is used only on the same host (salted hash and fingerprint: versions, driver and, since issue 52, CPU
+model, kernel and GPU UUIDs) for the same protocol id, or for a protocol with the same baseline workload
+(protocol.schema.baseline_workload_id: a candidate and its null share one), and only while it is younger than the
+protocol's measurement.calibration_max_age_days at the run's start; never another. Every such calibration is pooled
+(never just the newest, so that calibrating again cannot shrink the interval). One recorded before paired statistics
+(orch.calibration/1) is shown, never pooled.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.cost.record import LedgerRecord
-from ledger.verdict.stats import Spread
+from ledger.verdict.stats import Position, Spread
 
 CALIBRATION_SCHEMA = "orch.calibration/2"
 CALIBRATION_V1 = "orch.calibration/1"
 CALIBRATION_FILE = "calibration.json"
-# fingerprint keys that must be equal for a calibration to speak for this host (versions change the noise too)
-FINGERPRINT_KEYS = ("host_hash", "gpu_model", "gpu_count", "driver", "cuda", "torch", "triton", "python")
+# fingerprint keys that must be equal for a calibration to speak for this host (versions change the noise too); the
+# last three are recorded since issue 52 (a fingerprint without them matches only one without them)
+FINGERPRINT_KEYS = ("host_hash", "gpu_model", "gpu_count", "driver", "cuda", "torch", "triton", "python",
+                    "cpu_model", "kernel", "gpu_uuids")
+DEFAULT_MAX_AGE_DAYS = 7.0  # protocol measurement.calibration_max_age_days
 RERUN = "re-run `orch calibrate PROTOCOL` on this host"
 
 
@@ -53,6 +61,10 @@ class Calibration(BaseModel):
     step_sd: float | None = Field(None, ge=0)
     step_df: int = Field(0, ge=0)
     mean_log_speedup: float  # the A/A mean of d: near 0 unless the position in the triplet matters
+    # issue 52: each A/A launch's u = mean over windows of log(A_w / B_w) (order A C B) and its launch-position
+    # levels (mean log window time at positions 0, 1, 2, less their mean); None: recorded before
+    ab_log_ratios: list[float] | None = None
+    position_levels: list[list[float]] | None = None
     estimate: float  # exp(mean d) with the A/A run's own interval
     low: float | None
     high: float | None
@@ -102,7 +114,9 @@ class CalibrationV1(BaseModel):
 
 
 def fingerprint(host: Mapping[str, Any]) -> dict[str, str]:
-    return {k: str(host[k]) for k in FINGERPRINT_KEYS if k in host}
+    """The keys that must match, as strings; a key not recorded (None: a run or calibration from before it) is left
+    out, so records made before issue 52 still match each other and never match one that records it."""
+    return {k: str(host[k]) for k in FINGERPRINT_KEYS if host.get(k) is not None}
 
 
 def read_calibration(data: bytes) -> Calibration | CalibrationV1:
@@ -113,13 +127,23 @@ def read_calibration(data: bytes) -> Calibration | CalibrationV1:
     return Calibration.model_validate_json(data)
 
 
+def block_position(block: Mapping[str, Any]) -> Position | None:
+    """The launch positions' effect a calibration block measured (issue 52): its A/A mean d over its launches, and
+    the mean u of those that record u (0 where none does); None for a block recorded before issue 52."""
+    pos = block.get("position")
+    if not isinstance(pos, Mapping):
+        return None
+    return Position(float(pos["mean_log_speedup"]), float(pos["mean_ab_log_ratio"]), int(pos["launches"]))
+
+
 def calibration_spreads(block: Mapping[str, Any] | None) -> tuple[Spread | None, Spread | None]:
-    """(between-triplet, within-triplet window) spreads of an audit's calibration block; None where not usable."""
+    """(between-triplet, within-triplet window) spreads of an audit's calibration block; None where not usable. The
+    between-triplet one carries the block's position effect (issue 52)."""
     if not block or not block.get("usable"):
         return None, None
     ws = block.get("window_sd")
     window = Spread(float(ws), int(block["window_df"])) if ws is not None and block.get("window_df") else None
-    return Spread(float(block["sd"]), int(block["df"])), window
+    return Spread(float(block["sd"]), int(block["df"]), block_position(block)), window
 
 
 def calibration_step_spread(block: Mapping[str, Any] | None) -> Spread | None:
@@ -130,20 +154,40 @@ def calibration_step_spread(block: Mapping[str, Any] | None) -> Spread | None:
     return Spread(float(block["step_sd"]), int(block["step_df"]))
 
 
+def _utc(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
+
+
+def age_days(recorded_at: str, reference: str | None) -> float | None:
+    """Days from a calibration's recording to `reference` (the run's first ledger record); None when unknown."""
+    a, b = _utc(recorded_at), _utc(reference)
+    return None if a is None or b is None else (b - a).total_seconds() / 86400.0
+
+
 def find_calibration(
     runs_dir: Path, records: Sequence[LedgerRecord], protocol_id: str, host: Mapping[str, Any], before_seq: int | None,
-    workload_id: str | None = None,
+    workload_id: str | None = None, max_age_days: float = DEFAULT_MAX_AGE_DAYS,
 ) -> dict[str, Any]:
-    """The latest calibration of this protocol id, or of this baseline workload, on this host recorded before
-    `before_seq`, as an audit block.
+    """Every calibration of this protocol id, or of this baseline workload, on this host recorded before
+    `before_seq` and at most `max_age_days` before it, pooled, as an audit block.
 
     Only ledger records count (kind calibration, this host hash, this protocol id or a calibration file naming
     `workload_id`); the file must hash to the record's digest and its fingerprint must equal this run's. A
-    calibration of another host or baseline is never used; the block says why none is shown. `usable`: an
-    orch.calibration/2 whose spread the audit pools.
+    calibration of another host or baseline, or an older one, is never used; the block says why none is shown.
+    `usable`: orch.calibration/2 records whose spreads the audit pools (issue 52: all of them, never the newest
+    alone, so that calibrating again cannot choose a smaller spread).
     """
     wanted = fingerprint(host)
+    reference = next((r.started for r in records if before_seq is not None and r.seq == before_seq), None)
     stale: list[str] = []
+    found: list[tuple[LedgerRecord, Calibration, float | None]] = []
+    v1: dict[str, Any] | None = None
     for rec in reversed(records):
         if rec.kind != "calibration" or rec.status != "ok":
             continue
@@ -167,21 +211,75 @@ def find_calibration(
         if cal.of_protocol_id != protocol_id and not same_workload:
             continue  # another workload's calibration
         if fingerprint(cal.host) != wanted:
-            changed = sorted(k for k in set(wanted) | set(cal.host) if wanted.get(k) != cal.host.get(k))
+            changed = sorted(k for k in set(wanted) | set(fingerprint(cal.host))
+                             if wanted.get(k) != fingerprint(cal.host).get(k))
             stale.append(f"run {rec.run_id}: host fingerprint differs ({', '.join(changed)})")
             continue
         if isinstance(cal, CalibrationV1):
-            return {"found": True, "usable": False, "schema": CALIBRATION_V1, "run_id": cal.run_id, "seq": rec.seq,
-                    **_summary_v1(cal), "words": _words_v1(cal)}
-        shared = "" if cal.of_protocol_id == protocol_id else (
-            f"; calibrated on protocol {cal.of_protocol_name} ({cal.of_protocol_id[:12]}), whose baseline workload "
-            "is this run's")
-        return {"found": True, "usable": True, "schema": CALIBRATION_SCHEMA, "run_id": cal.run_id, "seq": rec.seq,
-                "of_protocol_id": cal.of_protocol_id, "of_protocol_name": cal.of_protocol_name,
-                **_summary(cal), "words": calibration_words(cal) + shared}
+            if v1 is None:
+                v1 = {"found": True, "usable": False, "schema": CALIBRATION_V1, "run_id": cal.run_id, "seq": rec.seq,
+                      **_summary_v1(cal), "words": _words_v1(cal)}
+            continue
+        age = age_days(cal.recorded_at, reference)
+        if age is not None and age > max_age_days:
+            stale.append(f"run {rec.run_id}: recorded {age:.1f} days before this run, more than "
+                         f"measurement.calibration_max_age_days ({max_age_days:g})")
+            continue
+        found.append((rec, cal, age))
+    if found:
+        return _pooled_block(found, protocol_id, max_age_days)
+    if v1 is not None:
+        return v1
     why = "; ".join(stale) if stale else "none recorded for this protocol on this host before this run"
-    return {"found": False, "usable": False,
-            "words": f"no A/A calibration ({why}); run `orch calibrate PROTOCOL` to measure this host"}
+    return {"found": False, "usable": False, "stale": bool(stale),
+            "expired": any("calibration_max_age_days" in s for s in stale),
+            "words": f"no usable A/A calibration ({why}); run `orch calibrate PROTOCOL` to measure this host"}
+
+
+def _pooled(pairs: Sequence[tuple[float | None, int]]) -> tuple[float | None, int]:
+    got = [(sd, df) for sd, df in pairs if sd is not None and df > 0]
+    df = sum(d for _, d in got)
+    return (math.sqrt(math.fsum(d * sd**2 for sd, d in got) / df), df) if df else (None, 0)
+
+
+def _pooled_block(found: Sequence[tuple[LedgerRecord, Calibration, float | None]], protocol_id: str,
+                  max_age_days: float) -> dict[str, Any]:
+    """The audit block of the calibrations found (newest first): between-launch, window and step spreads pooled (df
+    added), the A/A means over every launch (the launch positions' effect, issue 52), and what was pooled."""
+    rec, newest, _ = found[0]
+    cals = [c for _, c, _ in found]
+    sd, df = _pooled([(c.sd, c.df) for c in cals])
+    window_sd, window_df = _pooled([(c.window_sd, c.window_df) for c in cals])
+    step_sd, step_df = _pooled([(c.step_sd, c.step_df) for c in cals])
+    d = [x for c in cals for x in c.log_speedups]
+    us = [x for c in cals for x in (c.ab_log_ratios or [])]
+    mean_d = math.fsum(d) / len(d)
+    mean_u = math.fsum(us) / len(us) if us else 0.0
+    ages = [a for _, _, a in found if a is not None]
+    shared = "" if newest.of_protocol_id == protocol_id else (
+        f"; calibrated on protocol {newest.of_protocol_name} ({newest.of_protocol_id[:12]}), whose baseline workload "
+        "is this run's")
+    summary = _summary(newest) | {
+        "run_ids": [r for c in cals for r in (c.run_ids or [c.run_id])] if len(cals) > 1 else newest.run_ids,
+        "repeats": len(d), "headlines": [h for c in cals for h in c.headlines], "log_speedups": d,
+        "sd": sd, "df": df, "window_sd": window_sd, "window_df": window_df, "mean_log_speedup": mean_d,
+        **({"step_sd": step_sd, "step_df": step_df} if step_sd is not None else {}),
+    }
+    what = (f"{len(cals)} A/A calibrations of this workload on this host pooled ({len(d)} launches; between-launch "
+            f"SD {sd:.4f} of the paired log speedup, df {df}); newest: " if len(cals) > 1 else "")
+    age_words = ("" if not ages else f"; age {max(ages):.2f} days (at most {max_age_days:g}: "
+                 "measurement.calibration_max_age_days)")
+    position = (f"; launch positions: A/A mean speedup {math.exp(mean_d):.4f}x over {len(d)} launches, subtracted "
+                f"from the run's paired log speedup (its variance carried); A/A mean A/B {math.exp(mean_u):.4f}x"
+                + (f" over {len(us)} launches" if us else " (u not recorded)"))
+    return {"found": True, "usable": True, "schema": CALIBRATION_SCHEMA, "run_id": newest.run_id, "seq": rec.seq,
+            "of_protocol_id": newest.of_protocol_id, "of_protocol_name": newest.of_protocol_name, **summary,
+            "pooled": len(cals), "age_days": max(ages) if ages else None, "max_age_days": max_age_days,
+            "calibrations": [{"run_id": c.run_id, "recorded_at": c.recorded_at, "age_days": a, "launches": c.repeats,
+                              "sd": c.sd, "df": c.df} for _, c, a in found],
+            "position": {"mean_log_speedup": mean_d, "mean_ab_log_ratio": mean_u, "launches": len(d),
+                         "ab_launches": len(us)},
+            "words": what + calibration_words(newest) + shared + age_words + position}
 
 
 def _summary(cal: Calibration) -> dict[str, Any]:

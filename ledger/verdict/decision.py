@@ -10,7 +10,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ledger.verdict.noise import NoiseEvidence, as_noise, baseline_outliers, without_window
+from ledger.verdict.noise import (
+    NoiseEvidence,
+    ab_expected,
+    as_noise,
+    baseline_disagreement,
+    baseline_outliers,
+    without_window,
+)
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.stats import Interval, Outlier, Spread, outlier_triplets, paired_interval, triplet_log_speedup
 from ledger.verdict.windows import Speedup, speedup
@@ -258,6 +265,36 @@ def replication_doc(trips: Sequence[Triplet], sps: Sequence[Speedup]) -> dict[st
         ],
         "headlines": [sp.headline for sp in sps],
         "paired_speedups": [math.exp(d) for d in ds],
+    }
+
+
+def position_levels(t: Triplet, sp: Speedup) -> list[float]:
+    """The level of each launch position (0, 1, 2) of one triplet: the mean over the owner's windows of the log of
+    the window time of the launch at that position, less the three's mean (issue 52: position effects are checked
+    from the files)."""
+    by_role = {role: math.fsum(math.log(getattr(w, role.lower())) for w in sp.windows) / len(sp.windows)
+               for role in ("A", "C", "B")}
+    at = {t.order.index(label): by_role[role] for role, label in t.labels.items()}
+    levels = [at[i] for i in range(3)]
+    mean = math.fsum(levels) / 3.0
+    return [x - mean for x in levels]
+
+
+def positions_doc(trips: Sequence[Triplet], sps: Sequence[Speedup], calibration: Spread | None) -> dict[str, object]:
+    """Each triplet's A/B log ratio u and launch-position levels, and the position effect the calibration subtracts
+    (issue 52): what position effects can be checked from."""
+    pos = calibration.position if calibration is not None else None
+    return {
+        "triplets": [{"index": t.index, "order": list(t.order), "ab_log_ratio": baseline_disagreement(sp),
+                      "expected_ab_log_ratio": 0.0 if calibration is None else ab_expected(i, calibration),
+                      "levels": position_levels(t, sp)}
+                     for i, (t, sp) in enumerate(zip(trips, sps, strict=True))],
+        "calibration": None if pos is None else {"mean_log_speedup": pos.d, "mean_ab_log_ratio": pos.u,
+                                                 "launches": pos.launches},
+        "words": ("no calibration: the run's d is not corrected for launch positions" if pos is None else
+                  f"the calibration's A/A mean speedup {math.exp(pos.d):.4f}x over {pos.launches} launches (the "
+                  "launch positions' effect on d) is subtracted from each triplet's d, its variance carried; the A/B "
+                  f"launch check centres u on the A/A mean A/B {math.exp(pos.u):.4f}x of its order"),
     }
 
 

@@ -21,6 +21,7 @@ from ledger.verdict.decision import (
     log_speedups,
     outlier_effects,
     outlier_notes,
+    positions_doc,
     replication_doc,
     triplet_speedups,
     verdict_interval,
@@ -45,10 +46,14 @@ AUDIT_SCHEMA = "orch.audit/2"  # /2: the paired per-triplet interval (ledger/ver
 AUDIT_V1 = "orch.audit/1"
 # what /2 computes anew from the same evidence: a recorded /1 audit is compared with a recomputation on the rest
 STATISTICS_KEYS = ("schema", "verdict", "direction", "verdict_words", "reasons", "diagnostics", "interval",
-                   "replication", "calibration", "sequential")
+                   "replication", "calibration", "sequential", "positions", "statistics_rules")
+# the rules the statistics keys were computed by; an audit recorded under others (or before the key) is compared
+# with a recomputation on the rest only. issue-52: steadier steps never narrow, position effect subtracted,
+# calibrations pooled within their maximum age on the same CPU, kernel and GPUs
+STATISTICS_RULES = "issue-52"
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 # sections an audit.json recorded before them lacks: it stays as recorded
-ADDED_LATER = ("probe_cost", "host_watch", "recipe", "compile_cache", "commands")
+ADDED_LATER = ("probe_cost", "host_watch", "recipe", "compile_cache", "commands", "positions", "statistics_rules")
 # the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
 AUDIT_UNITS = {
     "speedup.windows[].A|C|B": "s: the window's time, the SUM of its steps' times",
@@ -306,6 +311,8 @@ def compute_audit(
                                           win_eff, [w.name for w in sp.windows], ab_eff,
                                           unprimed=(caches or {}).get("unprimed") or ())
     reasons = list(ex.problems) if not ex.exact else ([] if verdict == "accepted" else [sentence])
+    if ex.exact and not iv.bounded and calibration and calibration.get("stale"):
+        reasons.append(str(calibration["words"]))  # why no calibration bounds it (expired, another CPU or GPUs)
     if caches is not None and not ex.exact:
         reasons += [f"compile cache: {line}" for line in caches["diagnosis"]]
     diagnostics = (drift_notes(trips, sps, m.drift_bound)
@@ -337,6 +344,8 @@ def compute_audit(
         "interval": interval,
         "sequential": seq,
         "replication": replication_doc(trips, sps),
+        "positions": positions_doc(trips, sps, cal_spread),
+        "statistics_rules": STATISTICS_RULES,
         "exactness": _exactness_doc(ex),
         "memory": _memory_doc(ev, first),
         **({} if caches is None else {"compile_cache": caches}),

@@ -88,28 +88,56 @@ def _f_nodes(d1: float, d2: float) -> tuple[np.ndarray, np.ndarray]:
     return np.sqrt(dist.f_ppf(u, d1, d2)), w / 2.0
 
 
-@lru_cache(maxsize=512)
-def critical_scaled(level: float, a: float, d1: float, d2: float) -> float:
-    """c with P(|Z| <= c sqrt(Q F)) = level, Q = chi2_a / a, F ~ F(d1, d2) independent: the two-sided critical
-    value of mean d / (s_cal sqrt(R)). One integral over F's probability u of the Student t probability of
-    t_a = Z / sqrt(Q) (a smooth integrand on [0, 1])."""
+# variance factors theta of a candidate's d (scale model) at which critical_scaled's coverage is also held, beside the
+# limit theta -> inf; at theta <= the floor it holds at every c above the calibration's own t (see critical_scaled)
+_THETAS = (0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0, 10.0, 15.0, 25.0, 50.0, 100.0, 1000.0)
+
+
+def _solve(level: float, a: float, g: np.ndarray, w: np.ndarray) -> float:
+    """c with sum_i w_i P(|t_a| <= c g_i) = level."""
     from scipy.optimize import brentq  # here, not at the top: about 0.1 s of every orch start with no calibration
 
-    root_f, w = _f_nodes(d1, d2)
-
     def coverage(c: float) -> float:
-        return float(np.sum(w * (2.0 * dist.t_cdf(c * root_f, a) - 1.0)))
+        return float(np.sum(w * (2.0 * dist.t_cdf(c * g, a) - 1.0)))
 
     return float(brentq(lambda c: coverage(c) - level, 1e-6, 1e4, xtol=1e-12))
 
 
 @lru_cache(maxsize=512)
-def equivalent_df(level: float, a: float, d1: float, d2: float) -> float:
+def ratio_floor(level: float, a: float, d1: float, d2: float) -> float:
+    """The least R the calibration is scaled by (issue 52): (t_a / c)^2, c the scaled pivot's critical value. So a
+    one-triplet interval is never narrower than the calibration's own, t_a s_cal: a steadier candidate's steps may
+    not narrow what is mostly between-launch variance."""
+    root_f, w = _f_nodes(d1, d2)
+    return (float(dist.t_ppf(0.5 + level / 2.0, a)) / _solve(level, a, root_f, w)) ** 2
+
+
+@lru_cache(maxsize=512)
+def critical_scaled(level: float, a: float, d1: float, d2: float, n: int = 0) -> float:
+    """The two-sided critical value c of T = (mean d - m) / (s_cal sqrt(max(R, r0) + 1/n)), m the calibration's A/A
+    mean of n launches (n = 0: none, m = 0), r0 = ratio_floor, with R / theta ~ F(d1, d2) and s_cal^2 / sigma^2 ~
+    chi2_a / a: the smallest c whose coverage is `level` at every theta. T = Z / sqrt(Q g), g = (max(theta F, r0) +
+    1/n) / (theta + 1/n): one integral over F's probability of the Student t probability of t_a = Z / sqrt(Q) (a
+    smooth integrand on [0, 1]). theta -> inf gives g = F (issue 34's exact pivot, whose c defines r0); without n
+    that limit is the least coverage (g >= F at every theta); with n, c is the largest over _THETAS and the limit.
+    At theta <= r0, g >= 1 and the coverage is at least t_a's at c >= t_a's quantile."""
+    root_f, w = _f_nodes(d1, d2)
+    c = _solve(level, a, root_f, w)
+    if n > 0:
+        r0 = (float(dist.t_ppf(0.5 + level / 2.0, a)) / c) ** 2
+        f = root_f**2
+        for theta in _THETAS:
+            c = max(c, _solve(level, a, np.sqrt((np.maximum(theta * f, r0) + 1.0 / n) / (theta + 1.0 / n)), w))
+    return c
+
+
+@lru_cache(maxsize=512)
+def equivalent_df(level: float, a: float, d1: float, d2: float, n: int = 0) -> float:
     """The Student t df whose two-sided critical value at `level` is critical_scaled's: the weight of the scaled
     calibration when it is pooled with a run's own triplets (K >= 2), and its df at K = 1 (same critical value)."""
     from scipy.optimize import brentq
 
-    c = critical_scaled(level, a, d1, d2)
+    c = critical_scaled(level, a, d1, d2, n)
     if dist.t_ppf(0.5 + level / 2.0, 1e7) >= c:
         return 1e7
     return float(brentq(lambda v: float(dist.t_ppf(0.5 + level / 2.0, v)) - c, 0.05, 1e7, xtol=1e-10))
@@ -123,6 +151,14 @@ class NoiseScale:
     candidate: Spread  # y of the run's triplets
     baseline: Spread  # sigma: the calibration's A/A steps pooled with the run's A/B contrast
     calibration_df: int  # a: the df of the calibration's between-launch SD it scales
+    launches: int = 0  # n of the calibration's A/A mean subtracted from d (stats.Position; 0: none)
+
+    def applied(self, level: float) -> float:
+        """max(R, r0), the factor the calibration's variance is scaled by (issue 52; r0 = ratio_floor, about 0.61 for
+        a 5-launch calibration at 95 %). R sees only the steps inside a launch; most of the variance of d is between
+        launches, which a steadier candidate (CUDA graphs: R about 1/3) need not have less of. So its steps may widen
+        the interval, never narrow it below the calibration's own one-triplet interval t_a s_cal."""
+        return max(self.ratio, ratio_floor(round(level, 12), self.calibration_df, self.d1, self.d2))
 
     @property
     def d1(self) -> int:
@@ -138,11 +174,14 @@ class NoiseScale:
         return float(dist.f_sf(self.ratio, self.d1, self.d2))
 
     def df(self, level: float) -> float:
-        return equivalent_df(round(level, 12), self.calibration_df, self.d1, self.d2)
+        return equivalent_df(round(level, 12), self.calibration_df, self.d1, self.d2, self.launches)
+
+    def critical(self, level: float) -> float:
+        return critical_scaled(round(level, 12), self.calibration_df, self.d1, self.d2, self.launches)
 
     def scaled(self, calibration: Spread, level: float) -> Spread:
-        """The calibration's between-launch SD times sqrt(R), with the equivalent df at this level."""
-        return Spread(calibration.sd * math.sqrt(self.ratio), self.df(level))
+        """The calibration's between-launch SD times sqrt(max(R, r0)), with the equivalent df at this level."""
+        return calibration.scaled_by(math.sqrt(self.applied(level)), self.df(level))
 
     @property
     def words(self) -> str:
@@ -151,7 +190,8 @@ class NoiseScale:
         return (f"the candidate's steps are {cmp} the baseline's inside their launches: within-launch variance "
                 f"ratio R = {self.ratio:.3g} (F({self.d1}, {self.d2}), one-sided p = {self.p_value:.3g}); the "
                 f"calibration's spread, which measured the baseline only, is scaled by sqrt(R) = "
-                f"{math.sqrt(self.ratio):.3g}")
+                f"{math.sqrt(self.ratio):.3g}, never below the calibration's own one-triplet interval (steadier steps "
+                "cannot narrow the spread between launches)")
 
 
 def noise_scale(run: ArmSpread | None, calibration_step: Spread | None,
@@ -162,7 +202,8 @@ def noise_scale(run: ArmSpread | None, calibration_step: Spread | None,
         return None
     base = pooled(calibration_step, run.baseline_step)
     ratio = run.candidate.sd**2 / (Y_FACTOR * base.sd**2)
-    return NoiseScale(ratio, run.candidate, base, int(calibration.df))
+    launches = calibration.position.launches if calibration.position is not None else 0
+    return NoiseScale(ratio, run.candidate, base, int(calibration.df), launches)
 
 
 def as_noise(scale: object) -> NoiseScale | None:
@@ -173,18 +214,23 @@ def as_noise(scale: object) -> NoiseScale | None:
 
 def without_window(ratios: Sequence[float], window: int, calibration: Spread, window_sd: Spread,
                    scale: NoiseScale | None, level: float) -> tuple[float, float, float]:
-    """(estimate, low, high) of one triplet's d without one window: the mean log ratio of the others, its variance
-    the calibrated var(d) plus the window variance that dropping a window adds (sigma_w^2 (1/(n-1) - 1/n)), both
-    scaled by R when given; the critical value is that of the scaled (or plain) calibration."""
+    """(estimate, low, high) of one triplet's d without one window: the mean log ratio of the others (less the
+    calibration's position effect), its variance the calibrated var(d) plus the window variance that dropping a
+    window adds (sigma_w^2 (1/(n-1) - 1/n)), both scaled by max(R, 1) when given, plus the carried variance of the
+    position effect; the critical value is that of the scaled (or plain) calibration."""
     rest = [math.log(r) for i, r in enumerate(ratios) if i != window]
     n = len(ratios)
     mean = math.fsum(rest) / len(rest)
     var = calibration.sd**2 + window_sd.sd**2 * (1.0 / (n - 1) - 1.0 / n)
     if scale is not None:
-        crit = critical_scaled(round(level, 12), scale.calibration_df, scale.d1, scale.d2)
-        var *= scale.ratio
+        crit = scale.critical(level)
+        var *= scale.applied(level)
     else:
         crit = float(dist.t_ppf(0.5 + level / 2.0, calibration.df))
+    position = calibration.position
+    if position is not None and position.launches > 0:
+        mean -= position.d
+        var += calibration.sd**2 / position.launches
     half = crit * math.sqrt(var)
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
@@ -230,6 +276,15 @@ def baseline_disagreement(sp: Speedup) -> float:
     return math.fsum(math.log(w.a / w.b) for w in sp.windows) / len(sp.windows)
 
 
+def ab_expected(i: int, calibration: Spread) -> float:
+    """The u the calibration's launch positions give triplet i (0-based) of the plan: its A/A mean u for the order
+    A C B (odd triplets), minus it for B C A (even ones: A and B swap positions); 0 without a position effect."""
+    position = calibration.position
+    if position is None or position.launches <= 0:
+        return 0.0
+    return position.u if i % 2 == 0 else -position.u
+
+
 def baseline_outliers(us: Sequence[float], calibration: Spread | None,
                       alpha: float = OUTLIER_ALPHA) -> list[Outlier]:
     """Triplets whose baseline launches A and B disagree beyond the calibrated between-launch spread (issue 34).
@@ -239,13 +294,17 @@ def baseline_outliers(us: Sequence[float], calibration: Spread | None,
     z = u / (s_cal sqrt(AB_FACTOR)) ~ t(calibration df) for normal noise (u and s_cal come from different
     launches). Flagged when the two-sided p times K is below alpha (Bonferroni over the run's triplets). A drift
     linear in launch position cancels in d but not in u (A and B are two positions apart), so a drifting host is
-    flagged more often than alpha: the check then refuses more, it never accepts more."""
+    flagged more often than alpha: the check then refuses more, it never accepts more. A calibration with a position
+    effect (issue 52) centres u on the A/A mean u of its order (ab_expected), whose variance (1/n of u's) is carried:
+    z = (u - m_u) / (s_cal sqrt(AB_FACTOR (1 + 1/n)))."""
     if calibration is None or calibration.df <= 0 or calibration.sd <= 0.0:
         return []
-    scale = calibration.sd * math.sqrt(AB_FACTOR)
+    position = calibration.position
+    carried = 1.0 / position.launches if position is not None and position.launches > 0 else 0.0
+    scale = calibration.sd * math.sqrt(AB_FACTOR * (1.0 + carried))
     out = []
     for i, u in enumerate(us):
-        z = u / scale
+        z = (u - ab_expected(i, calibration)) / scale
         p = float(2.0 * dist.t_sf(abs(z), calibration.df))
         if p * len(us) < alpha:
             out.append(Outlier(i, None, z, p, calibration.df))

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ledger.verdict.calibration import block_position
 from ledger.verdict.decision import BaselineEffect, OutlierEffect, ab_check, outlier_check
 from ledger.verdict.noise import NoiseEvidence
 from ledger.verdict.sequential import METHOD, SequentialRule
@@ -74,7 +75,7 @@ def calibration_spread(block: Mapping[str, Any] | None) -> Spread | None:
     sd, df = block.get("sd"), block.get("df")
     if not isinstance(sd, int | float) or not isinstance(df, int) or df < 1 or not math.isfinite(sd) or sd < 0:
         return None
-    return Spread(float(sd), df)
+    return Spread(float(sd), df, block_position(block))
 
 
 @dataclass(frozen=True)

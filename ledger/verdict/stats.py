@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ledger.verdict import dist
@@ -22,7 +22,8 @@ OUTLIER_ALPHA = 0.05  # family-wise (Bonferroni over the triplets, or over the w
 METHOD = (
     "paired: one value per fresh A -> C -> B triplet, d = mean over its windows of log(mean(A_w, B_w) / C_w); "
     "Student t interval of exp(mean d) over the triplets, the between-triplet SD pooled with this host's A/A "
-    "calibration of the same protocol or baseline workload (df added) unless the run's own spread is larger"
+    "calibration of the same protocol or baseline workload (df added) unless the run's own spread is larger; "
+    "centred on the calibration's A/A mean (the launch positions' effect), whose variance is carried"
 )
 
 
@@ -34,11 +35,29 @@ def triplet_log_speedup(ratios: Sequence[float]) -> float:
 
 
 @dataclass(frozen=True)
+class Position:
+    """What an A/A calibration measured of the launch positions (issue 52): identical arms, so its mean d is the
+    position effect (p0 + p2) / 2 - p1 that every triplet's d carries in either order, and its mean u = log(A / B)
+    is p0 - p2 for the order A C B (a B C A triplet carries -u). `launches`: the A/A triplets of those means; their
+    sampling variance (SD of d)^2 / launches is carried into every interval that subtracts them."""
+
+    d: float
+    u: float
+    launches: int
+
+
+@dataclass(frozen=True)
 class Spread:
-    """An estimate of a standard deviation (log scale) with its degrees of freedom."""
+    """An estimate of a standard deviation (log scale) with its degrees of freedom; a calibration's also carries its
+    position effect (None: the run's own spread, or no correction)."""
 
     sd: float
     df: float  # an integer, except the equivalent df of a calibration scaled by the candidate's noise (noise.py)
+    position: Position | None = None
+
+    def scaled_by(self, factor: float, df: float) -> Spread:
+        """The same estimate with its SD times factor and another df, its position effect kept."""
+        return replace(self, sd=self.sd * factor, df=df)
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread | None:
@@ -187,12 +206,20 @@ def paired_interval(d: Sequence[float], calibration: Spread | None = None, level
     """The interval of exp(mean d) over K triplets. `nominal_level`: the level of this look's t multiplier when a
     sequential rule holds the overall `level` (ledger/verdict/sequential.py); None for a fixed design. `noise`: the
     candidate's within-launch noise (ledger/verdict/noise.py): the calibration is scaled by sqrt(R), with the df
-    whose t multiplier is the exact one of the scaled pivot at this look's level."""
+    whose t multiplier is the exact one of the scaled pivot at this look's level. A calibration with a position effect
+    (Spread.position): the interval is of mean d minus the A/A mean, its half-width t * sqrt(s^2 / K + s_cal^2 / n)
+    (n: the A/A launches of that mean; exact t at K = 1 without noise scale, and pooled df otherwise)."""
     if not d:
         raise ValueError("the interval needs at least one triplet")
     nominal = level if nominal_level is None else nominal_level
     k = len(d)
     mean = math.fsum(d) / k
+    # the calibration's A/A mean is the launch positions' effect on d: subtracted, its variance carried (issue 52)
+    position = calibration.position if calibration is not None and calibration.df > 0 else None
+    carried = 0.0
+    if position is not None and calibration is not None and position.launches > 0:
+        mean -= position.d
+        carried = calibration.sd**2 / position.launches
     if calibration is not None and calibration.df > 0 and noise is not None:
         calibration = noise.scaled(calibration, nominal)
     else:
@@ -202,7 +229,7 @@ def paired_interval(d: Sequence[float], calibration: Spread | None = None, level
         return Interval(math.exp(mean), 0.0, math.inf, level, nominal, METHOD, k, tuple(d), None, 0, source, None,
                         None, None)
     crit = t_critical(nominal, spread.df)
-    half = crit * spread.sd / math.sqrt(k)
+    half = crit * math.sqrt(spread.sd**2 / k + carried)
     cal_df = spread.df - (k - 1) if source in ("pooled", "calibration") else 0
     return Interval(
         estimate=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half), level=level,

@@ -152,9 +152,10 @@ def test_the_audit_is_recorded_in_the_ledger_with_its_verdict_digest_and_times(
     assert rec.protocol_id == recorded["protocol_id"]
     assert rec.sources_root == recorded["arms"]["candidate"]["commitment_root"]
     assert rec.sources_root != recorded["arms"]["baseline"]["commitment_root"]
-    # d = ln 2, calibration SD 0.05 df 4: 2 exp(+-2.7764 x 0.05) = [1.7408, 2.2978]
+    # d = ln 2, calibration SD 0.05 df 4, its A/A mean (0) over 5 launches subtracted, variance carried (issue 52):
+    # 2 exp(+-2.7764 x 0.05 x sqrt(1 + 1/5)) = [1.7179, 2.3285]
     assert (rec.result_digest, rec.exit_code, rec.note) == (
-        _sha(data), 0, "verdict: accepted (faster); speedup 2.0000x [1.7408, 2.2978] 95%, K=1, df 4, SD of A/A run "
+        _sha(data), 0, "verdict: accepted (faster); speedup 2.0000x [1.7179, 2.3285] 95%, K=1, df 4, SD of A/A run "
         "cal-run1")
     assert result.ledger_seq == rec.seq == head.size  # the first record after the head the audit saw
     assert result.document["ledger_head"] == {"size": head.size, "root": head.root}
@@ -251,7 +252,7 @@ def test_the_command_prints_the_report_and_returns_the_document(
     }
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("verdict: accepted (faster)  run run1  headline 2.0000x (w1), speedup 2.0000x in "
-                                 "[1.7408, 2.2978] (95%)")
+                                 "[1.7179, 2.3285] (95%)")
     assert not any("missing or failed" in line for line in printed)
     assert audit_command("run1", tmp_path)["written"] is False
 

@@ -142,7 +142,8 @@ def test_one_triplet_is_bounded_by_a_calibration_and_the_run_is_pooled_with_it(t
     doc = audit_run(tmp_path, "run2").document
     iv = doc["interval"]
     sd = (0.015 / 5) ** 0.5
-    half = 2.5705818366147395 * sd / 2**0.5
+    # issue 52: the calibration's A/A mean (0 here) is subtracted and its variance 0.05^2 / 5 launches carried
+    half = 2.5705818366147395 * (sd**2 / 2 + 0.05**2 / 5) ** 0.5
     assert (iv["variance_source"], iv["df"]) == ("pooled", 5) and iv["sd"] == pytest.approx(sd)
     assert iv["low"] == pytest.approx(np.exp(0.65 - half)) and iv["high"] == pytest.approx(np.exp(0.65 + half))
     assert iv["log_speedups"] == pytest.approx([0.6, 0.7]) and iv["spread_check"]["larger"] is False
@@ -236,7 +237,7 @@ def test_a_calibration_of_another_protocol_with_this_baseline_workload_is_used_a
     block, iv = doc["calibration"], doc["interval"]
     assert (block["found"], block["usable"], block["run_id"], block["of_protocol_id"]) == (
         True, True, "cal-null", "d" * 64)
-    assert block["words"].endswith(f"; calibrated on protocol synthetic ({'d' * 12}), whose baseline workload is "
-                                   "this run's")
+    assert (f"; calibrated on protocol synthetic ({'d' * 12}), whose baseline workload is this run's; age "
+            in block["words"])
     assert iv["calibration_used"] == {"run_id": "cal-null", "sd": 0.05, "df": 4}
     assert pid != "d" * 64

@@ -25,7 +25,7 @@ from ledger.verdict.decision import (
     triplet_speedups,
     window_effects,
 )
-from ledger.verdict.noise import NoiseEvidence, arm_spread, noise_scale, without_window
+from ledger.verdict.noise import NoiseEvidence, arm_spread, noise_scale, ratio_floor, without_window
 from ledger.verdict.stats import Interval, Outlier, Spread, paired_interval
 from protocol.plan import Triplet
 
@@ -141,7 +141,11 @@ def test_window_effects_use_the_runs_noise_scale_and_only_at_one_triplet_with_ev
     (eff,) = window_effects(ratios, flagged, iv, cal, window_sd)
     assert eff.outlier is flagged[0]
     assert eff.without == without_window(ratios[0], 1, cal, window_sd, iv.noise, iv.nominal_level)  # type: ignore[arg-type]
-    assert eff.without != without_window(ratios[0], 1, cal, window_sd, None, iv.nominal_level)  # the scale counts
+    # R here is below the floor (issue 52): the scaled interval is exactly the calibration's own, never narrower
+    assert iv.noise is not None and iv.noise.ratio < ratio_floor(0.95, 4, iv.noise.d1, iv.noise.d2)  # type: ignore[attr-defined]
+    assert eff.without == pytest.approx(without_window(ratios[0], 1, cal, window_sd, None, iv.nominal_level), rel=1e-9)
+    noisy = dataclasses.replace(iv.noise, ratio=4.0)  # type: ignore[type-var]
+    assert without_window(ratios[0], 1, cal, window_sd, noisy, 0.95) != eff.without  # above it, the scale counts
     assert eff.without != without_window(ratios[0], 0, cal, window_sd, iv.noise, iv.nominal_level)  # type: ignore[arg-type]
     assert window_effects(ratios, flagged, iv, cal, None) == []  # no calibrated window SD
     assert window_effects(ratios, flagged, iv, None, window_sd) == []  # no calibration

@@ -121,7 +121,10 @@ def test_k1_coverage_for_a_noisier_candidate_under_the_scale_model(lam: float) -
         ratios.append(scale.ratio)
         wrong += not iv.covers_one
         wrong_before += not paired_interval(d, cal).covers_one
-    assert wrong / n == pytest.approx(0.05, abs=0.02)
+    if lam > 1:  # issue 34's pivot, exact as theta grows
+        assert wrong / n == pytest.approx(0.05, abs=0.02)
+    else:  # issue 52: the floor max(R, r0) keeps a steadier-looking candidate at least at the calibration's width
+        assert wrong / n < 0.035
     theta = (2 * lam**2 + 1) / 3
     assert scale is not None
     assert float(np.mean(ratios)) == pytest.approx(theta * scale.d2 / (scale.d2 - 2), rel=0.05)

@@ -44,8 +44,9 @@ def test_a_new_record_has_what_the_launch_knows_and_nothing_unset() -> None:
     doc = json.loads(_begun().to_bytes())
     assert doc == {
         "schema": "orch.run/2", "run_id": "r1", "protocol_id": "p" * 64, "protocol_name": "r3-mini",
-        "started": "2026-12-01T00:00:00Z", "ended": None, "status": "running", "host": HOST.model_dump(),
-        "lock": None, "packages": [], "arms": {"candidate": ARM.model_dump(exclude_unset=True)},
+        "started": "2026-12-01T00:00:00Z", "ended": None, "status": "running",
+        "host": HOST.model_dump(exclude_unset=True), "lock": None, "packages": [],
+        "arms": {"candidate": ARM.model_dump(exclude_unset=True)},
     }  # fmt: skip
     assert "sealed_root" not in doc["arms"]["candidate"] and "calibration_of" not in doc
     # canonical bytes: sorted keys, one-space indents, ASCII, a final newline
