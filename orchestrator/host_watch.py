@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.gpu_busy import UtilSampler
 from orchestrator.stragglers import TOKEN_VAR
 from protocol.fileio import write_atomic
 from protocol.gpu_library import gpu_library, lib_call
@@ -159,6 +160,10 @@ class GpuWatch:
                     self.query = f"NVML error ({exc})"
         return sorted(set(out))
 
+    def util_sampler(self) -> UtilSampler | None:
+        """How busy the watched GPUs were (orchestrator.gpu_busy); None without NVML."""
+        return None if self._lib is None else UtilSampler(self._lib, self._handles)
+
     def close(self) -> None:
         if self._lib is not None:
             try:
@@ -194,6 +199,7 @@ class HostWatcher:
         self._wall = 0.0
         self._cpus = sorted(_affinity(0) or range(os.cpu_count() or 1))
         self._gpu: GpuWatch | None = None
+        self._util: UtilSampler | None = None
 
     def start(self) -> None:
         self._t0 = time.monotonic()
@@ -202,6 +208,7 @@ class HostWatcher:
     def _loop(self) -> None:
         c0 = time.thread_time()
         self._gpu = GpuWatch(self.devices)
+        self._util = self._gpu.util_sampler()
         try:
             while True:
                 self._sample()
@@ -234,6 +241,7 @@ class HostWatcher:
         return HostWatchLog(
             interval_s=self.interval_s, cpus=self._cpus, gpus=[] if gpu is None else gpu.indices,
             gpu_query="not started" if gpu is None else gpu.query, cpu_query=self.cpu_query,
+            gpu_util_query=self._util.query if self._util is not None else "not started" if gpu is None else gpu.query,
             wall_s=round(self._wall, 4), sampler_cpu_s=round(self._cpu_s, 4), samples=self.samples,
         )  # fmt: skip
 
@@ -252,8 +260,9 @@ class HostWatcher:
     def _sample(self) -> None:
         t = round(time.monotonic() - self._t0, 4)
         steps = self._read_steps()
+        util = self._util.read() if self._util is not None else []
         if self.cpu_query != "ok":
-            self.samples.append(WatchSample(t_s=t, steps_done=steps))
+            self.samples.append(WatchSample(t_s=t, steps_done=steps, gpu_util=util))
             return
         procs = snapshot()
         own = descendants(procs, self.root)
@@ -276,6 +285,7 @@ class HostWatcher:
             t_s=t, steps_done=steps, foreign_s={str(c): round(s, 4) for c, s in sorted(foreign_s.items())},
             other_s=round(other, 4), blocks=[sorted(b) for b in blocks],
             top=[WatchBusy(name=n, cpu_s=round(x, 3)) for n, x in top], gpu_foreign=gpus, gpu_unresolved=unresolved,
+            gpu_util=util,
         ))  # fmt: skip
 
     def observe(self, procs: Mapping[int, Proc], own: set[int]) -> dict[int, tuple[Proc, float]]:

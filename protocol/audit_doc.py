@@ -205,6 +205,9 @@ class AuditDocument(_Doc):
     host_watch: dict[str, Any] | None = Field(
         None, description="per train launch and window: foreign CPU and GPU use sampled through the launch, the "
         "threshold, and one sentence per busy window (ledger.verdict.host_watch)")
+    gpu_busy: dict[str, Any] | None = Field(
+        None, description="GPU protocols: how busy the GPUs were per train launch and window (NVML, sampled by the "
+        "host watch), launch-bound under 80%, the K = 1 width the calibration gives (ledger.verdict.gpu_busy)")
     clock: dict[str, Any] | None = Field(None, description="the step clock cross-check (kernel send stamps)")
     probe_cost: dict[str, Any] | None = Field(
         None, description="the probe's seconds at each timed step's boundary / the step's seconds, per launch and "

@@ -91,6 +91,15 @@ class WatchGpu(_Doc):
     name: str
 
 
+class WatchUtil(_Doc):
+    """A GPU's busy share over one watch interval: NVML's utilisation samples (the fraction of each sample period in
+    which a kernel ran) that arrived since the previous watch sample, averaged."""
+
+    index: int  # the GPU (NVML index)
+    busy: float  # 0..1
+    samples: int  # NVML samples averaged (1 where only the current rate could be read)
+
+
 class WatchSample(_Doc):
     """What foreign processes did between the previous sample and this one (the first sample only sets the base)."""
 
@@ -102,6 +111,7 @@ class WatchSample(_Doc):
     top: list[WatchBusy] = []  # the busiest foreign processes of the interval
     gpu_foreign: list[WatchGpu] = []  # foreign compute or graphics processes on the package's GPUs at this sample
     gpu_unresolved: int = 0  # GPU process ids not in this PID namespace: neither ours nor known foreign
+    gpu_util: list[WatchUtil] = []  # how busy each of the package's GPUs was since the previous sample
 
 
 class HostWatchLog(_Doc):
@@ -115,6 +125,9 @@ class HostWatchLog(_Doc):
     gpus: list[int]  # the GPUs watched (NVML indices); [] for a CPU package
     gpu_query: str  # "ok", or why there are no GPU figures
     cpu_query: str  # "ok", or why there are no CPU figures
+    # "ok" (per-interval NVML utilisation samples), "rate" (only the current rate), or why GPU-busy was not read;
+    # None: recorded before GPU-busy was sampled
+    gpu_util_query: str | None = None
     wall_s: float
     sampler_cpu_s: float  # CPU time of the sampling thread itself (its overhead)
     samples: list[WatchSample]
