@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install pyc lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-tuned bench-startup bench-watch bench-null bench-verdict bench-trl attack mutation clean
+.PHONY: all install pyc lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-tuned bench-startup bench-watch bench-null bench-floor bench-verdict bench-trl attack mutation clean
 
 all: test
 
@@ -104,6 +104,12 @@ bench-watch: $(STAMP)
 # one device call (~8 min on one H200): null runs with repeats and a known 25% slowdown; figures under $$OUT
 bench-null: $(STAMP)
 	$(BIN)/python bench/bench_null.py $(BENCH_NULL_ARGS)
+
+# issue 50: orch's own noise against the host's floor in one call: the GPU-bound r3-mini as plain fresh launches (no
+# orch) and as orch A/A triplets (orch calibrate); both SDs of the paired d, both A/B drifts, GPU-busy; figures under
+# $$OUT (~6 min on one H100/H200). BENCH_FLOOR_ARGS="--device cpu --small --plain-triplets 1 --orch-triplets 2" on CPU
+bench-floor: $(STAMP)
+	$(BIN)/python bench/bench_floor.py $(BENCH_FLOOR_ARGS)
 
 # issue 28: TRL GRPO's candidate without orch (gradient checkpointing on vs off, TRL's own script on 2 CPU ranks,
 # 3 alternated runs each, ~3 min); installs the trl extra. BENCH_TRL_ARGS="--device cuda --size 16x1536x256 ..." sizes
