@@ -13,6 +13,8 @@ import json
 import os
 import pwd
 import select
+import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,7 @@ from typing import Any
 
 from orchestrator.cgroups import PackageCgroup, joiner
 from orchestrator.process_group import group_members
+from orchestrator.stragglers import carries_token
 from orchestrator.surface import Snapshot, changes, snapshot
 
 NS_INIT = Path(__file__).with_name("ns_init.py")
@@ -31,6 +34,27 @@ SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 GRACE_S = 1.0  # what is still ending when the package's main process ends is given this long
 ENDINGS = ("pid-namespace", "cgroup", "token-scan")
 NETWORKS = ("own", "host")
+SETTLE_S = 0.5  # scan mode: a new shared entry counts only if a re-listing this much later still finds it
+
+
+# a private TMPDIR of at most this many characters leaves 43 for what is made under it (multiprocessing's
+# pymp-XXXXXXXX/listener-XXXXXXXX: 33) within the 107 of an AF_UNIX socket path
+PRIVATE_TMP_MAX = 64
+
+
+def private_tmp_base() -> str:
+    """Where each package's private TMPDIR is made: /tmp (short whatever the home's path), else the system's."""
+    return "/tmp" if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK) else tempfile.gettempdir()
+
+
+def private_tmp_problem() -> str | None:
+    """One line when a package's private TMPDIR would be too long for AF_UNIX sockets, else None (orch launch)."""
+    longest = len(os.path.realpath(private_tmp_base())) + len("/orch-XXXXXXXX")
+    if longest <= PRIVATE_TMP_MAX:
+        return None
+    return (f"a package's private TMPDIR under {private_tmp_base()} would be {longest} characters (at most "
+            f"{PRIVATE_TMP_MAX}): socket paths under it pass the 107-character AF_UNIX limit and a DataLoader worker "
+            "fails; set TMPDIR to a short folder")
 
 
 def _user_home() -> str | None:
@@ -42,12 +66,14 @@ def _user_home() -> str | None:
 
 
 def protected_dirs() -> list[str]:
-    """The shared folders scan mode lists (/tmp, /var/tmp, the user's real home): a new entry there fails it."""
+    """The shared folders scan mode lists (/tmp, /var/tmp, /dev/shm, the user's real home): a new entry there that
+    stays, held open by no process outside the package, fails it."""
     out = [d for d in ("/tmp", "/var/tmp") if os.path.isdir(d) and not os.path.islink(d)]
     home = _user_home()
     if home is not None and all(not _under(home, d) for d in out):
         out.append(os.path.realpath(home))
-    return [os.path.realpath(d) for d in out]
+    out += [d for d in ("/dev/shm",) if os.path.isdir(d)]
+    return list(dict.fromkeys(os.path.realpath(d) for d in out))
 
 
 def _under(path: str, root: str) -> bool:
@@ -137,6 +163,62 @@ def _listing(dirs: Sequence[str]) -> dict[str, set[str]]:
     return out
 
 
+def held_open(paths: Sequence[str], token: str | None) -> set[str]:
+    """Which of `paths` (an open file or working folder at or below one) a live process outside the package holds:
+    /proc/PID/fd and cwd of every process, skipping what cannot be read (another user's, or gone); a process that
+    carries the package's `token` is the package's own."""
+    if not paths:
+        return set()
+    held: set[str] = set()
+    me = os.getpid()
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        targets = _open_paths(pid)
+        hits = {p for p in paths if p not in held and any(_at_or_below(t, p) for t in targets)}
+        if hits and (pid == me or token is None or not carries_token(pid, token)):
+            held |= hits
+    return held
+
+
+def _open_paths(pid: int) -> list[str]:
+    out = []
+    try:
+        with os.scandir(f"/proc/{pid}/fd") as it:
+            for entry in it:
+                try:
+                    out.append(os.readlink(entry.path))
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    try:
+        out.append(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        pass
+    return out
+
+
+def _at_or_below(target: str, path: str) -> bool:
+    return target == path or target.startswith(path.rstrip("/") + "/")
+
+
+def fresh_folders(scratch_dir: str, name: str, trainer: bool) -> list[str]:
+    """Make package `name`'s private folders in scratch anew: isolated/NAME (its TMPDIR, HOME, /dev staging) and, for
+    a package with one, trainer/NAME. Returns those that were there already or that lie under a link (lstat, never
+    followed): an earlier package planted them (none is ever reused; the package must fail, naming them)."""
+    planted = []
+    for parent, leaf in [("isolated", name), *([("trainer", name)] if trainer else [])]:
+        above = Path(scratch_dir) / parent
+        above.mkdir(parents=True, exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(above).st_mode):
+            planted.append(str(above))
+            continue
+        try:
+            os.mkdir(above / leaf)
+        except FileExistsError:
+            planted.append(str(above / leaf))
+    return planted
+
+
 def _named(procs: Sequence[tuple[int, str]]) -> list[str]:
     return [f"{name} (pid {pid})" for pid, name in procs]
 
@@ -159,11 +241,12 @@ class PackageIsolation:
     endpoints: list[tuple[str, int]] = field(default_factory=list)
     network: str = "host"  # what held, as run.json says it: namespace | host | host: why (the init's report)
     _report: tuple[int, int] | None = None
+    private_tmp: Path | None = None  # its TMPDIR: /tmp/orch-XXXXXXXX (start() makes it; finish() removes it)
     _cgroup_fd: int | None = None
 
     @property
     def tmpdir(self) -> Path:
-        return self.root / "tmp"
+        return self.private_tmp if self.private_tmp is not None else self.root / "tmp"
 
     @property
     def home(self) -> Path:
@@ -181,6 +264,9 @@ class PackageIsolation:
 
     def start(self) -> None:
         """Make its folders (holes must exist to be mounted), then what its mode needs before it runs."""
+        if self.private_tmp is None:  # short: socket paths under it (DataLoader workers, shared memory) stay legal
+            self.private_tmp = Path(os.path.realpath(tempfile.mkdtemp(prefix="orch-", dir=private_tmp_base())))
+            self.keep.append(str(self.private_tmp))
         for d in (self.tmpdir, self.home, self.root / "dev"):
             d.mkdir(parents=True, exist_ok=True)
         if self.mode == "namespace":
@@ -220,7 +306,15 @@ class PackageIsolation:
         self.survivors += _named(left)
 
     def finish(self) -> None:
-        """After the package: the init's report read (namespace mode), or its cgroup killed and removed."""
+        """After the package: the init's report read (namespace mode), or its cgroup killed and removed; its private
+        TMPDIR removed."""
+        try:
+            self._finish()
+        finally:
+            if self.private_tmp is not None:
+                shutil.rmtree(self.private_tmp, ignore_errors=True)  # never follows a link it holds
+
+    def _finish(self) -> None:
         if self._report is not None:
             report = read_report(self._report[0])
             self._report = None
@@ -236,20 +330,33 @@ class PackageIsolation:
             self.cgroup = None
 
     def scanned(self) -> list[str]:
-        return [d for d in dict.fromkeys([*self.protected, "/dev/shm"]) if os.path.isdir(d)]
+        return [d for d in self.protected if os.path.isdir(d)]
 
-    def written_outside(self) -> list[str]:
-        """Scan mode: entries that appeared in the shared folders while the package ran (owned by this user)."""
+    def written_outside(self, token: str | None = None) -> list[str]:
+        """Scan mode: the entries of this user's that appeared in the shared folders while the package ran, are still
+        there SETTLE_S later (a re-listing) and that no live process outside the package holds open. Scan mode cannot
+        tell which process made an entry; this leaves out what another process of the user is using or has already
+        removed (a compiler's temporaries). The package's own processes: those carrying `token` (its
+        ORCH_PACKAGE_TOKEN); its cgroup's were all killed with it (finish())."""
         if self.mode != "scan":
             return []
-        after = _listing(self.scanned())
+        new = self._new_entries(_listing(self.scanned()))
+        if not new:
+            return []
+        time.sleep(SETTLE_S)
+        again = _listing(self.scanned())
+        stayed = [p for p in new if os.path.basename(p) in again.get(os.path.dirname(p), set())]
+        held = held_open(stayed, token)
+        return [_shown(p) for p in stayed if p not in held]
+
+    def _new_entries(self, after: dict[str, set[str]]) -> list[str]:
         found = []
         for d, names in after.items():
             for name in sorted(names - self.before.get(d, set())):
                 path = os.path.join(d, name)
                 if any(_under(k, path) or _under(path, k) for k in self.keep):
                     continue  # the run's own folders (or a folder above them) are allowed
-                found.append(_shown(path))
+                found.append(path)
         return found
 
     def surface_changed(self) -> list[str]:
@@ -268,15 +375,17 @@ def _shown(path: str) -> str:
 
 
 def isolate(scratch_dir: str, name: str, keep: Sequence[str], mode: str = "auto",
-            protect: Sequence[str] = (), surface: Sequence[str] = (), ending: str = "auto", network: str = "own",
+            protect: Sequence[str] = (), surface: Sequence[str] = (), ending: str = "auto",
+            shared: Sequence[str] | None = None, network: str = "own",
             endpoints: Sequence[tuple[str, int]] = ()) -> PackageIsolation:
     """The isolation of package `name`: private folders under scratch/isolated/NAME; mode auto = namespace where
     the kernel allows, else scan. `keep`: the package's own folders (writable; the rest is read-only in the
     namespace). `protect`: more folders scan mode lists (orch's home). `surface`: the interpreter's startup
     folders scan mode compares. `ending` (scan mode): auto = a cgroup where one can be made, else the token scan;
-    mode "scan+ENDING" (as run.json records it) names both. `network` (namespace mode): own = a network namespace of
-    its own reaching only `endpoints` (host, port), the host's path sockets masked; host = the host's network (srun);
-    scan mode always shares the host's."""
+    mode "scan+ENDING" (as run.json records it) names both. `shared`: the shared folders scan mode lists instead
+    of the host's (protected_dirs()); only tests name one, a private folder no other process on the host touches.
+    `network` (namespace mode): own = a network namespace of its own reaching only `endpoints` (host, port), the
+    host's path sockets masked; host = the host's network (srun); scan mode always shares the host's."""
     if mode.startswith("scan+"):
         mode, ending = "scan", mode.removeprefix("scan+")
     if mode == "auto":
@@ -291,9 +400,9 @@ def isolate(scratch_dir: str, name: str, keep: Sequence[str], mode: str = "auto"
         raise ValueError(f"ending {ending!r} does not go with isolation mode {mode!r}")
     root = Path(scratch_dir) / "isolated" / name
     keep_paths = list(dict.fromkeys(os.path.realpath(k) for k in [*keep, str(root)]))
-    protected = protected_dirs()
+    protected = protected_dirs() if shared is None else [os.path.realpath(d) for d in shared]
     more = [os.path.realpath(p) for p in protect if os.path.isdir(p)]
-    protected += [p for p in more if not any(_under(p, d) for d in protected)]
+    protected += [p for p in more if p not in protected]  # a listing is one level deep: one under /tmp counts too
     if network not in NETWORKS:
         raise ValueError(f"network {network!r} is not own or host")
     return PackageIsolation(mode, ending, root, keep_paths, protected, list(surface), network_wanted=network,

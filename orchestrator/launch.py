@@ -25,10 +25,11 @@ from manifests.sources import arm_source_dir
 from orchestrator import gpu_lock, interrupts, slurm
 from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
 from orchestrator.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
+from orchestrator.isolation import private_tmp_problem
 from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
 from orchestrator.run_plan import RunContext, VerifiedArm, run_plan, trainer_command
-from orchestrator.sealing import seal_arm, unseal_for_removal
+from orchestrator.sealing import orch_packages, seal_arm, shadowing, unseal_for_removal
 from orchestrator.sequential_launch import begin as begin_sequential
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, UsageError, os_error_line
 from protocol.fileio import write_atomic
@@ -90,6 +91,12 @@ def verify_arms(loaded: LoadedProtocol, workdir: Path, say: Callable[[str], None
         commitment_path = loaded.resolve(arm.commitment)
         commitment = load_manifest(commitment_path)
         src = arm_source_dir(loaded, arm, workdir / name)
+        shadows = shadowing(src, loaded.protocol.launcher.env.get("PYTHONPATH", ""))
+        if shadows:
+            raise RefusedError(
+                f"{name} sources hold {', '.join(shadows)}: the name of one of orch's own packages "
+                f"({', '.join(orch_packages())}); orch's workers and probe import theirs, so rename it or move it "
+                "out of the sealed tree")
         actual = hash_tree(src, include)
         diff = diff_manifests(commitment, actual)
         note = None
@@ -162,6 +169,9 @@ def load(protocol_path: Path, home_dir: Path | None, loaded: LoadedProtocol | No
     """
     loaded = loaded or load_protocol(protocol_path)
     require_worker_packages(loaded)
+    problem = private_tmp_problem()
+    if problem is not None:
+        raise RefusedError(problem)
     home = resolve_home(home_dir)
     home.create()
     ledger = Ledger(home.ledger_path)
@@ -253,7 +263,8 @@ def seal(ctx: RunContext) -> None:
         ctx.sealed[name] = seal_arm(name, arm.source_dir, include, arm.sources_root, ctx.run_dir / "sealed" / name)
         sealed = ctx.sealed[name]  # the seal covers every file; sources_root the included ones
         write_atomic(ctx.run_dir / "sealed" / f"{name}.manifest.json", sealed.manifest.to_json().encode())
-        ctx.run_record = ctx.run.with_arm(name, sealed_root=sealed.manifest.root)
+        ctx.run_record = ctx.run.with_arm(name, sealed_root=sealed.manifest.root,
+                                          beyond_include=sealed.beyond_include())
     ctx.write_run_json()
     if ctx.slurm is not None:
         ctx.update_run(slurm=SlurmRecord(job_id=ctx.slurm.alloc.job_id, nodes=[

@@ -17,17 +17,18 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import interrupts
-from orchestrator.isolation import PackageIsolation, isolate
+from orchestrator.isolation import PackageIsolation, fresh_folders, isolate
 from orchestrator.process_group import exit_status, spawn_in_group, terminate_group, wait_group
 from orchestrator.stragglers import TOKEN_VAR, end_stragglers, new_token
 from orchestrator.surface import surface_dirs
-from protocol.fileio import write_atomic
+from protocol.fileio import read_regular, write_atomic
 from protocol.hashing import canonical_json
 from protocol.package import PackageSpec, TrainSpec
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, TrainResult
 from protocol.schema import endpoint
+from protocol.trainer_path import TRAINER_PATH_VAR
 
-ORCH_ROOT = Path(__file__).resolve().parents[1]  # holds workers/, protocol/: on PYTHONPATH of every package
+ORCH_ROOT = Path(__file__).resolve().parents[1]  # holds workers/, protocol/: first on PYTHONPATH of every package
 RESULT_MODELS: dict[str, type[BaseModel]] = {
     "checks": ChecksResult,
     "train": TrainResult,
@@ -82,11 +83,16 @@ def package_env(
     env.update(launcher_env)
     env.update(switches)
     env.update(ENV_FIXED)
-    # orch's own root first, so `-m workers.<kind>` resolves from the sealed cwd; then what orch itself runs with
-    # the protocol's own entries next (e.g. "." for a trainer that imports its top-level packages from its root)
-    inherited = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # orch's workers start from orch alone: its root and what orch itself runs with (made absolute here, so that
+    # nothing resolves against the sealed cwd), and no interpreter of the package puts its cwd or script folder first
+    # (PYTHONSAFEPATH, as -P; inherited by torchrun and every rank). The protocol's own entries (e.g. "." for a
+    # trainer that imports its top-level packages from its root) reach the trainer only: the probe adds them once
+    # its own modules are imported, and restores PYTHONPATH for what the trainer starts (workers/trainer_path.py)
+    inherited = [os.path.abspath(p) for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
     declared = [p for p in launcher_env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([str(ORCH_ROOT), *declared, *inherited])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(ORCH_ROOT), *inherited]))
+    env[TRAINER_PATH_VAR] = os.pathsep.join([str(ORCH_ROOT), *declared, *inherited])
+    env["PYTHONSAFEPATH"] = "1"
     # `python` in a protocol command is the interpreter that runs orch (its venv), whatever PATH says first
     path = [p for p in env.get("PATH", "").split(os.pathsep) if p]
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), *path])
@@ -113,9 +119,12 @@ def write_spec(spec: PackageSpec) -> Path:
 
 def load_result(kind: str, path: Path) -> tuple[BaseModel | None, str | None, str | None]:
     """(result, sha256, problem): a missing or malformed result is a failure with a one-line reason."""
-    if not path.is_file():
+    try:
+        raw = read_regular(path)
+    except FileNotFoundError:
         return None, None, f"no result document at {path.name}"
-    raw = path.read_bytes()
+    except OSError as err:  # a link, FIFO or device where the result should be: never followed or waited on
+        return None, None, f"no result document at {path.name}: {err.strerror}"
     try:
         result = RESULT_MODELS[kind].model_validate_json(raw)
     except ValidationError as err:
@@ -128,7 +137,7 @@ def load_result(kind: str, path: Path) -> tuple[BaseModel | None, str | None, st
 def run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None = None,
     isolation: str = "auto", prefix: Sequence[str] = (), surface: Sequence[str] | None = None,
-    cache: str | None = None, endpoints: Sequence[str] = (),
+    cache: str | None = None, shared: Sequence[str] | None = None, endpoints: Sequence[str] = (),
 ) -> PackageOutcome:
     """Run the package to its end (or timeout / Ctrl-C), isolated (orchestrator.isolation), end what it left
     running, validate its result. It may write only its own folders (package directory, private TMPDIR and HOME,
@@ -136,12 +145,12 @@ def run_package(
     scratch). A process left running after its main process, a change of the interpreter's startup surface (scan
     mode) or a write outside fails it, named. `prefix`: what the worker runs under (srun on a Slurm allocation's
     first node); `surface`: the startup folders scan mode compares (default: the interpreter's and the package's
-    PYTHONPATH); `endpoints`: the TCP services (launcher.endpoints, HOST:PORT) it may reach from its own network
-    namespace."""
+    PYTHONPATH); `shared`: the shared folders scan mode lists (default: the host's; tests name a private one);
+    `endpoints`: the TCP services (launcher.endpoints, HOST:PORT) it may reach from its own network namespace."""
     token = new_token()
     try:
         outcome = _run_package(spec, {**env, TOKEN_VAR: token}, timeout_s, on_tick, isolation, prefix, surface,
-                               cache, endpoints)
+                               cache, shared, endpoints)
     finally:
         left = end_stragglers(token)
     if left:
@@ -158,15 +167,16 @@ def _fail(outcome: PackageOutcome, note: str) -> None:
 
 def own_folders(spec: PackageSpec) -> list[str]:
     """The folders (and files) a package may write, made before it starts. Train, replay and reload: their
-    package directory, trainer folder, checkpoint and clock folders and trainer log; checks and score read and
-    write the whole run (the first makes the shared inputs, the last reads every arm's checkpoint)."""
+    package directory, trainer folder, clock folder and trainer log, and a train package its checkpoint folder;
+    checks and score read and write the whole run (the first makes the shared inputs, the last reads every arm's
+    checkpoint)."""
     pkg_dir = Path(spec.package_dir)
     run_dir, scratch = pkg_dir.parent.parent, Path(spec.scratch_dir)
     if spec.kind in ("checks", "score"):
         return [str(run_dir), str(scratch)]
     folders = [pkg_dir, scratch / "trainer" / spec.name]
     ckpt = getattr(spec, "ckpt_dir", None)
-    if ckpt:
+    if ckpt and spec.kind != "reload":  # a reload reads its arm's sealed checkpoint; only the train writes it
         folders.append(Path(ckpt))
     slurm = getattr(spec, "slurm", None)
     if slurm is not None:
@@ -174,26 +184,32 @@ def own_folders(spec: PackageSpec) -> list[str]:
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
     log = scratch / f"{spec.name}.trainer.log"  # workers/train.py writes the trainer's own output there
-    log.touch()
+    # made here, never through a link an earlier package planted at its name (O_NOFOLLOW: ELOOP names it)
+    os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
     return [*map(str, folders), str(log)]
 
 
 def _run_package(
     spec: PackageSpec, env: Mapping[str, str], timeout_s: float, on_tick: Callable[[float], None] | None,
     isolation: str, prefix: Sequence[str] = (), surface: Sequence[str] | None = None, cache: str | None = None,
-    endpoints: Sequence[str] = (),
+    shared: Sequence[str] | None = None, endpoints: Sequence[str] = (),
 ) -> PackageOutcome:
     isolating = time.time()  # start-up figures (orchestrator.startup): the package's set-up begins
     spec_path = write_spec(spec)
     pkg_dir = Path(spec.package_dir)
     run_dir = pkg_dir.parent.parent  # runs/<id>/packages/<name>
+    planted = fresh_folders(spec.scratch_dir, spec.name, trainer=spec.kind not in ("checks", "score"))
+    if planted:  # never reused: what an earlier package left there would be this one's TMPDIR, HOME or outputs
+        return PackageOutcome(spec.name, "failed", None, 0.0, utc_now(), utc_now(), extra={"planted": planted},
+                              note=f"its private folders existed before it started: {', '.join(planted)} (orch "
+                                   "makes them anew for every package; an earlier package may have planted them)")
     iso = isolate(spec.scratch_dir, spec.name, [*own_folders(spec), *([cache] if cache else [])], isolation,
-                  protect=[str(run_dir.parent.parent)],
+                  protect=[str(run_dir.parent.parent)], shared=shared,
                   # srun needs slurmctld and munge: a Slurm package keeps the host's network (its ranks do anyway)
                   network="host" if prefix else "own", endpoints=[endpoint(e) for e in endpoints],
                   surface=surface_dirs(env, skip=[spec.scratch_dir]) if surface is None else surface)
     iso.start()
-    worker = [sys.executable, "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
+    worker = [sys.executable, "-P", "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
     cmd = iso.command([*prefix, *worker], spec.sealed_dir)
     env = iso.env(env)
     started, t0, spawned = utc_now(), time.monotonic(), time.time()
@@ -210,11 +226,14 @@ def _run_package(
         outcome.extra["survivors"] = iso.survivors
         _fail(outcome, f"left {len(iso.survivors)} process(es) running after its main process ended, ended by "
                        f"orch ({iso.ending}): {', '.join(iso.survivors)}; a package's processes must end with it")
-    outside = iso.written_outside()
+    outside = iso.written_outside(env.get(TOKEN_VAR))
     if outside:
         shown = ", ".join(outside[:5]) + (f" and {len(outside) - 5} more" if len(outside) > 5 else "")
-        _fail(outcome, f"wrote outside the run directory and scratch: {shown} (a package may write only there; "
-                       "its TMPDIR and HOME are private)")
+        outcome.extra["written_outside"] = outside  # all of them (run.json); the note shows the first five
+        _fail(outcome, f"new entries outside the run directory and scratch while it ran: {shown} (scan mode cannot "
+                       "tell which process made an entry: these are this user's, still there a moment later and held "
+                       "open by no process outside the package; a package may write only its own folders, its "
+                       "TMPDIR and HOME are private)")
     changed = iso.surface_changed()
     if changed:
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
@@ -268,7 +287,7 @@ def _run(
 
 def _last_line(path: Path) -> str:
     try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [ln for ln in read_regular(path).decode(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
     return lines[-1].strip()[:300] if lines else ""
@@ -277,9 +296,8 @@ def _last_line(path: Path) -> str:
 def probe_progress(pkg_dir: Path) -> int:
     """Steps completed so far by rank 0 of a train package (lines of its probe file)."""
     path = pkg_dir / "steps.rank0.jsonl"
-    try:
-        with open(path, "rb") as f:
-            return sum(1 for _ in f)
+    try:  # a link or FIFO the package put there is never followed or waited on
+        return read_regular(path).count(b"\n")
     except OSError:
         return 0
 

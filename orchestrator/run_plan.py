@@ -16,11 +16,12 @@ from typing import Any
 
 from ledger.cost.store import Ledger
 from orchestrator import gpu_lock, slurm
-from orchestrator.blinding import quarantine, seal_outputs
+from orchestrator.blinding import quarantine, seal_outputs, special_entries
 from orchestrator.compile_cache import RunCaches
 from orchestrator.host_watch import HostWatcher, package_devices
 from orchestrator.packages import PackageOutcome, env_summary, package_env, probe_progress, run_package, utc_now
 from orchestrator.progress import Progress
+from orchestrator.safe_paths import UnsafeEntry, fingerprint_changes, seal_checkpoint, stat_fingerprint
 from orchestrator.sealing import SealedArm, check_seal, unseal_for_removal
 from orchestrator.sequential_launch import SequentialState, after_triplet
 from orchestrator.startup import startup_phases
@@ -85,6 +86,9 @@ class RunContext:
     closed: set[str] = field(default_factory=set)
     sequential: SequentialState | None = None  # repeats: auto or --until-decided (orchestrator/sequential_launch.py)
     caches: RunCaches | None = None  # the run's compile caches, made when the plan starts
+    # each kept checkpoint's entries (kind, inode, size, mtime, ctime) once its train package passed: checked
+    # before and after every later package (orchestrator/safe_paths.stat_fingerprint)
+    checkpoints: dict[str, dict[str, tuple[str, int, int, int, int]]] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, bool]:
@@ -283,8 +287,6 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                           arm_spec.switches if arm_spec else {}, ctx.run_id)
         cache = ctx.caches.prepare(pkg.name, pkg.kind)  # orch owns every package's compile cache
         env.update(ctx.caches.env(cache))
-        if pkg.kind in ("train", "replay", "prime"):
-            trainer_dir(ctx, pkg).mkdir(parents=True, exist_ok=True)
         ctx.record(pkg, "open", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         entry = PackageEntry(name=pkg.name, kind=pkg.kind, arm_label=pkg.arm_label, arm=pkg.arm,
                              env=env_summary(env), status="running")
@@ -303,6 +305,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
 
         prefix = ctx.slurm.prefix(pkg.kind, pkg.name) if ctx.slurm is not None else []
         refused = _slurm_precheck(ctx) if ctx.slurm is not None and index == 0 else None
+        if refused is None:  # again just before it starts: nothing may have changed since the last package ended
+            refused = _sealed_unchanged(ctx, cache, init_digest if pkg.kind != "score" else None)
         # the host watched through every train launch (issue 27): foreign CPU and GPU use, per window in the audit
         watcher = HostWatcher(pkg_dir, package_devices(spec.device, env)) if pkg.kind == "train" else None
         if watcher is not None:
@@ -317,26 +321,30 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             watched = None if watcher is None else watcher.finish()
         if ctx.slurm is not None and outcome.status == "failed" and refused is None:  # a lost node, by hash
             outcome.note = ctx.slurm.explain_failure(outcome.note, pkg.kind)
+        said: dict[str, Any] = {}  # what only some packages have to say
+        # orch's own handling of what the package wrote comes first, every seal and cache check after it
+        # (orchestrator/safe_paths.py: nothing the package could have planted is followed)
+        _handle_outputs(ctx, pkg, pkg_dir, outcome, said)
         if outcome.status == "ok":
             try:
-                for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy
-                    check_seal(ctx.sealed[arm])
-                ctx.caches.check_baseline(pkg.name)  # nor may it edit the compile cache every arm loads
+                _check_sealed(ctx, f"during {pkg.name}", init_digest if pkg.kind != "score" else None)
                 if not ctx.primes:  # measurement.compile: none is checked after every package, never trusted
                     ctx.caches.check_compiled_nothing(pkg.name)
                 if ctx.slurm is not None:  # after this package, so before the next: nothing runs in between
                     ctx.slurm.check_seals(_seal_roots(ctx), f"after {pkg.name}")
-                if init_digest is not None and pkg.kind != "score":
-                    if sha256_file(ctx.scratch / "init.safetensors") != init_digest:
-                        raise FailedError("the shared initial state changed during the run")
+                ckpt = getattr(spec, "ckpt_dir", None)
+                if pkg.kind == "train" and ckpt is not None:  # read-only, and checked from now on
+                    ctx.checkpoints[pkg.arm_label or pkg.name] = seal_checkpoint(Path(ckpt))
                 if ctx.sequential is not None and ctx.sequential.stop is None and ctx.plan[index + 1].kind == "replay":
                     after_triplet(ctx)  # the look after the last planned triplet: stop, or one triplet more
                     statuses.update({p.name: "not-run" for p in ctx.plan if p.name not in statuses})
             except FailedError as err:
                 outcome.status, outcome.note = "failed", err.message
-        said: dict[str, Any] = {}  # what only some packages have to say
         if outcome.status == "ok" and pkg.kind == "prime":
-            said["compile_cache"] = ctx.caches.seal_baseline().model_dump()
+            try:
+                said["compile_cache"] = ctx.caches.seal_baseline().model_dump()
+            except FailedError as err:
+                outcome.status, outcome.note = "failed", err.message
         else:
             use = ctx.caches.use(pkg.name, pkg.kind)
             if use is not None:
@@ -350,9 +358,6 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             phases = startup_phases(outcome.extra.get("startup"), outcome.result)  # type: ignore[arg-type]
             if phases is not None:
                 said["startup"] = phases
-        if pkg.kind in ("train", "replay", "prime"):  # blinding: the trainer's own outputs never stay in the run folder
-            moved = quarantine(pkg_dir, trainer_dir(ctx, pkg))
-            said["trainer_outputs"] = {**seal_outputs(trainer_dir(ctx, pkg)), "moved_from_run_dir": len(moved)}
         if outcome.status == "ok" and pkg.kind == "reload":
             _drop_checkpoint(ctx, pkg)
         if outcome.status == "ok" and pkg.kind == "checks":
@@ -396,6 +401,61 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
     return "complete", statuses
 
 
+def _handle_outputs(ctx: RunContext, pkg: PlannedPackage, pkg_dir: Path, outcome: PackageOutcome,
+                    said: dict[str, Any]) -> None:
+    """Blinding (the trainer's own outputs never stay in the run folder), then the run folder holds nothing but
+    files and folders: a link, FIFO, socket or device there fails the package, named (orch and the audit read it)."""
+    try:
+        if pkg.kind in ("train", "replay", "prime"):
+            moved = quarantine(pkg_dir, ctx.scratch, pkg.name)
+            said["trainer_outputs"] = {**seal_outputs(ctx.scratch, pkg.name), "moved_from_run_dir": len(moved)}
+        special = special_entries(pkg_dir)
+    except (UnsafeEntry, OSError) as err:
+        _fail_outcome(outcome, f"its folders cannot be handled safely: {err}; orch follows no link a package made")
+        return
+    if special:
+        shown = ", ".join(special[:5]) + (f" and {len(special) - 5} more" if len(special) > 5 else "")
+        _fail_outcome(outcome, f"left {len(special)} entr{'y' if len(special) == 1 else 'ies'} in its run folder that "
+                               f"{'is' if len(special) == 1 else 'are'} not a file or a folder: {shown}; a package "
+                               "may leave only files there")
+
+
+def _fail_outcome(outcome: PackageOutcome, note: str) -> None:
+    outcome.note = note if outcome.status == "ok" or not outcome.note else f"{note}; {outcome.note}"
+    outcome.status = "failed" if outcome.status == "ok" else outcome.status
+
+
+def _check_sealed(ctx: RunContext, when: str, init_digest: str | None) -> None:
+    """Every arm's sealed copy, the sealed baseline compile cache, every kept checkpoint and the shared initial
+    state are as sealed: FailedError naming what changed."""
+    for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy
+        check_seal(ctx.sealed[arm])
+    assert ctx.caches is not None
+    ctx.caches.check_baseline(when)  # nor may it edit the compile cache every arm loads
+    for label, sealed in ctx.checkpoints.items():
+        changed = fingerprint_changes(sealed, stat_fingerprint(ctx.scratch / "ckpt" / label))
+        if changed:
+            shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+            raise FailedError(f"the checkpoint of {label} changed {when}: {shown}; it is sealed once its train "
+                              "package passed, and its reload and the scorer read it")
+    if init_digest is not None and sha256_file(ctx.scratch / "init.safetensors") != init_digest:
+        raise FailedError(f"the shared initial state changed {when}")
+
+
+def _sealed_unchanged(ctx: RunContext, cache: Path, init_digest: str | None) -> str | None:
+    """Before a package starts: None, or why it must not (what changed since the last package ended, and its own
+    fresh compile-cache copy against the seal)."""
+    try:
+        _check_sealed(ctx, "between packages", init_digest)
+        assert ctx.caches is not None
+        ctx.caches.check_copy(cache)
+    except FailedError as err:
+        return err.message
+    except (UnsafeEntry, OSError) as err:
+        return f"the sealed inputs cannot be read safely before it started: {err}"
+    return None
+
+
 def _slurm_precheck(ctx: RunContext) -> str | None:
     """Every node reads the sealed copies before the first package: None, or why not (the first package fails)."""
     assert ctx.slurm is not None
@@ -424,6 +484,7 @@ def _drop_checkpoint(ctx: RunContext, pkg: PlannedPackage) -> None:
     if (repeats == 1 and not sequential) or pkg.arm_label is None or pkg.arm_label in kept_checkpoints(*ctx.shape):
         return
     ckpt = ctx.scratch / "ckpt" / pkg.arm_label
+    ctx.checkpoints.pop(pkg.arm_label, None)
     if ckpt.exists():
         unseal_for_removal(ckpt)
         shutil.rmtree(ckpt, ignore_errors=True)

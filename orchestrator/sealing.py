@@ -30,6 +30,11 @@ class SealedArm:
     manifest: Manifest  # every file of the sealed copy (what is re-hashed after each package)
     sources: Manifest  # the included sources (root equals the commitment's when verified)
 
+    def beyond_include(self) -> list[str]:
+        """What the sealed copy holds beyond the include globs (not in the commitment; run.json lists it)."""
+        included = {e.path for e in self.sources.entries}
+        return [e.path for e in self.manifest.entries if e.path not in included]
+
 
 def _make_read_only(root: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
@@ -42,6 +47,35 @@ def _make_read_only(root: Path) -> None:
             p = os.path.join(dirpath, name)
             os.chmod(p, stat.S_IMODE(os.lstat(p).st_mode) & ~0o222)
     os.chmod(root, stat.S_IMODE(os.stat(root).st_mode) & ~0o222)
+
+
+ORCH_ROOT = Path(__file__).resolve().parents[1]
+
+
+def orch_packages() -> tuple[str, ...]:
+    """The top-level packages orch's workers import (workers, protocol, ledger, manifests, orchestrator)."""
+    return tuple(sorted(p.name for p in ORCH_ROOT.iterdir() if (p / "__init__.py").is_file()))
+
+
+def shadowing(source_dir: Path, pythonpath: str) -> list[str]:
+    """Entries of an arm's tree that would be importable under the name of one of orch's packages: at its root and
+    in every folder of the protocol's PYTHONPATH inside it ('workers/', 'protocol.py', ...). A rank imports orch's
+    probe before the trainer's folders are on its path, so the trainer would get orch's package, not its own."""
+    roots = [source_dir]
+    for entry in filter(None, pythonpath.split(os.pathsep)):
+        folder = (source_dir / entry).resolve() if not os.path.isabs(entry) else Path(entry)
+        if folder.is_dir() and folder.is_relative_to(source_dir.resolve()) and folder not in roots:
+            roots.append(folder)
+    names = orch_packages()
+    found = []
+    for root in roots:
+        for entry in sorted(os.listdir(root)):
+            stem = entry.split(".", 1)[0]
+            is_module = entry.endswith((".py", ".pyc", ".so")) or (root / entry).is_dir()
+            if stem in names and is_module:
+                rel = (root / entry).relative_to(source_dir.resolve()) if root != source_dir else Path(entry)
+                found.append(f"{rel.as_posix()}{'/' if (root / entry).is_dir() else ''}")
+    return found
 
 
 def seal_arm(arm: str, source_dir: Path, include: list[str], expected_root: str, dest: Path) -> SealedArm:
@@ -79,8 +113,12 @@ def check_seal(sealed: SealedArm) -> None:
 
 def unseal_for_removal(root: Path) -> None:
     """Give write permission back so that a sealed tree can be deleted (scratch only; evidence stays)."""
+    if os.path.islink(root):
+        return
     for dirpath, dirnames, _ in os.walk(root):
         for name in dirnames:
             p = os.path.join(dirpath, name)
-            os.chmod(p, stat.S_IMODE(os.lstat(p).st_mode) | 0o700)
-    os.chmod(root, stat.S_IMODE(os.stat(root).st_mode) | 0o700)
+            mode = os.lstat(p).st_mode
+            if stat.S_ISDIR(mode):  # os.walk lists a link to a folder among the folders: chmod would follow it
+                os.chmod(p, stat.S_IMODE(mode) | 0o700)
+    os.chmod(root, stat.S_IMODE(os.lstat(root).st_mode) | 0o700)

@@ -26,6 +26,14 @@ def _carries(proc: psutil.Process, token: str) -> bool:
         return False
 
 
+def carries_token(pid: int, token: str) -> bool:
+    """Whether process `pid` carries the package's token (False if it is gone or its environment cannot be read)."""
+    try:
+        return _carries(psutil.Process(pid), token)
+    except psutil.Error:
+        return False
+
+
 def find_stragglers(token: str) -> list[psutil.Process]:
     me = os.getpid()
     return [p for p in psutil.process_iter() if p.pid != me and _carries(p, token)]

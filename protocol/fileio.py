@@ -1,10 +1,12 @@
 """Writing files so that a reader sees the old bytes or the new ones, never half: the one write_atomic of orch,
-and the directory fsync that makes a new file's name durable.
+the directory fsync that makes a new file's name durable, and read_regular for files a package could have written.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 
@@ -28,3 +30,37 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class NotRegularError(OSError):
+    """A path a package could write is a link, FIFO, socket or device where orch expects a regular file."""
+
+
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a regular file that a package could have written: its last component is never followed (a link
+    is refused) and it is opened non-blocking and checked to be a regular file before a byte is read (a FIFO or a
+    device is refused, never waited on). `limit`: read at most that many bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise NotRegularError(errno.ELOOP, "a link, not a regular file", str(path)) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularError(errno.EINVAL, f"a {entry_kind(mode)}, not a regular file", str(path))
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read() if limit is None else fh.read(limit)
+    finally:
+        os.close(fd)
+
+
+def entry_kind(mode: int) -> str:
+    """What an lstat mode is, in the words orch's messages use."""
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISLNK, "link"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"

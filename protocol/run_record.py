@@ -56,6 +56,8 @@ class ArmRecord(_Strict):
     commitment_root: str
     sources_root: str  # the included sources as hashed before the run
     sealed_root: str | None = None  # the whole sealed copy; set once the arm is sealed (absent before)
+    # what the sealed copy holds beyond the include globs (in the seal, not in the commitment); set with sealed_root
+    beyond_include: list[str] | None = None
     switches: dict[str, str]
     config: dict[str, str]
     source: Literal["tree"] | dict[str, str]  # "tree", or {"git": REV}
@@ -105,6 +107,10 @@ class CacheUse(_Strict):
     baseline_tuned_sha256: str  # digest of the picks of the baseline's kernels as the package left them
     tuned_sha256: str  # digest of every pick in the package's folder (its own ones too)
     own_kernels: list[TunedKernel]  # made or rewritten tuned picks (at most 50)
+    # the prime's entry: every entry it sealed (folders, lock files and temporaries too) and the sha256 of the
+    # manifest it wrote, compile-cache.baseline.json, which the audit reads back
+    sealed_entries: int | None = None
+    manifest_sha256: str | None = None
 
 
 class PackageEntry(_Strict):

@@ -17,6 +17,7 @@ from pathlib import Path
 from protocol.package import CommandSpec, PackageSpec
 from protocol.results import ChecksResult, Diagnostic
 from workers.common import fail, run_entry_point
+from workers.trainer_path import trainer_env
 
 ALLOWED_PRECISION = ("fp32", "bf16")
 
@@ -70,7 +71,8 @@ def versions() -> dict[str, str]:
 
 def run_command(spec: PackageSpec, cmd: CommandSpec) -> Diagnostic:
     """Runs one command in the sealed copy; ok = exit 0 and, when a digest is recorded, stdout matches it."""
-    proc = subprocess.run(cmd.argv, cwd=spec.sealed_dir, capture_output=True, stdin=subprocess.DEVNULL, check=False)
+    proc = subprocess.run(cmd.argv, cwd=spec.sealed_dir, capture_output=True, stdin=subprocess.DEVNULL, check=False,
+                          env=trainer_env())
     digest = hashlib.sha256(proc.stdout).hexdigest()
     ok = proc.returncode == 0 and (cmd.expect_sha256 is None or digest == cmd.expect_sha256)
     detail = ""

@@ -20,6 +20,7 @@ from workers.after_import import AfterImport as _AfterImport
 from workers.common import RANK_FAILED
 from workers.probe_steps import Probe, ProbeStop
 from workers.rank_end import arm_watchdog, destroy_process_group, end_children
+from workers.trainer_path import enter_trainer_path
 
 
 def parse_steps(text: str) -> set[int]:
@@ -94,19 +95,22 @@ def main(argv: list[str] | None = None) -> int:
         probe.install()
     else:
         sys.meta_path.insert(0, _AfterImport("torch", lambda _module: probe.install()))
-    if "wandb" in sys.modules:
-        probe.numbers.install_wandb(sys.modules["wandb"])
-    else:
-        sys.meta_path.insert(0, _AfterImport("wandb", probe.numbers.install_wandb))
+    for library, hook in (("wandb", probe.numbers.install_wandb),
+                          ("transformers.trainer_callback", probe.numbers.install_transformers)):
+        if library in sys.modules:
+            hook(sys.modules[library])
+        else:
+            sys.meta_path.insert(0, _AfterImport(library, hook))
     code = 0
     try:
         if module is not None:
             sys.argv = [module, *target]
+            enter_trainer_path(os.getcwd())  # as `python -m MODULE` would, now that orch's modules are in
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             script = target[0]
             sys.argv = [script, *target[1:]]
-            sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would
+            enter_trainer_path(os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` would
             runpy.run_path(script, run_name="__main__")
         code = 1
     except ProbeStop:

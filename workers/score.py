@@ -16,6 +16,7 @@ from protocol.hashing import sha256_file
 from protocol.package import PackageSpec, ScoreTarget
 from protocol.results import ScoreResult
 from workers.common import WorkerFailed, run_entry_point, write_json
+from workers.trainer_path import trainer_env
 
 
 def score_target(spec: PackageSpec, target: ScoreTarget) -> dict[str, Any]:
@@ -26,7 +27,8 @@ def score_target(spec: PackageSpec, target: ScoreTarget) -> dict[str, Any]:
     argv = [a.replace("{ckpt}", target.ckpt_dir).replace("{out}", str(out)) for a in target.argv]
     with log.open("wb") as sink:
         rc = subprocess.run(
-            argv, cwd=target.sealed_dir, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False
+            argv, cwd=target.sealed_dir, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False,
+            env=trainer_env(),
         ).returncode
     if rc != 0:
         raise WorkerFailed(f"scorer for arm {target.arm_label} exited with {rc} (its log is sealed in scratch)")

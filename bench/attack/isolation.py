@@ -1,5 +1,6 @@
 """Issue 27's attacks: what a candidate leaves behind for baseline B (a `.pth` in the interpreter's site-packages,
-a poisoned compile cache, a double-forked process in a new session with a cleared environment), each launched for
+a poisoned compile cache, a double-forked process in a new session with a cleared environment), and issue 49's (a
+shipped workers/ package, links and a FIFO planted where orch's post-package step reads and moves), each launched for
 real on r3-mini from rank 0 of train-C; orch must make it impossible or fail the package naming it.
 """
 
@@ -128,5 +129,64 @@ def survivor(work: Work) -> Row:
     return row
 
 
+def ships_workers(work: Work) -> Row:
+    """Issue 49, hole 1: the candidate's tree ships orch's own package name, `workers/`, outside the include globs
+    (so not in its commitment): orch's workers would have imported it. Refused before the lock, the path named."""
+    base = work.fresh("workers")
+    proj, protocol = candidate_project(base, [])
+    planted = proj / "examples" / "r3_mini" / "workers"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("import sys\nsys.stderr.write('PLANTED WORKERS RAN\\n')\n")
+    row = Row("isolation", "candidate ships a workers/ package beside its sources (outside include: not in its "
+              "commitment), which orch's workers imported before", "refused before the lock (exit 3), path named")
+    launch = Launch(proj, protocol, base / "home", "workers")
+    rc = launch.wait(timeout=600)
+    c = Check()
+    c.saw(f"launch exit {rc}; {lines(launch.stderr)[-1] if launch.stderr else ''}")
+    c.that(rc == 3, "exit 3 (refused)")
+    c.that("candidate sources hold workers/" in launch.stderr, "the planted folder named")
+    c.that("PLANTED WORKERS RAN" not in launch.stderr, "the planted package never ran")
+    c.that(not (base / "home" / "runs").exists() or not any((base / "home" / "runs").iterdir()), "no run opened")
+    row.ok, row.observed = not c.failed, work.scrub(c.observed())
+    return row
+
+
+def planted_links(work: Work) -> Row:
+    """Issue 49, hole 2: train-C plants links where orch's post-package step used to write (a folder of its run
+    folder pointing at site-packages, beside a checkpoint-like file under it) and replaces its own step file with a
+    FIFO. Before the fix orch moved the file into site-packages, and a FIFO at a step file hung orch."""
+    victim = Path(site.getsitepackages()[0])
+    tag = f"orch-attack-{secrets.token_hex(6)}"
+    body = ("_pkg = _run / 'packages' / 'train-C'\n"
+            f"_v = _pl.Path({str(victim)!r})\n"
+            "(_pkg / 'linked').symlink_to(_v)\n"
+            f"(_pkg / 'sub').mkdir(exist_ok=True)\n"
+            f"open(_pkg / 'sub' / {tag + '.pth'!r}, 'wb').write(b'PK\\x03\\x04')\n"
+            "_seen.append('planted')\n"
+            "_steps = _pkg / 'steps.rank0.jsonl'\n"
+            "_steps.unlink(missing_ok=True)\n"
+            "os.mkfifo(_steps)\n"
+            "_seen.append('fifo')\n")
+    row = Row("isolation", "candidate plants a link to site-packages in its run folder and a FIFO at its step file "
+              "(orch moved files through such links, and waited on the FIFO)",
+              "train-C fails naming the link and the FIFO; nothing lands outside; orch never hangs; B does not run")
+    home, launch, rc = _launch(work, "links", [_in_package("links", body)])
+    run_id = launch.run_id()
+    status = closes(home, run_id)
+    note = " ".join(str(r["note"]) for r in records(home) if r["run_id"] == run_id and r["package"] == "train-C")
+    landed = sorted(p.name for p in victim.iterdir() if tag in p.name)
+    for name in landed:
+        (victim / name).unlink()
+    c = Check()
+    c.saw(f"launch exit {rc}; train-C {status.get('train-C')}: {note[:300]}")
+    c.that(rc is not None, "orch ended (no hang on the FIFO)")
+    c.that(status.get("train-C") == "failed", "train-C failed")
+    c.that("linked (link)" in note, "the link named")
+    c.that(not landed, "nothing landed in site-packages")
+    c.that(status.get("train-B") in (None, "not-run"), "baseline B did not run")
+    row.ok, row.observed = not c.failed, work.scrub(c.observed())
+    return row
+
+
 def isolation_attacks(work: Work) -> list[Row]:
-    return [*leave_behind(work), survivor(work)]
+    return [*leave_behind(work), survivor(work), ships_workers(work), planted_links(work)]

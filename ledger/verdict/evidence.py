@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from ledger.cost.record import LedgerRecord
 from ledger.cost.store import Ledger
 from ledger.verdict.sequential_doc import triplets_taken
 from protocol.errors import FailedError, RefusedError, UsageError
+from protocol.fileio import read_regular
 from protocol.hashing import sha256_file
 from protocol.home import Home
 from protocol.plan import AFTER_TRIPLETS, launch_labels, package_names, replay_label
@@ -98,11 +100,11 @@ def _first_error(err: ValidationError) -> str:
 
 
 def _load_model(model: type[M], path: Path, problems: list[str], rel: str) -> M | None:
-    if not path.is_file():
+    if not os.path.lexists(path) or (path.is_dir() and not path.is_symlink()):
         problems.append(f"{rel}: missing")
         return None
-    try:
-        return model.model_validate_json(path.read_bytes())
+    try:  # what a package wrote: a link is refused, never followed (protocol.fileio.read_regular)
+        return model.model_validate_json(read_regular(path))
     except ValidationError as err:
         problems.append(f"{rel}: malformed ({_first_error(err)})")
     except OSError as err:
@@ -186,11 +188,16 @@ def _read_steps(
     for rank in train.ranks:
         path = package_dir / rank.steps_file
         where = f"{rel}/{rank.steps_file}"
-        if not path.is_file():
+        if not os.path.lexists(path) or (path.is_dir() and not path.is_symlink()):
             problems.append(f"{where}: missing")
             continue
+        try:
+            text = read_regular(path).decode()
+        except (OSError, UnicodeDecodeError) as err:
+            problems.append(f"{where}: unreadable ({getattr(err, 'strerror', None) or err})")
+            continue
         lines: list[StepRecord] = []
-        for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        for number, raw in enumerate(text.splitlines(), start=1):
             if not raw.strip():
                 continue
             try:
@@ -204,6 +211,32 @@ def _read_steps(
             problems.append(f"{where}: lines of another rank than {rank.rank}")
         out[rank.rank] = lines
     return out
+
+
+def compile_cache_manifest_problems(run_dir: Path, run: RunRecord | None) -> list[str]:
+    """The sealed baseline cache's manifest, read back: its sha256 is the one the prime's entry of run.json recorded
+    when orch wrote it, and it lists as many entries as were sealed (a run recorded before the manifest digest: [])."""
+    prime = None if run is None else run.package("prime")
+    sealed = None if prime is None else prime.compile_cache
+    if sealed is None or sealed.manifest_sha256 is None:
+        return []
+    rel = "compile-cache.baseline.json"
+    try:
+        raw = read_regular(run_dir / rel)
+    except FileNotFoundError:
+        return [f"{rel}: missing (the prime sealed the baseline's compile cache)"]
+    except OSError as err:
+        return [f"{rel}: unreadable ({err.strerror})"]
+    if hashlib.sha256(raw).hexdigest() != sealed.manifest_sha256:
+        return [f"{rel}: its sha256 is not the one the prime recorded in run.json"]
+    try:
+        doc = json.loads(raw)
+        count = len(doc["files"]) + len(doc["folders"])
+    except (ValueError, KeyError, TypeError):
+        return [f"{rel}: malformed"]
+    if sealed.sealed_entries is not None and count != sealed.sealed_entries:
+        return [f"{rel}: lists {count} entries, the prime sealed {sealed.sealed_entries}"]
+    return []
 
 
 read_steps = _read_steps  # the launch's sequential looks read a train package's step lines as the audit does
@@ -288,6 +321,7 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
                             f"{replay_label(repeats, sequential)!r}")
         if protocol is not None:
             watch_steps = _read_steps(run_dir / watch_rel, watch, watch_rel, n_steps, problems)
+    problems += compile_cache_manifest_problems(run_dir, run)
     result_sha = {
         name: sha256_file(pkg_dir / name / "result.json")
         for name in names

@@ -3,8 +3,11 @@ what a package took, made and rewrote, the kernels it tuned itself, and the diag
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -46,7 +49,11 @@ def test_before_the_prime_a_package_gets_an_empty_folder_after_it_a_copy(tmp_pat
     caches = _primed(tmp_path / "p")
     sealed = caches.seal_baseline()
     assert (sealed.baseline_files, sealed.baseline_tuned, sealed.made_tuned) == (5, 2, 2)
-    assert json.loads(caches.manifest_path.read_text())["files"] == inventory(caches.baseline)
+    manifest = json.loads(caches.manifest_path.read_text())
+    assert manifest["files"] == inventory(caches.baseline) and manifest["schema"] == "orch.compile-cache/2"
+    assert manifest["folders"] == ["inductor", "inductor/ab", "inductor/cd", "triton"]
+    assert sealed.sealed_entries == 9 and sealed.manifest_sha256 == hashlib.sha256(
+        caches.manifest_path.read_bytes()).hexdigest()
     assert caches.manifest_path.name == MANIFEST
     copy = caches.prepare("train-A", "train")
     assert inventory(copy) == inventory(caches.baseline)
@@ -54,7 +61,8 @@ def test_before_the_prime_a_package_gets_an_empty_folder_after_it_a_copy(tmp_pat
         assert not path.is_symlink() and (path.is_dir() or os.stat(path).st_ino != os.stat(
             caches.baseline / path.relative_to(copy)).st_ino)
         assert os.access(path, os.W_OK)
-    assert not any(os.stat(p).st_mode & 0o222 for p in caches.baseline.rglob("*") if p.is_file())
+    assert not any(os.stat(p).st_mode & 0o222 for p in [caches.baseline, *caches.baseline.rglob("*")])  # folders too
+    caches.check_copy(copy)  # the fresh copy is the seal, entry for entry
 
 
 def test_a_changed_baseline_cache_is_refused_naming_the_file(tmp_path: Path) -> None:
@@ -66,9 +74,9 @@ def test_a_changed_baseline_cache_is_refused_naming_the_file(tmp_path: Path) -> 
     target.write_text('{"XBLOCK": 8}')
     (caches.baseline / "triton" / "planted.so").write_text("slow")
     with pytest.raises(FailedError) as err:
-        caches.check_baseline("train-C")
-    assert err.value.message.startswith("the baseline's compile cache changed during train-C: 2 file(s) "
-                                        "(inductor/ab/k1.best_config, triton/planted.so)")
+        caches.check_baseline("during train-C")
+    assert err.value.message.startswith("the baseline's compile cache changed during train-C: 2 entries "
+                                        "(inductor/ab/k1.best_config (changed), triton/planted.so (added))")
     caches.prepare("prime", "prime")  # a prime starts from an empty folder, whatever an earlier attempt left
     assert inventory(caches.baseline) == {}
 
@@ -99,7 +107,7 @@ def test_a_pick_is_its_configuration_without_its_timings(tmp_path: Path) -> None
     a, b = tmp_path / "a.best_config", tmp_path / "b.best_config"
     a.write_text(json.dumps({"XBLOCK": 64, "time_taken_ms": 0.1, "triton_cache_hash": "x"}))
     b.write_text(json.dumps({"XBLOCK": 64, "time_taken_ms": 0.2}))
-    assert tuned_pick(a) == tuned_pick(b) == {"XBLOCK": 64}
+    assert tuned_pick(tmp_path, "a.best_config") == tuned_pick(tmp_path, "b.best_config") == {"XBLOCK": 64}
     assert tuned_digest(tmp_path, {"a.best_config": "", "x.py": ""}) == tuned_digest(tmp_path, {"a.best_config": ""})
     (tmp_path / "fused_add.autotune.json").write_text("{}")
     assert kernel_name(tmp_path, "fused_add.autotune.json") == "fused_add"  # Triton's autotuner names its file
@@ -221,3 +229,110 @@ def test_a_shortened_prime_names_every_baseline_launch_that_compiled_what_it_did
     lines = compile_cache_lines({"compile_cache": doc})
     assert lines[0].endswith("; the prime ran 2 of the steps (measurement.prime_steps)")
     assert lines[-1] == f"compile cache: not reached by the prime: {doc['unprimed'][1]}"
+
+
+# issue 49, hole 3: what Inductor and Triton load is what the seal sees. Each planted entry passed check_baseline and
+# reached B's copy before the fix (inventory skipped lock files, tmp names, links and folders; copies kept links)
+@pytest.mark.parametrize("plant", ["lock-pickle", "tmp-name", "key-folder-link", "triton-swapped-for-link",
+                                   "empty-folder", "fifo"])
+def test_every_entry_planted_in_the_sealed_cache_is_named(tmp_path: Path, plant: str) -> None:
+    caches = _primed(tmp_path)
+    caches.seal_baseline()
+    base = caches.baseline
+    for folder in [base, *(p for p in base.rglob("*") if p.is_dir())]:
+        folder.chmod(0o755)  # what a same-user package in scan mode can do: the modes do not stop it
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    if plant == "lock-pickle":  # Inductor's FX-graph lookup unpickles every file of a key folder, 0.lock included
+        (base / "inductor" / "ab" / "0.lock").write_bytes(b"\x80\x04planted")
+        named = "inductor/ab/0.lock (added)"
+    elif plant == "tmp-name":
+        (base / "inductor" / "ab" / "tmpk1").write_bytes(b"planted")
+        named = "inductor/ab/tmpk1 (added)"
+    elif plant == "key-folder-link":
+        (base / "inductor" / "ef").symlink_to(outside)
+        named = "inductor/ef (added: a link)"
+    elif plant == "triton-swapped-for-link":
+        os.rename(base / "triton", tmp_path / "moved")
+        (base / "triton").symlink_to(outside)
+        named = "triton (changed into a link)"
+    elif plant == "empty-folder":
+        (base / "inductor" / "zz").mkdir()
+        named = "inductor/zz (added: a folder)"
+    else:  # a FIFO is named, never waited on
+        os.mkfifo(base / "inductor" / "ab" / "k9.best_config")
+        named = "inductor/ab/k9.best_config (added: a FIFO)"
+    with pytest.raises(FailedError) as err:
+        caches.check_baseline("during train-C")
+    assert named in err.value.message
+    if plant != "empty-folder":  # and a copy made from it anyway is refused before the package starts
+        with pytest.raises(FailedError) as err:
+            copy = caches.prepare("train-B", "train")
+            caches.check_copy(copy)
+        assert "compile cache" in err.value.message
+
+
+def test_a_prime_that_leaves_a_link_or_a_fifo_fails_naming_it(tmp_path: Path) -> None:
+    caches = _primed(tmp_path)
+    (caches.baseline / "inductor" / "ab" / "k3.best_config").symlink_to(tmp_path / "anywhere")
+    os.mkfifo(caches.baseline / "triton" / "pipe")
+    with pytest.raises(FailedError) as err:
+        caches.seal_baseline()
+    assert err.value.message.startswith("the prime left 2 link(s) or special file(s) in the baseline's compile "
+                                        "cache: inductor/ab/k3.best_config (link), triton/pipe (FIFO)")
+    assert caches.seal is None and not caches.manifest_path.exists()
+
+
+def test_a_copy_written_after_orch_made_it_is_refused_before_the_package(tmp_path: Path) -> None:
+    caches = _primed(tmp_path)
+    caches.seal_baseline()
+    copy = caches.prepare("train-B", "train")
+    caches.check_copy(copy)
+    (copy / "inductor" / "ab" / "k1.best_config").write_text('{"XBLOCK": 8}')  # e.g. a process left outside
+    with pytest.raises(FailedError) as err:
+        caches.check_copy(copy)
+    assert err.value.message == ("the copy of the baseline's compile cache for train-B is not the sealed cache: "
+                                 "inductor/ab/k1.best_config (changed); something wrote it after orch made it")
+
+
+def test_reading_a_package_copy_never_waits_on_a_fifo_or_follows_a_link(tmp_path: Path) -> None:
+    caches = _primed(tmp_path)
+    caches.seal_baseline()
+    copy = caches.prepare("train-C", "train")
+    source = copy / "inductor" / "ab" / "k1.py"
+    source.unlink()
+    os.mkfifo(source)  # kernel_name reads <hash>.py beside a tuned file: a FIFO there hung orch
+    (copy / "inductor" / "ab" / "k1.best_config").write_text(json.dumps({"XBLOCK": 16}))
+    (copy / "inductor" / "cd" / "k2.best_config").unlink()
+    (copy / "inductor" / "cd" / "k2.best_config").symlink_to("/dev/zero")
+    done: list[object] = []
+    worker = threading.Thread(target=lambda: done.append(caches.use("train-C", "train")), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert done, "use() blocked on a FIFO or a device"
+    use = done[0]
+    assert isinstance(use, CacheUse) and use.changed == 1 and use.own_kernels[0].kernel == "k1"
+    assert stat.S_ISFIFO(os.lstat(source).st_mode)
+
+
+def test_the_audit_reads_the_manifest_back(tmp_path: Path) -> None:
+    from ledger.verdict.evidence import compile_cache_manifest_problems
+
+    caches = _primed(tmp_path)
+    use = caches.seal_baseline()
+    run = RunRecord.model_validate_json((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(
+        "*/run.json").__next__().read_bytes())
+    run = run.updated(packages=[_entry("prime", "prime", None, use)])
+    run_dir = caches.manifest_path.parent
+    assert compile_cache_manifest_problems(run_dir, run) == []
+    data = json.loads(caches.manifest_path.read_text())
+    data["files"]["inductor/ab/0.lock"] = "0" * 64  # an entry added to the list after the seal
+    caches.manifest_path.write_text(json.dumps(data))
+    assert compile_cache_manifest_problems(run_dir, run) == [
+        "compile-cache.baseline.json: its sha256 is not the one the prime recorded in run.json"]
+    caches.manifest_path.unlink()
+    caches.manifest_path.symlink_to(tmp_path / "elsewhere.json")
+    assert compile_cache_manifest_problems(run_dir, run) == [
+        "compile-cache.baseline.json: unreadable (a link, not a regular file)"]
+    old = run.updated(packages=[_entry("prime", "prime", None, use.model_copy(update={"manifest_sha256": None}))])
+    assert compile_cache_manifest_problems(run_dir, old) == []  # recorded before the digest: nothing to compare

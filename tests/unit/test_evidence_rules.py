@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 from test_audit import RunSpec, _steps, make_run
 
 from ledger.cost.record import LedgerRecord
+from ledger.verdict import evidence as evidence_module
 from ledger.verdict.evidence import (
     PACKAGES,
     IncompleteRunError,
@@ -83,13 +85,25 @@ def test_an_unreadable_model_file_is_named_with_the_os_reason(tmp_path: Path, mo
     path = tmp_path / "doc.json"
     path.write_text('{"inner": []}')
 
-    def refuse(self: Path) -> bytes:
-        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+    def refuse(p: Path, limit: int | None = None) -> bytes:
+        raise PermissionError(errno.EACCES, "Permission denied", str(p))
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)
+    monkeypatch.setattr(evidence_module, "read_regular", refuse)
     problems: list[str] = []
     assert _load_model(_Doc, path, problems, "t.json") is None
     assert problems == ["t.json: unreadable (Permission denied)"]
+
+
+def test_a_link_or_a_fifo_a_package_left_is_named_never_followed_or_waited_on(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"inner": []}')
+    (tmp_path / "link.json").symlink_to(target)
+    os.mkfifo(tmp_path / "fifo.json")
+    problems: list[str] = []
+    assert _load_model(_Doc, tmp_path / "link.json", problems, "l.json") is None
+    assert _load_model(_Doc, tmp_path / "fifo.json", problems, "f.json") is None
+    assert problems == ["l.json: unreadable (a link, not a regular file)",
+                        "f.json: unreadable (a FIFO, not a regular file)"]
 
 
 def test_a_good_model_file_is_returned_and_adds_no_problem(tmp_path: Path) -> None:
