@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.init_rules import recognised_table, run_setting
+from orchestrator.init_rules import MAY_MATTER, recognised_table, run_setting
 from orchestrator.script_args import ScriptArg, read_script
 from protocol.errors import RefusedError, UsageError
 from protocol.recipe import parse_recipe
@@ -101,13 +101,16 @@ def classify(script: Path, introspect: Introspect) -> Draft:
                 a.default, bool):
             draft.keys[a.name] = {"value": a.default, "flag": a.flag}
             draft.why[a.name] = "a number the script defines itself"
-        elif not a.has_default or a.default is None:
-            draft.unclassified.append((a, "no default value to freeze"))
-        elif own:
-            draft.unclassified.append((a, f"the script's own {a.kind} argument"))
         else:
-            draft.unclassified.append((a, f"a field of {a.defined_in.rpartition('.')[2] or 'a library class'}"))
+            draft.unclassified.append((a, _unclassified_why(a, own)))
     return draft
+
+
+def _unclassified_why(a: ScriptArg, own: bool) -> str:
+    why = ("no default value to freeze" if not a.has_default or a.default is None else
+           f"the script's own {a.kind} argument" if own else
+           f"a field of {a.defined_in.rpartition('.')[2] or 'a library class'}")
+    return f"{why}; it may matter: {MAY_MATTER[a.name]}" if not own and a.name in MAY_MATTER else why
 
 
 def _coerce(arg: ScriptArg | None, key: str, text: str) -> Any:
@@ -232,13 +235,16 @@ def protocol_text(draft: Draft, name: str, recipe_rel: str, recipe_sha: str, sou
         "scorer": {"command": ["python", "score.py", "--ckpt", "{ckpt}", "--out", "{out}"]},
         "timeouts": {"checks": 300, "train": 900, "reload": 300, "score": 300},
     }
+    change = [f"--{k} {v}" for k, v in config.items()] + [f"{k}={v}" for k, v in switches.items()]
+    candidate_line = (f"the candidate arm (as drafted: the baseline with {', '.join(change)})" if change else
+                      "the candidate arm (as drafted it equals the baseline, a null: give --candidate-config "
+                      "NAME=VALUE or --candidate-switch VAR=VALUE)")
     head = [
         f"# Drafted by `orch init` ({'2 CPU ranks' if cpu else f'{gpus} GPU(s)'}): the short form (no `recipe:`): orch "
         f"renders --flag VALUE of every key of {recipe_rel} before launcher.args.",
-        "# Check: the candidate arm (config: flags after the arguments, switches: environment; as drafted it equals "
-        "the baseline, a null),",
-        "# the scorer (a DEV score of the {ckpt} checkpoint; see docs/GUIDE.md), and launcher.args (EDIT_ME: a "
-        "required argument).",
+        f"# Check: {candidate_line},",
+        "# the scorer (a DEV score of the {ckpt} checkpoint; see docs/GUIDE.md, 'The scorer')"
+        + (", and launcher.args (EDIT_ME: a required argument)." if "EDIT_ME" in args else "."),
     ]
     return "\n".join(head) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=116)
 
@@ -286,6 +292,9 @@ def init_command(opts: InitOptions, introspect: Introspect) -> dict[str, Any]:
     if existing and not opts.force:
         raise RefusedError(f"{existing[0]} exists; orch init never overwrites a file: give --force, --name, or "
                            "--protocol-only (the protocol against the recipe file as it is)")
+    config, switches = opts.config, opts.switches
+    if opts.protocol_only and not config and not switches:  # the candidate drafted before stays, never a silent null
+        config, switches = _drafted_candidate(protocol_path)
     if opts.protocol_only:
         if not recipe_path.is_file():
             raise RefusedError(f"{recipe_path}: no recipe file to write the protocol against; run orch init first")
@@ -294,8 +303,7 @@ def init_command(opts: InitOptions, introspect: Introspect) -> dict[str, Any]:
         raw = recipe_text(draft, name, trainer, rel.as_posix()).encode()
     parse_recipe(recipe_path, raw, f"recipes/{slug}.yaml")  # the draft is a valid recipe file
     protocol = protocol_text(draft, name, f"recipes/{slug}.yaml", hashlib.sha256(raw).hexdigest(),
-                             rel.parent.as_posix() or ".", rel.name, opts.device, opts.gpus, opts.config,
-                             opts.switches)
+                             rel.parent.as_posix() or ".", rel.name, opts.device, opts.gpus, config, switches)
     for path, data in ((recipe_path, raw), (protocol_path, protocol.encode())):
         if path in targets:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -310,6 +318,19 @@ def init_command(opts: InitOptions, introspect: Introspect) -> dict[str, Any]:
                          for a, why in draft.unclassified],
         "problems": draft.problems,
     }
+
+
+def _drafted_candidate(protocol_path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The candidate arm's config and switches of the protocol written before ({} and {} when there is none)."""
+    try:
+        data = yaml.safe_load(protocol_path.read_text())
+        candidate = data["arms"]["candidate"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return {}, {}
+    if not isinstance(candidate, dict):
+        return {}, {}
+    pick = ({str(k): str(v) for k, v in (candidate.get(part) or {}).items()} for part in ("config", "switches"))
+    return next(pick), next(pick)
 
 
 def default_python() -> str:

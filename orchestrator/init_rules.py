@@ -37,6 +37,21 @@ HF_TRAINER_LATER: Final[dict[str, tuple[Observe | None, str]]] = {
     "seed": (None, ""),
     "max_steps": (None, STEPS_NOTE),
 }
+# fields left unclassified that may still change the bits: why, in the draft's list (the owner decides)
+MAY_MATTER: Final[dict[str, str]] = {
+    "num_train_epochs": "with max_steps -1 the epochs set the schedule's length, so every step's learning rate",
+    "optim": "which optimizer the Trainer builds (a fused and a plain AdamW round differently)",
+    "optim_args": "arguments of that optimizer",
+    "lr_scheduler_kwargs": "arguments of the learning-rate schedule",
+    "label_smoothing_factor": "changes the loss",
+    "average_tokens_across_devices": "changes how the loss is normalised across ranks",
+    "data_seed": "the sampler's seed (else seed)",
+    "full_determinism": "deterministic kernels: other bits, other speed",
+    "neftune_noise_alpha": "adds noise to the embeddings",
+    "torch_empty_cache_steps": "emptying the allocator's cache: speed, not bits",
+    "remove_unused_columns": "which dataset columns reach the model",
+    "train_sampling_strategy": "the order of the training samples",
+}
 # TRL's GRPOConfig, between the optimizer's keys and the batch
 TRL_GRPO: Final[dict[str, tuple[Observe | None, str]]] = {
     "beta": (None, "KL weight to the frozen reference model TRL builds when beta > 0"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+from pathlib import Path
 
 from workers.common import RANK_FAILED_RE
 
@@ -61,3 +63,35 @@ def failure_cause(log: str) -> str | None:
         if final is not None and "ChildFailedError" not in final:
             return (f"rank {rank} exited with {exitcode}: " if rank is not None else "") + final.strip()
     return None if rank is None else f"rank {rank} exited with {exitcode}"
+
+
+# errors after which a rank waits forever instead of failing: a DataLoader worker's queue thread cannot open its
+# AF_UNIX socket (its path under TMPDIR passes the 107-character limit), and the rank blocks on that worker's queue
+_HANGS = re.compile(r"^[\w.]*Error: AF_UNIX path too long.*$", re.MULTILINE)
+
+
+def wait_or_hung(proc: subprocess.Popen[bytes], log: Path, poll_s: float = 1.0) -> tuple[int, str | None]:
+    """torchrun's exit status; or, as soon as its log shows an error after which ranks hang, torchrun ended
+    (SIGTERM, then SIGKILL after 30 s) and that error's line."""
+    offset, carry = 0, b""
+    while True:
+        try:
+            return proc.wait(timeout=poll_s), None
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            with open(log, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:
+            continue
+        offset += len(chunk)
+        found = _HANGS.search((carry + chunk).decode(errors="replace"))
+        carry = (carry + chunk)[-200:]  # a line cut between two reads
+        if found:
+            proc.terminate()
+            try:
+                return proc.wait(timeout=30), found.group(0).strip()
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return proc.wait(), found.group(0).strip()

@@ -1,8 +1,10 @@
 """The trainer's own numbers, captured by the probe from outside: scalar losses at backward(), clip_grad_norm_
-results, and what the trainer logs through wandb.log or Python logging; recorded bit for bit per step window.
+results, and what the trainer logs through wandb.log, Python logging or a Hugging Face Trainer's log(); recorded bit
+for bit per step window.
 
 Only library entry points are hooked (torch.autograd.backward, torch.nn.utils.clip_grad_norm_, wandb's Run.log,
-logging.Logger), so nothing depends on one trainer's names. Values are read at the step boundary (probe time).
+logging.Logger, transformers' CallbackHandler.on_log), so nothing depends on one trainer's names and a Trainer script
+needs no callback of its own, whatever its report_to. Values are read at the step boundary (probe time).
 """
 
 from __future__ import annotations
@@ -253,6 +255,31 @@ class TrainerNumbers:
             run_cls.log = wrap(run_cls.log, bound=True)
         if callable(getattr(wandb, "log", None)) and not getattr(wandb.log, "_orch_probe", False):
             wandb.log = wrap(wandb.log, bound=False)
+
+
+    def install_transformers(self, callbacks: Any) -> None:
+        """transformers.trainer_callback: every Trainer's log() (TRL's trainers included) hands its numbers to
+        CallbackHandler.on_log, with or without reporting integrations; they are recorded as `log.trainer`."""
+        import functools
+
+        handler = getattr(callbacks, "CallbackHandler", None)
+        if handler is None or getattr(handler.on_log, "_orch_probe", False):
+            return
+        original = handler.on_log
+        numbers = self
+
+        @functools.wraps(original)
+        def on_log(*args: Any, **kwargs: Any) -> Any:
+            logs = kwargs.get("logs", args[4] if len(args) > 4 else None)
+            try:
+                if isinstance(logs, Mapping):
+                    numbers.add_mapping("log.trainer", logs)
+            except Exception:  # the trainer's log call must never fail because of the probe
+                pass
+            return original(*args, **kwargs)
+
+        on_log._orch_probe = True  # type: ignore[attr-defined]
+        handler.on_log = on_log
 
 
 def encode(value: Any) -> str:

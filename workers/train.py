@@ -33,7 +33,7 @@ from workers.clock import StepClock
 from workers.common import WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
 from workers.rank_end import kill_and_wait
-from workers.rank_failure import RANK_FAILED_LINE, failure_cause, killed_rank, signal_name
+from workers.rank_failure import RANK_FAILED_LINE, failure_cause, killed_rank, signal_name, wait_or_hung
 from workers.torchrun import torchrun_command
 
 
@@ -217,7 +217,7 @@ def run(spec: PackageSpec) -> TrainResult:
                 preexec_fn=die_with_parent(signal.SIGTERM),  # SIGTERM when this worker dies
             )  # fmt: skip
             try:
-                rc = proc.wait()
+                rc, hung = wait_or_hung(proc, log)
             except BaseException:
                 proc.terminate()
                 proc.wait(timeout=30)
@@ -231,6 +231,11 @@ def run(spec: PackageSpec) -> TrainResult:
     if rc != 0:
         sys.stderr.write(f"the trainer's last traceback:\n{_traceback_tail(log)}\n")
         cause = failure_cause(log.read_text(errors="replace"))
+        if hung is not None:  # the ranks would have waited until the package's timeout: ended at once
+            where = Path(*Path(spec.package_dir).parts[-4:]) / "stderr.log"  # under the home: no private path
+            cause = (f"the trainer hung after `{hung}` (a socket under its TMPDIR, {len(os.environ.get('TMPDIR', ''))} "
+                     f"characters, passes the 107-character AF_UNIX limit: set a shorter ORCH_HOME or TMPDIR); "
+                     f"its last traceback: {where}")
         if spec.slurm is not None:  # each node's torchrun wrote its own log
             cause = node_cause(spec) or cause
         # one last line: the package's failure note in the ledger

@@ -81,7 +81,7 @@ class RunSpec:
     reload_differs: str | None = None  # label whose reload recomputes other final digests
     watch: bool = False  # steps 0-9 watched, each letting a compiled region through
     scalar_differs: tuple[str, int, int] | None = None  # (label, step, rank): the trainer's loss differs there
-    silent: str | None = None  # label whose trainer logs nothing
+    silent: str | None = None  # labels whose trainer logs nothing ("B", or "ACB" for every arm)
     structure: dict[str, dict[str, Any]] = field(default_factory=dict)  # label -> observed recipe fields to override
     watch_forbidden: tuple[int, str, str] | None = None  # (step, op, dtype) seen by watch-C only
     watch_differs: int | None = None  # step from which watch-C's digests differ from train-C's
@@ -119,7 +119,7 @@ def _protocol(repeats: int = 1) -> Protocol:
 def _scalars(spec: RunSpec, label: str, rank: int, step: int) -> dict[str, str]:
     loss = 0.5 + step / 64 + rank / 8 + (1.0 if spec.scalar_differs == (label, step, rank) else 0.0)
     out = {"backward[0]": "float32:" + struct.pack("<f", loss).hex(), "grad_norm[0]": f"float32:{_h(step, rank)[:8]}"}
-    if spec.silent != label:
+    if label not in (spec.silent or ""):
         out["log[0] Rank #: Total norm: ##1"] = f"text:{step / 3}"
     return out
 

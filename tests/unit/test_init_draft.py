@@ -175,3 +175,28 @@ def test_orch_init_on_the_command_line(tmp_path: Path) -> None:
     assert data["arms"]["candidate"]["switches"] == {"FUSED": "1"} and data["name"] == "train-cuda1"
     assert "value: 0.001" in (tmp_path / "recipes" / "train.yaml").read_text()
     assert runner.invoke(app, ["init", str(tmp_path / "train.py")]).exit_code == 2  # neither --device nor --gpus
+
+
+def test_the_drafts_say_what_they_are_and_protocol_only_keeps_the_candidate(tmp_path: Path) -> None:
+    (tmp_path / "sft.py").write_text(SFT)  # issue 53: the header, the candidate across --protocol-only, the list
+    first = InitOptions(script=tmp_path / "sft.py", device="cpu", root=tmp_path,
+                        config={"gradient_checkpointing": "True"})
+    doc = init_command(first, _hf_only)
+    text = (tmp_path / doc["protocol"]).read_text()
+    assert "the baseline with --gradient_checkpointing True" in text
+    assert "a null" not in text and "EDIT_ME" not in text  # the script has no required argument
+    why = {u["name"]: u["why"] for u in doc["unclassified"]}
+    assert why["num_train_epochs"].startswith("a field of TrainingArguments; it may matter: with max_steps -1")
+    assert "it may matter: which optimizer" in why["optim"]
+    recipe = (tmp_path / doc["recipe_file"]).read_text()
+    assert "#   num_train_epochs: 3.0  # a field of TrainingArguments; it may matter: with max_steps -1" in recipe
+    again = InitOptions(script=tmp_path / "sft.py", device="cpu", root=tmp_path, protocol_only=True, force=True)
+    init_command(again, _hf_only)  # the candidate is not given again: it stays, never silently a null
+    data = yaml.safe_load((tmp_path / doc["protocol"]).read_text())
+    assert data["arms"]["candidate"]["config"] == {"gradient_checkpointing": "True"}
+    init_command(InitOptions(script=tmp_path / "sft.py", device="cpu", root=tmp_path, protocol_only=True, force=True,
+                             switches={"FUSED": "1"}), _hf_only)  # a candidate given now replaces it
+    data = yaml.safe_load((tmp_path / doc["protocol"]).read_text())
+    assert data["arms"]["candidate"] == {"commitment": "manifests/sft.json", "source": "tree",
+                                         "switches": {"FUSED": "1"}}
+    assert "a null" not in (tmp_path / doc["protocol"]).read_text()
