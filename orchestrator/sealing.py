@@ -58,8 +58,8 @@ def orch_packages() -> tuple[str, ...]:
 
 
 def shadowing(source_dir: Path, pythonpath: str) -> list[str]:
-    """Entries of an arm's tree that would be importable under the name of one of orch's packages: at its root and
-    in every folder of the protocol's PYTHONPATH inside it ('workers/', 'protocol.py', ...). A rank imports orch's
+    """Entries of an arm's tree that would be imported under the name of one of orch's packages: at its root and in
+    every folder of the protocol's PYTHONPATH inside it (a package 'workers/', a module 'protocol.py', ...). A rank imports orch's
     probe before the trainer's folders are on its path, so the trainer would get orch's package, not its own."""
     roots = [source_dir]
     for entry in filter(None, pythonpath.split(os.pathsep)):
@@ -71,7 +71,9 @@ def shadowing(source_dir: Path, pythonpath: str) -> list[str]:
     for root in roots:
         for entry in sorted(os.listdir(root)):
             stem = entry.split(".", 1)[0]
-            is_module = entry.endswith((".py", ".pyc", ".so")) or (root / entry).is_dir()
+            # a folder without __init__.py is at most a namespace portion: Python still imports orch's regular
+            # package of that name, wherever it is on the path (a project's data folder `protocol/` is no module)
+            is_module = entry.endswith((".py", ".pyc", ".so")) or (root / entry / "__init__.py").is_file()
             if stem in names and is_module:
                 rel = (root / entry).relative_to(source_dir.resolve()) if root != source_dir else Path(entry)
                 found.append(f"{rel.as_posix()}{'/' if (root / entry).is_dir() else ''}")

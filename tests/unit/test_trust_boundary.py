@@ -100,6 +100,8 @@ def test_a_rank_imports_orchs_probe_then_gives_the_trainer_its_own_path(tmp_path
 def test_shadowing_names_orchs_packages_at_the_root_and_on_the_declared_path(tmp_path: Path) -> None:
     assert set(orch_packages()) == {"ledger", "manifests", "orchestrator", "protocol", "workers"}
     (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "__init__.py").write_text("")
+    (tmp_path / "manifests").mkdir()  # a folder of JSON files, no package: Python still imports orch's
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "protocol.py").write_text("")
     (tmp_path / "src" / "protocols.py").write_text("")  # another name: allowed
