@@ -208,6 +208,12 @@ class AuditDocument(_Doc):
     gpu_busy: dict[str, Any] | None = Field(
         None, description="GPU protocols: how busy the GPUs were per train launch and window (NVML, sampled by the "
         "host watch), launch-bound under 80%, the K = 1 width the calibration gives (ledger.verdict.gpu_busy)")
+    positions: dict[str, Any] | None = Field(
+        None, description="each triplet's A/B log ratio u, its expected u and launch-position levels, and the "
+        "calibration's position correction (issue 52; ledger.verdict.decision.positions_doc)")
+    statistics_rules: str | None = Field(
+        None, description="which rules computed the interval ('issue-52'); an audit recorded under earlier rules is "
+        "compared with a recomputation on its non-statistical parts only")
     clock: dict[str, Any] | None = Field(None, description="the step clock cross-check (kernel send stamps)")
     probe_cost: dict[str, Any] | None = Field(
         None, description="the probe's seconds at each timed step's boundary / the step's seconds, per launch and "

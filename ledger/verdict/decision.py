@@ -200,6 +200,11 @@ def decide(exact: bool, iv: Interval, busy: Sequence[str] = (), outliers: Sequen
     direction = _call(iv)
     if direction is None:
         return NO_DIFFERENCE, None, f"the {span} of the speedup covers 1: no speed difference is shown"
+    if iv.variance_source == "run" and iv.check is None:  # no calibration at all (check: run's SD against one)
+        return NO_DIFFERENCE, None, (
+            f"the {span} excludes 1, but no usable A/A calibration of this protocol on this host: C is always the "
+            "middle launch, so without one a launch-position effect cannot be told apart from a speed difference "
+            "(docs/validation/VERDICT.md, issue 52); run `orch calibrate`, then audit again")
     if busy:
         return NO_DIFFERENCE, None, (
             f"the {span} excludes 1, but the host watch names busy window(s): {'; '.join(busy)}; not accepted "

@@ -32,7 +32,7 @@ from protocol.plan import Triplet
 
 
 def _iv(low: float, high: float, *, estimate: float = 1.5, sd: float | None = 0.1, df: int = 4, triplets: int = 2,
-        source: str = "run", check: SpreadCheck | None = None, target: int | None = 7) -> Interval:
+        source: str = "pooled", check: SpreadCheck | None = None, target: int | None = 7) -> Interval:
     return Interval(estimate=estimate, low=low, high=high, level=0.95, nominal_level=0.95, method="m",
                     triplets=triplets, log_speedups=(math.log(1.4), math.log(1.6))[:triplets], sd=sd, df=df,
                     variance_source=source, critical=2.0 if sd is not None else None, check=check,
@@ -60,6 +60,21 @@ def test_decide_names_the_verdict_the_direction_and_the_interval() -> None:
     assert decide(True, _iv(1.0, 1.3))[:2] == ("no difference shown", None)  # touching 1 covers it
     assert decide(False, _iv(1.2, 1.8)) == (
         "not exact", None, "the candidate does not compute the same bits; its speed is not judged")
+
+
+def test_an_interval_without_a_calibration_is_never_accepted() -> None:
+    """Issue 52: C is the middle launch in both orders, so a position effect is the same in every triplet; only an
+    A/A calibration measures it. An interval from the run's own triplets alone never decides."""
+    verdict, direction, sentence = decide(True, _iv(1.2, 1.8, source="run"))
+    assert (verdict, direction) == ("no difference shown", None)
+    assert sentence == (
+        "the 95% interval [1.2000, 1.8000] excludes 1, but no usable A/A calibration of this protocol on this host: C "
+        "is always the middle launch, so without one a launch-position effect cannot be told apart from a speed "
+        "difference (docs/validation/VERDICT.md, issue 52); run `orch calibrate`, then audit again")
+    assert decide(True, _iv(0.9, 1.1, source="run"))[2].endswith("covers 1: no speed difference is shown")
+    assert decide(True, _iv(1.2, 1.8, source="calibration"))[0] == "accepted"
+    check = SpreadCheck(Spread(0.3, 1), Spread(0.01, 4), 900.0, 1e-5, True)  # a calibration, its spread not used
+    assert decide(True, _iv(1.2, 1.8, source="run", check=check))[0] == "accepted"
 
 
 def test_a_baseline_launch_that_compiled_what_a_shortened_prime_did_not_reach_keeps_the_run_undecided() -> None:
@@ -209,10 +224,10 @@ def test_interval_doc_words_for_each_variance_source() -> None:
     alone = _doc(_iv(1.2, 1.8, triplets=1, source="calibration", target=None), calibration=Spread(0.1, 4))
     assert "from A/A calibration run cal1 alone (one triplet has no spread of its own)" in alone["words"]
     assert alone["words"].endswith("; a +-5% interval is out of reach at this spread")
-    own = _doc(_iv(1.2, 1.8), calibration_run=None)
+    own = _doc(_iv(1.2, 1.8, source="run"), calibration_run=None)
     assert "from the run's own triplets (no usable calibration)" in own["words"] and own["calibration_used"] is None
     check = SpreadCheck(Spread(0.3, 1), Spread(0.01, 4), 900.0, 1e-5, True)
-    larger = _doc(_iv(0.8, 2.8, check=check))
+    larger = _doc(_iv(0.8, 2.8, source="run", check=check))
     assert "from the run's own triplets (their spread is larger than the calibration's, which is not used)" in (
         larger["words"])
     assert larger["spread_check"]["larger"] is True and larger["spread_check"]["words"].endswith(
