@@ -59,8 +59,8 @@ def orch_packages() -> tuple[str, ...]:
 
 def shadowing(source_dir: Path, pythonpath: str) -> list[str]:
     """Entries of an arm's tree that would be imported under the name of one of orch's packages: at its root and in
-    every folder of the protocol's PYTHONPATH inside it (a package 'workers/', a module 'protocol.py', ...). A rank imports orch's
-    probe before the trainer's folders are on its path, so the trainer would get orch's package, not its own."""
+    every folder of the protocol's PYTHONPATH inside it (a package 'workers/', a module 'protocol.py', ...). A rank
+    imports orch's probe before the trainer's folders are on its path, so the trainer would get orch's package."""
     roots = [source_dir]
     for entry in filter(None, pythonpath.split(os.pathsep)):
         folder = (source_dir / entry).resolve() if not os.path.isabs(entry) else Path(entry)
