@@ -1,0 +1,249 @@
+"""Issue 50's decisions on one GPU in one device call, each step skipped once the deadline is near: GPU-busy and the
+floor (plain fresh launches of the GPU-bound r3-mini, no orch), `orch calibrate` with 3 A/A launches (orch's own A/A
+noise, against that floor), then K = 1 launches of the null and of a known 5% slowdown, the 2% slowdown under the
+sequential stop (K <= 4) and r3-mini's candidate (its fusion switches on). The slowdowns are extra GPU work that
+changes no bits: fp32 products of private tensors after each optimizer step, as many as make the fraction of the
+calibrated baseline step (R3_BENCH_GPU_WORK, an arm switch of a copy of the trainer; the baseline is git HEAD).
+
+Prints one table; writes the figures (JSON) and the run records (runs/ and ledger/, no scratch) under --out.
+
+Usage: python bench/gpu_bound.py [--device cuda|cpu] [--budget-s 480] [--plain-triplets 2] [--small] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from bench_floor import BOUND_NULL, orch_aa, plain_floor, protocol_copy, table
+from bench_null import GIT, baseline_step_s, env, orch, project
+
+REPO = Path(__file__).resolve().parents[1]
+BOUND = "r3_mini_cuda1_bound.yaml"
+WORK_VAR = "R3_BENCH_GPU_WORK"
+MM_SIZE = 2048
+REPLAY = 0.7  # a launch's watched replay and scorer, in A/A triplets (an A/A launch has neither)
+SETUP_ANCHOR = "    for curr_step in range(train_step, training_args.total_steps):\n"
+SETUP = (
+    f'    bench_work = int(os.environ.get("{WORK_VAR}", "0"))  # gpu-bound bench: known extra GPU work, no bits\n'
+    f"    bench_a = torch.full(({MM_SIZE}, {MM_SIZE}), 1.0 / {MM_SIZE}, device=device) if bench_work else None\n"
+    "    bench_b = torch.empty_like(bench_a) if bench_a is not None else None\n"
+)
+WORK_ANCHOR = "        scheduler.step()\n"
+WORK = (
+    "        for _ in range(bench_work):  # fp32 products of private tensors: results unused, no RNG drawn\n"
+    "            torch.mm(bench_a, bench_a, out=bench_b)\n"
+)
+MM_TIMER = f"""
+import sys, time, torch
+dev = sys.argv[1]
+torch.backends.cuda.matmul.allow_tf32 = False
+a = torch.full(({MM_SIZE}, {MM_SIZE}), 1.0 / {MM_SIZE}, device=dev)
+b = torch.empty_like(a)
+def sync():
+    if dev == "cuda":
+        torch.cuda.synchronize()
+for _ in range(10):
+    torch.mm(a, a, out=b)
+sync()
+n = 200 if dev == "cuda" else 5
+t = time.perf_counter()
+for _ in range(n):
+    torch.mm(a, a, out=b)
+sync()
+print((time.perf_counter() - t) / n)
+"""
+
+
+def product_s(device: str) -> float:
+    """Seconds of one fp32 product of the bench's size on this device (tf32 off, as the trainer runs)."""
+    out = subprocess.run([sys.executable, "-c", MM_TIMER, device], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def work_tree(proj: Path) -> None:
+    """The trainer of the project's working tree with the switch (git HEAD, the baseline, stays as committed)."""
+    trainer = proj / "examples" / "r3_mini" / "train" / "online_rl.py"
+    text = trainer.read_text()
+    if WORK in text:
+        return
+    if text.count(SETUP_ANCHOR) != 1 or text.count(WORK_ANCHOR) != 1:
+        raise SystemExit("gpu-bound: the trainer's anchors moved (the step loop or scheduler.step())")
+    trainer.write_text(text.replace(SETUP_ANCHOR, SETUP + SETUP_ANCHOR).replace(WORK_ANCHOR, WORK_ANCHOR + WORK))
+
+
+def slowdown_protocol(proj: Path, null: Path, products: int, label: str) -> Path:
+    """Baseline: git HEAD under the published commitment; candidate: the working tree with R3_BENCH_GPU_WORK set."""
+    work_tree(proj)
+    data = yaml.safe_load(null.read_text())
+    switches = dict(data["arms"]["baseline"]["switches"])
+    data["arms"] = {
+        "baseline": {"commitment": "manifests/r3_mini.json", "source": {"git": "HEAD"}, "switches": switches},
+        "candidate": {"commitment": "manifests/bench_gpu_work.json", "source": "tree", "under_evaluation": True,
+                      "switches": {**switches, WORK_VAR: str(products)}},
+    }  # fmt: skip
+    data["name"] = f"{data['name']}-gpu-work-{label}"
+    data["measurement"]["repeats"] = 1
+    path = proj / "protocol" / f"slowdown_{label}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    frozen = subprocess.run(orch("freeze", "--protocol", str(path), "--arm", "candidate", "-o",
+                                 "manifests/bench_gpu_work.json"), cwd=proj, env=env(), capture_output=True, text=True)
+    if frozen.returncode != 0:
+        raise SystemExit(f"gpu-bound: orch freeze failed: {frozen.stderr[-2000:]}")
+    return path
+
+
+def launch(proj: Path, home: Path, protocol: Path, *extra: str) -> tuple[int, dict[str, Any] | None, str, float]:
+    """exit code, the run's audit (None when there is none), the output's tail, seconds."""
+    t0 = time.monotonic()
+    proc = subprocess.run(orch("launch", str(protocol), "--json", "--home", str(home), "--lock-dir",
+                               str(home / "locks"), *extra), cwd=proj, env=env(), capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    audit = None
+    try:
+        run_id = json.loads(proc.stdout.strip().splitlines()[0])["run_id"]
+        path = home / "runs" / run_id / "audit.json"
+        audit = json.loads(path.read_text()) if path.is_file() else None
+    except (IndexError, ValueError, KeyError):
+        pass
+    return proc.returncode, audit, (proc.stdout[-800:] + proc.stderr[-1500:]), wall
+
+
+def row(kind: str, audit: dict[str, Any], wall: float, code: int, planned: float | None) -> dict[str, Any]:
+    iv = audit["interval"]
+    busy = audit.get("gpu_busy") or {}
+    return {
+        "kind": kind, "run_id": audit["run_id"], "exit_code": code, "wall_s": round(wall, 1),
+        "planned_speedup": planned, "triplets": iv["triplets"], "headlines": iv["headlines"],
+        "estimate": iv["estimate"], "low": iv["low"], "high": iv["high"], "half_width": iv.get("half_width"),
+        "df": iv["df"], "variance_source": iv["variance_source"], "verdict": audit["verdict"],
+        "direction": audit.get("direction"), "exact": audit.get("exact"),
+        "max_drift": max(t["max_drift"] for t in audit["replication"]["triplets"]),
+        "positions": [t["levels"] for t in (audit.get("positions") or {}).get("triplets", [])],
+        "gpu_busy": busy.get("timed_busy"), "gpu_busy_words": busy.get("words"), "reasons": audit["reasons"][:3],
+    }  # fmt: skip
+
+
+def decisions_table(rows: list[dict[str, Any]]) -> str:
+    out = ["kind | K | planned | speedup [95%] | half-width | verdict | max drift | GPU-busy | wall s"]
+    for r in rows:
+        high = "inf" if r["high"] is None else f"{r['high']:.4f}"
+        hw = "-" if r["half_width"] is None else f"{r['half_width']:.2%}"
+        planned = "-" if r["planned_speedup"] is None else f"{r['planned_speedup']:.4f}"
+        busy = "-" if r["gpu_busy"] is None else f"{r['gpu_busy']:.0%}"
+        verdict = r["verdict"] + (f" ({r['direction']})" if r["direction"] else "")
+        out.append(f"{r['kind']} | {r['triplets']} | {planned} | {r['estimate']:.4f} [{r['low']:.4f}, {high}] | "
+                   f"{hw} | {verdict} | {r['max_drift']:.4f} | {busy} | {r['wall_s']:.0f}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="no step starts that would end after this")
+    ap.add_argument("--plain-triplets", type=int, default=2)
+    ap.add_argument("--calibration-repeats", type=int, default=3)
+    ap.add_argument("--max-repeats", type=int, default=4, help="the 2%% slowdown's sequential stop")
+    ap.add_argument("--small", action="store_true", help="r3-mini's CPU protocols, shorter rollouts: a dry run")
+    ap.add_argument("--out", type=Path, default=Path("gpu_bound_out"))
+    opts = ap.parse_args()
+    deadline = time.monotonic() + opts.budget_s
+    opts.out.mkdir(parents=True, exist_ok=True)
+    null_name, cand_name = (BOUND_NULL, BOUND) if opts.device == "cuda" else ("r3_mini_null.yaml", "r3_mini.yaml")
+    figures: dict[str, Any] = {"device": opts.device, "null_protocol": null_name, "candidate_protocol": cand_name,
+                               "budget_s": opts.budget_s, "skipped": [], "rows": []}  # fmt: skip
+    rows: list[dict[str, Any]] = figures["rows"]
+
+    def save() -> None:
+        (opts.out / "gpu_bound.json").write_text(json.dumps(figures, indent=1) + "\n")
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
+    with tempfile.TemporaryDirectory(prefix="orch-gpu-bound-") as tmp:
+        proj = project(Path(tmp))
+        home = Path(tmp) / "home"
+        for name in {null_name, cand_name}:
+            (proj / "protocol" / name).write_text((REPO / "protocol" / name).read_text())
+        subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
+        subprocess.run([*GIT, "commit", "-q", "-m", "gpu-bound protocols"], cwd=proj, check=True)
+        null = protocol_copy(proj, null_name, opts.small)
+        figures["product_s"] = product_s(opts.device)
+        print(f"one {MM_SIZE}^2 fp32 product: {figures['product_s'] * 1000:.3f} ms", flush=True)
+        # 1. GPU-busy and the floor: plain launches, no orch (they also size what follows)
+        plain = plain_floor(proj, null, opts.plain_triplets, opts.device, Path(tmp) / "plain",
+                            deadline=deadline - 0.6 * opts.budget_s)  # fmt: skip
+        figures["plain"] = plain
+        save()
+        # 2. orch calibrate: 3 A/A launches (orch's own noise against the floor; pooled into every audit below)
+        t0 = time.monotonic()
+        aa = orch_aa(proj, null, opts.calibration_repeats, home)
+        figures["orch_aa"] = aa
+        save()
+        print(table(plain, aa), flush=True)
+        if "error" in aa:
+            print(f"orch calibrate failed (exit {aa['exit_code']}):\n{aa['error']}", flush=True)
+            return 1
+        per_triplet = (time.monotonic() - t0) / opts.calibration_repeats
+        cal_audit = json.loads((home / "runs" / aa["run_ids"][-1] / "audit.json").read_text())
+        step = baseline_step_s(cal_audit)
+        figures["baseline_step_s"] = step
+        plan: list[tuple[str, float | None, int]] = [("null", None, 1), ("slowdown 5%", 0.05, 1),
+                                                     ("slowdown 2% sequential", 0.02, opts.max_repeats),
+                                                     ("candidate", None, 1)]  # fmt: skip
+        for kind, frac, triplets in plan:
+            # a launch runs its triplet, then the watched replay of C and the scorer, which an A/A launch leaves out
+            need = per_triplet * ((1 if kind.endswith("sequential") else triplets) + REPLAY) * 1.1
+            if need > left():
+                figures["skipped"].append(f"{kind}: needs about {need:.0f} s, {left():.0f} s left")
+                print(f"skipped {kind}: needs about {need:.0f} s, {left():.0f} s left", flush=True)
+                continue
+            extra: tuple[str, ...] = ()
+            planned = None
+            if kind == "null":
+                protocol = null
+            elif kind == "candidate":
+                protocol = protocol_copy(proj, cand_name, opts.small)
+            else:
+                assert frac is not None
+                products = max(1, round(frac * step / figures["product_s"]))
+                planned = 1.0 / (1.0 + products * figures["product_s"] / step)
+                protocol = slowdown_protocol(proj, null, products, f"{round(frac * 100)}pct")
+                figures[f"products_{kind}"] = products
+                if kind.endswith("sequential"):
+                    # the sequential stop may take up to max_repeats triplets: as many as the time left allows
+                    fit = max(1, min(opts.max_repeats, int(left() / (per_triplet * 1.1) - REPLAY)))
+                    extra = ("--until-decided", "--max-repeats", str(fit))
+            code, audit, tail, wall = launch(proj, home, protocol, *extra)
+            print(f"orch launch {kind}: exit {code}, {wall:.0f} s", flush=True)
+            if audit is None:
+                print(tail, flush=True)
+                figures.setdefault("failed", []).append({"kind": kind, "exit_code": code, "tail": tail})
+            else:
+                rows.append(row(kind, audit, wall, code, planned))
+            save()
+        with tarfile.open(opts.out / "gpu_bound_home.tgz", "w:gz") as tar:  # the run records, no scratch
+            for part in ("runs", "ledger"):
+                if (home / part).exists():
+                    tar.add(home / part, arcname=part)
+    print("\n" + table(figures["plain"], figures["orch_aa"]))
+    print(decisions_table(rows))
+    for r in rows:
+        if r["gpu_busy_words"]:
+            print(f"{r['kind']}: {r['gpu_busy_words']}")
+    print(f"baseline step {figures['baseline_step_s'] * 1000:.1f} ms; one product {figures['product_s'] * 1000:.3f} "
+          f"ms; skipped: {figures['skipped'] or 'none'}; figures: {opts.out / 'gpu_bound.json'}")
+    return 0 if all(math.isfinite(r["estimate"]) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
