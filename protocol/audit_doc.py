@@ -201,6 +201,9 @@ class AuditDocument(_Doc):
     host_hash: str | None
     calibration: dict[str, Any] | None = Field(
         None, description="this host's latest A/A calibration of the protocol id, or why there is none")
+    isolation: dict[str, Any] | None = Field(
+        None, description="each package's isolation and network as run.json recorded them, and in words what that "
+        "left open (scan mode, the host's network, Slurm; docs/THREAT_MODEL.md)")
     quiet_host: dict[str, Any] | None = Field(None, description="per train package: how quiet the host was")
     host_watch: dict[str, Any] | None = Field(
         None, description="per train launch and window: foreign CPU and GPU use sampled through the launch, the "

@@ -30,9 +30,11 @@ from ledger.verdict.decision import (
 )
 from ledger.verdict.evidence import RunEvidence
 from ledger.verdict.exactness import Exactness, exactness
+from ledger.verdict.gpu_busy import gpu_busy_doc
 from ledger.verdict.host_report import clock_doc, quiet_host_doc
 from ledger.verdict.host_watch import busy_windows, host_watch_doc
 from ledger.verdict.interval_doc import interval_doc
+from ledger.verdict.isolation_doc import isolation_doc
 from ledger.verdict.mismatch import Mismatch
 from ledger.verdict.noise import NoiseEvidence, baseline_disagreement, baseline_outliers, triplet_arm_spread
 from ledger.verdict.recipe_check import recipe_doc
@@ -53,7 +55,8 @@ STATISTICS_KEYS = ("schema", "verdict", "direction", "verdict_words", "reasons",
 STATISTICS_RULES = "issue-52"
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 # sections an audit.json recorded before them lacks: it stays as recorded
-ADDED_LATER = ("probe_cost", "host_watch", "recipe", "compile_cache", "commands", "positions", "statistics_rules")
+ADDED_LATER = ("probe_cost", "host_watch", "recipe", "compile_cache", "commands", "positions", "statistics_rules",
+               "gpu_busy", "isolation")
 # the units of audit.json's figures (also in `orch schema --kind audit`); its keys stay as recorded
 AUDIT_UNITS = {
     "speedup.windows[].A|C|B": "s: the window's time, the SUM of its steps' times",
@@ -299,6 +302,7 @@ def compute_audit(
     us = [baseline_disagreement(s) for s in sps]
     ab_eff = baseline_effects(us, baseline_outliers(us, cal_spread), d, cal_spread, rule, noise)
     watch = host_watch_doc(ev, labels)
+    gpu_busy = gpu_busy_doc(ev, labels, cal_spread)  # None for a CPU protocol or a run recorded before it
     busy = busy_windows(watch) if watch else []
     cost = _cost_doc(ev)
     seq = None if rule is None else sequential_doc(
@@ -361,8 +365,10 @@ def compute_audit(
         "versions": dict(ev.checks.versions),
         "host_hash": ev.run.host.host_hash,
         "calibration": calibration,
+        **({} if (iso := isolation_doc(ev.run)) is None else {"isolation": iso}),
         "quiet_host": quiet_host_doc(ev.trains, labels),
         "host_watch": watch,
+        **({} if gpu_busy is None else {"gpu_busy": gpu_busy}),
         "clock": clock_doc(ev.trains, labels),
         "probe_cost": probe_cost_doc({label: ev.steps[label] for label in labels}, m.steps, m.warmup),
         "calibration_of": None if ev.run.calibration_of is None else ev.run.calibration_of.model_dump(),

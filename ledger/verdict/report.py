@@ -15,6 +15,7 @@ from rich.console import Console
 
 from ledger.render import print_whole, whole_table
 from ledger.verdict.interval_doc import interval_text, verdict_lines
+from ledger.verdict.isolation_doc import isolation_lines
 from protocol.plan import ROLES
 
 if TYPE_CHECKING:
@@ -80,7 +81,8 @@ def exactness_lines(doc: Mapping[str, Any]) -> list[str]:
     reload_ok = ex["reload_equal"]
     lines.append(
         "final digests == reload digests: "
-        + ", ".join(f"{label} {'equal' if ok else 'DIFFERENT'}" for label, ok in reload_ok.items())
+        + (", ".join(f"{label} {'equal' if ok else 'DIFFERENT'}" for label, ok in reload_ok.items()) if reload_ok
+           else "no reload (an A/A launch reads step times and digests, no checkpoint)")
     )
     rng = ex["rng_first_mismatch"]
     lines.append("RNG fingerprints: " + ("equal at every step" if ex["rng_equal"] else rng["text"]))
@@ -99,10 +101,12 @@ def exactness_lines(doc: Mapping[str, Any]) -> list[str]:
     if "scalars_equal" in ex:
         s_first, s_last = ex["scalar_steps"]
         sm = ex["scalars_first_mismatch"]
+        silent = [p.split(":")[0] for p in ex.get("problems", []) if "logged no training step" in p]
         lines.append(
             f"trainer numbers (losses at backward, grad norms, logged values): equal across A, C, B at steps "
-            f"{s_first}-{s_last} ({ex['scalars_compared']} compared)" if ex["scalars_equal"]
-            else f"trainer numbers: {sm['text'] if sm else 'differ'}"
+            f"{s_first}-{s_last} ({ex['scalars_compared']} compared)"
+            + (f"; but {', '.join(silent)} logged no number of its own: not exact" if silent else "")
+            if ex["scalars_equal"] else f"trainer numbers: {sm['text'] if sm else 'differ'}"
         )
     watched = ex.get("watch_coverage") or {}
     forbidden = ex["forbidden"]
@@ -228,6 +232,8 @@ def render_terminal(result: AuditResult, console: Console) -> None:
     for line in verdict_lines(doc):
         console.print(f"  {line}", markup=False)
     console.print(f"scope: {doc['scope']}", markup=False)
+    for line in isolation_lines(doc):
+        console.print(line, markup=False)
     if (aa := aa_line(doc)) is not None:
         console.print(aa, markup=False)
     console.print(attribution_line(doc), markup=False)
@@ -239,6 +245,8 @@ def render_terminal(result: AuditResult, console: Console) -> None:
     for w in sp["windows"]:
         console.print(f"  {w['words']}", markup=False)
     console.print(f"  {sp['words']}", markup=False)
+    if doc.get("gpu_busy"):  # a GPU protocol whose host watch read GPU-busy
+        console.print(f"GPU-busy: {doc['gpu_busy']['words']}", markup=False)
     console.print("[bold]exactness[/]")
     for line in exactness_lines(doc):
         console.print(f"  {line}", markup=False)
@@ -311,6 +319,8 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         "",
         f"Scope: {doc['scope']}.",
         "",
+        *[f"- {line}" for line in isolation_lines(doc)],
+        *([""] if isolation_lines(doc) else []),
         *([] if (aa := aa_line(doc)) is None else [aa + ".", ""]),
         attribution_line(doc) + ".",
         "",
@@ -326,6 +336,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         "",
         *[f"- {w['words']}" for w in sp["windows"]],
         f"- {sp['words']}",
+        *([f"- GPU-busy: {doc['gpu_busy']['words']}"] if doc.get("gpu_busy") else []),
         "",
         "## Exactness",
         "",

@@ -88,6 +88,15 @@ def test_an_arm_whose_trainer_logged_nothing_is_refused(tmp_path: Path) -> None:
             "its own numbers cannot be compared") in reasons
 
 
+def test_when_no_arm_logged_the_exactness_section_says_so_beside_the_equal_numbers(tmp_path: Path) -> None:
+    doc, reasons = _reasons(tmp_path, RunSpec(silent="ACB"))  # losses and grad norms equal, nothing logged (issue 53)
+    assert doc["verdict"] == "not exact" and doc["exactness"]["scalars_equal"] is True
+    assert sum("logged no training step" in r for r in reasons) == 3
+    shown = (tmp_path / "runs" / "run1" / "audit.md").read_text()
+    assert ("equal across A, C, B at steps 0-14 (60 compared); but arm A, arm C, arm B logged no number of its own: "
+            "not exact") in shown
+
+
 def test_fp16_op_only_in_a_timed_step_is_found_by_the_watched_replay(tmp_path: Path) -> None:
     doc, reasons = _reasons(tmp_path, RunSpec(watch_forbidden=(12, "aten.mm.default", "float16")))
     ex = doc["exactness"]
@@ -117,3 +126,28 @@ def test_a_run_recorded_before_the_replay_is_refused_in_one_line(tmp_path: Path)
     assert err.value.problems == ["run.json: orch.run/1 (before watch-C and trainer scalars); relaunch the protocol"]
     assert "\n" not in err.value.message and "relaunch the protocol" in err.value.message
     assert not (run_dir / "audit.json").exists()
+
+
+def test_the_audit_names_each_packages_isolation_and_what_it_left_open() -> None:
+    """Issue 49: the audit says how packages were isolated; scan mode and the host's network are named with what
+    they leave open, never silently."""
+    from ledger.verdict.isolation_doc import NAMESPACE_WORDS, isolation_doc, isolation_lines
+    from protocol.run_record import PackageEntry, RunRecord
+
+    run = RunRecord.model_validate_json(next((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(
+        "*/run.json")).read_bytes())
+    assert isolation_doc(run.updated(packages=[])) is None  # recorded before run.json kept it
+
+    def entry(name: str, isolation: str, network: str | None) -> PackageEntry:
+        return PackageEntry(name=name, kind="train", arm_label="A", arm="baseline", env={}, status="ok",
+                            isolation=isolation, network=network)
+
+    quiet = isolation_doc(run.updated(packages=[entry("train-A", "namespace", "namespace")]))
+    assert quiet == {"packages": {"train-A": {"isolation": "namespace", "network": "namespace"}},
+                     "words": [NAMESPACE_WORDS]}
+    mixed = isolation_doc(run.updated(packages=[entry("train-A", "namespace", "namespace"),
+                                                entry("train-C", "scan+cgroup", "host")]))
+    assert mixed is not None and len(mixed["words"]) == 2
+    assert mixed["words"][0].startswith("scan mode (train-C): nothing was read-only")
+    assert mixed["words"][1].startswith("the host's network (train-C): local services and sockets")
+    assert isolation_lines({"isolation": mixed})[0].startswith("isolation: scan mode (train-C)")
