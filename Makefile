@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install pyc lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-tuned bench-startup bench-watch bench-null bench-floor bench-verdict bench-trl attack mutation clean
+.PHONY: all install pyc lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-tuned bench-proof bench-startup bench-watch bench-null bench-floor bench-verdict bench-trl attack mutation clean
 
 all: test
 
@@ -86,6 +86,11 @@ bench-r3mini: $(STAMP)
 
 bench-probe: $(STAMP)
 	$(BIN)/python bench/bench_probe.py
+
+# issue 51: each run's GPU-seconds beyond its timed A, C, B, and their share: N launches in a fresh home (the first
+# primes and keeps its cache, the later ones load it); BENCH_PROOF_ARGS: --protocol P --runs N, or --home DIR; --out F
+bench-proof: $(STAMP)
+	$(BIN)/python bench/bench_proof.py $(or $(BENCH_PROOF_ARGS),--protocol protocol/r3_mini.yaml --runs 2)
 
 # issue 31: the tuned-kernel toy's identical candidate on cold caches with 2 ranks forced to tune apart, N launches
 # (~2 min each on 2 cores); BENCH_TUNED_ARGS="--runs 20 --out FILE"

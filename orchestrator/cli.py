@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from orchestrator.cli_cache import cache_app
 from orchestrator.cli_common import CONTEXT, HomeOpt, JsonOpt, OrchCommand, OrchGroup, examples, guard, report
 from orchestrator.cli_init import INIT_EXAMPLES
 from orchestrator.cli_init import init as init_command
@@ -35,6 +36,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(cache_app, name="cache")
 app.command(name="init", cls=OrchCommand, epilog=INIT_EXAMPLES)(init_command)
 # checked while parsing (one usage line, exit 2), before any run folder, ledger record or lock exists
 LockTimeoutOpt = Annotated[

@@ -188,6 +188,23 @@ def ledger_reconcile(ctx: typer.Context, home: HomeOpt = None, as_json: JsonOpt 
     report(lambda: reconcile(o["home"]), bool(o["as_json"]))
 
 
+@ledger_app.command(
+    "overhead", cls=OrchCommand,
+    epilog=examples("orch ledger overhead", "orch ledger overhead RUN_ID --json", "orch ledger overhead RUN1 RUN2"),
+)
+def ledger_overhead(
+    ctx: typer.Context,
+    runs: Annotated[list[str] | None, typer.Argument(help="run ids (default: every run)", show_default=False)] = None,
+    home: HomeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Proof overhead: each run's GPU-seconds beyond its timed A, C, B launches, and their share."""
+    from ledger.cost.commands import overhead_command
+
+    o = _merge(ctx, "overhead", ("home", "as_json"), home=home, as_json=as_json)
+    report(lambda: overhead_command(o["home"], list(runs or [])), bool(o["as_json"]))
+
+
 @ledger_app.command("head", cls=OrchCommand, epilog=examples("orch ledger head", "orch ledger --home X head --json"))
 def ledger_head(ctx: typer.Context, home: HomeOpt = None, as_json: JsonOpt = False) -> None:
     """The RFC 6962 tree head SIZE:ROOT over the record hashes."""

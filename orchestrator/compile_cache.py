@@ -165,8 +165,9 @@ def _show(pick: object) -> str:
 
 @dataclass
 class RunCaches:
-    """Where one run's compile caches live: `root` holds the baseline's (kept when the protocol declared it, else in
-    the run's scratch), `work` the packages' working copies (always scratch, deleted with it)."""
+    """Where one run's compile caches live: `root` holds the baseline's, kept after the run (the protocol's cache
+    folder, else the orch home's compile-cache/: orchestrator/kept_cache.py), `work` the packages' working copies
+    (always scratch, deleted with it)."""
 
     root: Path
     work: Path
@@ -174,14 +175,31 @@ class RunCaches:
     manifest_path: Path
     sealed: dict[str, str] | None = None  # the baseline cache's files once the prime package has passed (accounting)
     seal: dict[str, str] | None = None  # every entry of the sealed baseline cache (seal_entries): what is checked
+    manifest: bytes | None = None  # the manifest's bytes once sealed (or adopted from a kept cache)
 
     @classmethod
-    def for_run(cls, env: Mapping[str, str], scratch: Path, run_dir: Path, baseline_root: str,
-                run_id: str) -> RunCaches:
+    def for_run(cls, env: Mapping[str, str], scratch: Path, run_dir: Path, key: str, run_id: str,
+                kept_root: Path | None = None) -> RunCaches:
+        """The prime fills `baseline-KEY16-RUN_ID` (`key`: the kept key, orchestrator/kept_cache.py) under the
+        protocol's cache folder, else under `kept_root` (the orch home's; None: the run's scratch, not kept)."""
         declared = _declared_root(env)
-        root = declared if declared is not None else scratch / "compile-cache"
+        root = declared if declared is not None else kept_root if kept_root is not None else scratch / "compile-cache"
         work = scratch / "compile-cache" / "packages"
-        return cls(root, work, root / f"baseline-{baseline_root[:16]}-{run_id}", run_dir / MANIFEST)
+        return cls(root, work, root / f"baseline-{key[:16]}-{run_id}", run_dir / MANIFEST)
+
+    def adopt(self, name: str, entries: dict[str, str], manifest: bytes) -> None:
+        """Load a kept cache, already checked entry for entry (kept_cache.check), instead of priming: from now on it
+        is the sealed baseline cache, checked before and after every package; its manifest goes into the run."""
+        self.baseline = self.root / name
+        self.seal = dict(entries)
+        self.sealed = {rel: v for rel, v in entries.items() if v != FOLDER and not _accounting_skips(rel)}
+        self.manifest = manifest
+        write_atomic(self.manifest_path, manifest)
+
+    def discard_prime(self) -> None:
+        """A prime that failed leaves no cache behind (nothing kept was sealed)."""
+        if self.seal is None and (self.baseline.exists() or self.baseline.is_symlink()):
+            _remove(self.baseline)
 
     def folder(self, package: str, kind: str) -> Path:
         """The folder a package compiles into: the baseline's own for prime, else its private working copy."""
@@ -205,7 +223,7 @@ class RunCaches:
             (folder / sub).mkdir(exist_ok=True)
         return folder
 
-    def seal_baseline(self) -> CacheUse:
+    def seal_baseline(self, prime_steps: int | None = None, launch_steps: int | None = None) -> CacheUse:
         """After the prime passed: every entry it left becomes the baseline cache, read-only (files and folders),
         listed in the run directory; a link or special file fails the prime, named (the lookups would follow it)."""
         entries = seal_entries(self.baseline)
@@ -222,13 +240,15 @@ class RunCaches:
         with opened_dir(self.baseline) as fd:
             chmod_tree_read_only(fd)
         self.seal = entries
+        self.manifest = data
         self.sealed = {rel: v for rel, v in files.items() if not _accounting_skips(rel)}
         tuned = [rel for rel in self.sealed if is_tuned(rel)]
         digest = tuned_digest(self.baseline, self.sealed)
         return CacheUse(baseline_files=len(self.sealed), baseline_tuned=len(tuned), taken=0, taken_tuned=0,
                         made=len(self.sealed), made_tuned=len(tuned), changed=0, baseline_tuned_sha256=digest,
                         tuned_sha256=digest, own_kernels=[], sealed_entries=len(entries),
-                        manifest_sha256=hashlib.sha256(data).hexdigest())
+                        manifest_sha256=hashlib.sha256(data).hexdigest(), prime_steps=prime_steps,
+                        launch_steps=launch_steps)
 
     def check_baseline(self, when: str) -> None:
         """The sealed baseline cache is entry for entry as sealed (no package may write it): FailedError naming what

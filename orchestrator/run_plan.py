@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.cost.store import Ledger
-from orchestrator import gpu_lock, slurm
+from orchestrator import gpu_lock, kept_cache, slurm
 from orchestrator.blinding import quarantine, seal_outputs, special_entries
 from orchestrator.compile_cache import RunCaches
 from orchestrator.host_watch import HostWatcher, package_devices
@@ -32,7 +32,7 @@ from protocol.home import Home
 from protocol.package import ChecksSpec, CommandSpec, PackageSpec, ReloadSpec, ScoreSpec, ScoreTarget, TrainSpec
 from protocol.plan import PlannedPackage, kept_checkpoints, plan, score_labels
 from protocol.results import ChecksResult, TrainResult
-from protocol.run_record import EarlierRun, HostFingerprint, PackageEntry, RunRecord, VersionsChanged
+from protocol.run_record import CacheUse, EarlierRun, HostFingerprint, PackageEntry, RunRecord, VersionsChanged
 from protocol.schema import Arm, LoadedProtocol
 
 PLAN = plan(1)  # the owner's run; a protocol with measurement.repeats K runs plan(K), a sequential one grows it
@@ -86,6 +86,10 @@ class RunContext:
     closed: set[str] = field(default_factory=set)
     sequential: SequentialState | None = None  # repeats: auto or --until-decided (orchestrator/sequential_launch.py)
     caches: RunCaches | None = None  # the run's compile caches, made when the plan starts
+    kept: kept_cache.KeptRecord | None = None  # a kept baseline cache this run loads instead of priming (issue 51)
+    kept_reason: str | None = None  # why no kept cache served (then the prime runs, and its cache is kept)
+    kept_key: str = ""
+    kept_fields: dict[str, Any] = field(default_factory=dict)
     # each kept checkpoint's entries (kind, inode, size, mtime, ctime) once its train package passed: checked
     # before and after every later package (orchestrator/safe_paths.stat_fingerprint)
     checkpoints: dict[str, dict[str, tuple[str, int, int, int, int]]] = field(default_factory=dict)
@@ -99,8 +103,8 @@ class RunContext:
 
     @property
     def primes(self) -> bool:
-        """The plan has a prime package (measurement.compile: prime, the default)."""
-        return self.loaded.protocol.measurement.compile == "prime"
+        """The plan has a prime package: measurement.compile: prime (the default), and no kept cache served."""
+        return self.loaded.protocol.measurement.compile == "prime" and self.kept is None
 
     @property
     def calibrates(self) -> bool:
@@ -185,7 +189,7 @@ def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) 
     assert pkg.arm is not None
     sealed_dir = str(ctx.sealed[pkg.arm].path)
     if pkg.kind == "prime":  # the baseline's trainer as train-A runs it: same command and digests; no checkpoint
-        steps = p.measurement.primed_steps  # all of them unless measurement.prime_steps says fewer
+        steps = p.measurement.primed_steps  # at most; without measurement.prime_steps it stops when compiling stops
         return TrainSpec(
             **{**common, "arm": "baseline"}, kind="prime", sealed_dir=sealed_dir, ckpt_dir=None,
             script=p.launcher.script, args=substitute(_arm_args(ctx.loaded, p.arms.baseline), values), inputs=inputs,
@@ -193,6 +197,7 @@ def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) 
             digest_first=min(p.measurement.digest_first, steps - 1),
             digest_last=min(p.measurement.digest_last, steps - 1),
             host_controls=list(p.measurement.host_controls), watch_all=False,
+            until_compiled=p.measurement.prime_steps is None,
             slurm=None if ctx.slurm is None else ctx.slurm.step(pkg.name, p.launcher.nproc, ctx.scratch),
         )
     assert pkg.arm_label is not None
@@ -202,14 +207,19 @@ def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) 
         return ReloadSpec(**common, sealed_dir=sealed_dir, ckpt_dir=ckpt_dir,
                           inputs={**inputs, "train_result": sha256_file(train_result)})
     arm_spec: Arm = getattr(p.arms, pkg.arm)
-    replay = pkg.kind == "replay"  # checked by its digests: every step watched, no second checkpoint of C
+    # the replay is checked by its digests, keeps no second checkpoint of C, and watches the steps train-C did not
+    # (warmup..end; train-C watched 0..warmup-1), so its first steps run at full speed
+    replay = pkg.kind == "replay"
     return TrainSpec(
         **common, kind="replay" if replay else "train", sealed_dir=sealed_dir,
-        ckpt_dir=None if replay else ckpt_dir, script=p.launcher.script,
+        # a launch whose checkpoint nothing reads keeps none: an A/A launch's last (protocol/plan.py)
+        ckpt_dir=None if replay or not any(q.name == f"reload-{pkg.arm_label}" for q in ctx.plan) else ckpt_dir,
+        script=p.launcher.script,
         args=substitute(_arm_args(ctx.loaded, arm_spec), values), inputs=inputs,
         steps=p.measurement.steps, warmup=p.measurement.warmup, window=p.measurement.window,
         digest_first=p.measurement.digest_first, digest_last=p.measurement.digest_last,
         host_controls=list(p.measurement.host_controls), watch_all=replay,
+        watch_from=p.measurement.warmup if replay else 0,
         slurm=None if ctx.slurm is None else ctx.slurm.step(pkg.name, p.launcher.nproc, ctx.scratch),
     )
 
@@ -264,17 +274,14 @@ def _peaks(result: Any) -> dict[str, int | None]:
 
 def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
     """Run the plan; returns (run status, package -> status). Raises KeyboardInterrupt after recording it."""
+    if ctx.caches is None:
+        _open_caches(ctx, progress.say)
+    assert ctx.caches is not None
     statuses = {pkg.name: "not-run" for pkg in ctx.plan}
     init_digest: str | None = None
     failed_at: int | None = None
     interrupted = False
     index = -1
-    if ctx.caches is None:
-        launcher_env = {k: substitute([v], _placeholders(ctx, ctx.plan[0]))[0]
-                        for k, v in ctx.loaded.protocol.launcher.env.items()}
-        # only the protocol places them (an inherited TRITON_CACHE_DIR of orch's own shell does not)
-        ctx.caches = RunCaches.for_run(launcher_env, ctx.scratch, ctx.run_dir, ctx.arms["baseline"].sources_root,
-                                       ctx.run_id)
     while index + 1 < len(ctx.plan):  # a sequential run's plan grows while it runs (after_triplet)
         index += 1
         pkg = ctx.plan[index]
@@ -322,13 +329,14 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if ctx.slurm is not None and outcome.status == "failed" and refused is None:  # a lost node, by hash
             outcome.note = ctx.slurm.explain_failure(outcome.note, pkg.kind)
         said: dict[str, Any] = {}  # what only some packages have to say
+        keep_sealed: CacheUse | None = None
         # orch's own handling of what the package wrote comes first, every seal and cache check after it
         # (orchestrator/safe_paths.py: nothing the package could have planted is followed)
         _handle_outputs(ctx, pkg, pkg_dir, outcome, said)
         if outcome.status == "ok":
             try:
                 _check_sealed(ctx, f"during {pkg.name}", init_digest if pkg.kind != "score" else None)
-                if not ctx.primes:  # measurement.compile: none is checked after every package, never trusted
+                if ctx.loaded.protocol.measurement.compile == "none":  # checked after every package, never trusted
                     ctx.caches.check_compiled_nothing(pkg.name)
                 if ctx.slurm is not None:  # after this package, so before the next: nothing runs in between
                     ctx.slurm.check_seals(_seal_roots(ctx), f"after {pkg.name}")
@@ -342,9 +350,15 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
                 outcome.status, outcome.note = "failed", err.message
         if outcome.status == "ok" and pkg.kind == "prime":
             try:
-                said["compile_cache"] = ctx.caches.seal_baseline().model_dump()
+                ran = outcome.result.steps if isinstance(outcome.result, TrainResult) else None
+                sealed = ctx.caches.seal_baseline(ran, ctx.loaded.protocol.measurement.steps)
+                said["compile_cache"] = sealed.model_dump()
+                keep_sealed = sealed
+                outcome.note = kept_cache.SEALED_NOTE.format(entries=sealed.sealed_entries, sha=sealed.manifest_sha256)
             except FailedError as err:
                 outcome.status, outcome.note = "failed", err.message
+        elif pkg.kind == "prime":
+            ctx.caches.discard_prime()
         else:
             use = ctx.caches.use(pkg.name, pkg.kind)
             if use is not None:
@@ -377,6 +391,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         ctx.record(pkg, outcome.status, started=outcome.started, ended=outcome.ended,
                    wall_s=round(outcome.wall_s, 6), gpu_seconds=gpu_seconds, result_digest=result_digest,
                    exit_code=outcome.exit_code, note=outcome.note, **_peaks(outcome.result))
+        if pkg.kind == "prime" and outcome.status == "ok" and keep_sealed is not None:
+            _keep_prime(ctx, keep_sealed, gpu_seconds, progress.say)
         ctx.run_record = ctx.run.with_package(entry.finish(
             **said, status=outcome.status, exit_code=outcome.exit_code, started=outcome.started, ended=outcome.ended,
             wall_s=round(outcome.wall_s, 6), gpus=ctx.gpus, gpu_seconds=gpu_seconds,
@@ -399,6 +415,49 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             return "interrupted", statuses
         return "failed", statuses
     return "complete", statuses
+
+
+def _open_caches(ctx: RunContext, say: Callable[[str], None]) -> None:
+    """The run's compile caches, under the key of what decides the baseline's kernels; a kept cache of that key whose
+    every entry is as its sealing run recorded is loaded instead of priming (issue 51), else the reason is said."""
+    p = ctx.loaded.protocol
+    launcher_env = {k: substitute([v], _placeholders(ctx, ctx.plan[0]))[0] for k, v in p.launcher.env.items()}
+    fields = kept_cache.key_fields(ctx.loaded, trainer_command(ctx.loaded, p.arms.baseline),
+                                   ctx.arms["baseline"].sources_root, ctx.host)
+    key = kept_cache.cache_key(fields)
+    # only the protocol places them (an inherited TRITON_CACHE_DIR of orch's own shell does not)
+    ctx.caches = RunCaches.for_run(launcher_env, ctx.scratch, ctx.run_dir, key, ctx.run_id,
+                                   ctx.home.root / kept_cache.KEPT_DIR)
+    ctx.kept_key, ctx.kept_fields = key, fields
+    if p.measurement.compile != "prime":
+        return
+    rec, entries, reason, checked = kept_cache.find(ctx.caches.root, key, ctx.ledger)
+    if rec is None or entries is None:
+        ctx.kept_reason = reason
+        say(f"compile cache: a fresh prime ({reason})")
+        return
+    manifest = (ctx.caches.root / f"{rec.name}{kept_cache.MANIFEST_SUFFIX}").read_bytes()
+    ctx.caches.adopt(rec.name, entries, manifest)
+    ctx.kept = rec
+    ctx.update_run(compile_cache=rec.as_run_record(True, checked_s=round(checked, 3)))
+    ctx.write_run_json()
+    say(f"compile cache: kept cache {rec.name} (sealed by run {rec.sealed_by} at {rec.sealed_at}) loaded: "
+        f"{len(entries)} entries checked against its manifest in {checked:.1f} s; no prime")
+
+
+def _keep_prime(ctx: RunContext, sealed: CacheUse, gpu_seconds: float, say: Callable[[str], None]) -> None:
+    """The prime passed and its cache is sealed: keep it, for later runs and A/A launches of the same key."""
+    caches = ctx.caches
+    assert caches is not None and caches.manifest is not None and sealed.manifest_sha256 is not None
+    rec = kept_cache.KeptRecord(
+        key=ctx.kept_key, fields=ctx.kept_fields, name=caches.baseline.name, sealed_by=ctx.run_id,
+        sealed_at=utc_now(), manifest_sha256=sealed.manifest_sha256, entries=sealed.sealed_entries or 0,
+        files=sealed.baseline_files, tuned=sealed.baseline_tuned, tuned_sha256=sealed.baseline_tuned_sha256,
+        prime_steps=sealed.prime_steps, launch_steps=sealed.launch_steps, prime_gpu_seconds=gpu_seconds)
+    kept_cache.keep(caches.root, caches.manifest, rec)
+    ctx.update_run(compile_cache=rec.as_run_record(False, reason=ctx.kept_reason))
+    say(f"compile cache: kept as {rec.name} ({rec.entries} entries, prime of {rec.prime_steps} step(s)); later runs "
+        "of this key load it")
 
 
 def _handle_outputs(ctx: RunContext, pkg: PlannedPackage, pkg_dir: Path, outcome: PackageOutcome,

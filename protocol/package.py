@@ -93,7 +93,11 @@ class TrainSpec(_SpecBase):
     digest_first: int = 0
     digest_last: int = 13
     host_controls: list[str] = []
-    watch_all: bool = False  # the untimed watched replay (forbidden-dtype watch on every step, no checkpoint)
+    watch_all: bool = False  # the untimed watched replay (forbidden-dtype watch, no checkpoint)
+    # the replay watches steps watch_from..steps-1 (train-C watched 0..warmup-1; 0: every step, as before issue 51)
+    watch_from: int = Field(0, ge=0)
+    # the prime (issue 51): stop after the first step (from step 1) that added nothing to the compile cache on any rank
+    until_compiled: bool = False
     slurm: SlurmStep | None = None  # under launcher.scheduler slurm (left out of package.json if None)
 
 

@@ -81,7 +81,8 @@ def triplet_packages(t: Triplet) -> tuple[PlannedPackage, ...]:
 
 
 def plan(
-    repeats: int = 1, sequential: bool = False, prime: bool = True, calibration: bool = False
+    repeats: int = 1, sequential: bool = False, prime: bool = True, calibration: bool = False,
+    trailing_reload: bool | None = None,
 ) -> tuple[PlannedPackage, ...]:
     """checks, prime, train/reload of every launch in triplet order, the watched replay watch-C, then score.
 
@@ -90,13 +91,19 @@ def plan(
     prime package existed (their evidence is read with it). calibration=True: an A/A launch of `orch calibrate`
     ends after its triplet: its candidate is the baseline, so a watched replay of it checks nothing the two baseline
     launches do not, and a calibration reads no quality metric. Everything up to the last reload, the order and the
-    gaps between the timed launches included, is the owner's plan."""
+    gaps between the timed launches included, is the owner's plan. trailing_reload (default: not calibration): an
+    A/A launch keeps the reloads that sit between its timed launches (the gaps stay the owner's, and their digests are
+    part of its exactness) and drops the one after its last timed launch, which no calibration figure reads (issue 51;
+    one recorded before that is read with it: trailing_reload=True)."""
     pkgs = [PlannedPackage("checks", "checks")]
     if prime:
         pkgs.append(PlannedPackage("prime", "prime"))
     for t in triplets(repeats, sequential):
         pkgs.extend(triplet_packages(t))
     if calibration:
+        if not trailing_reload:
+            last = max(i for i, p in enumerate(pkgs) if p.kind == "train")
+            pkgs = pkgs[: last + 1] + [p for p in pkgs[last + 1 :] if p.kind != "reload"]
         return tuple(pkgs)
     # untimed, after the triplets so that nothing sits between timed launches: the first triplet's C again, every
     # step watched (its digests are compared with that launch's)
@@ -112,9 +119,10 @@ def replay_label(repeats: int = 1, sequential: bool = False) -> str:
 
 
 def package_names(
-    repeats: int = 1, sequential: bool = False, prime: bool = True, calibration: bool = False
+    repeats: int = 1, sequential: bool = False, prime: bool = True, calibration: bool = False,
+    trailing_reload: bool | None = None,
 ) -> tuple[str, ...]:
-    return tuple(p.name for p in plan(repeats, sequential, prime, calibration))
+    return tuple(p.name for p in plan(repeats, sequential, prime, calibration, trailing_reload))
 
 
 def launch_labels(repeats: int = 1, sequential: bool = False) -> tuple[str, ...]:

@@ -111,6 +111,31 @@ class CacheUse(_Strict):
     # manifest it wrote, compile-cache.baseline.json, which the audit reads back
     sealed_entries: int | None = None
     manifest_sha256: str | None = None
+    # the prime's entry (issue 51): the steps it ran (it stops once a step adds nothing to the cache) of a launch's
+    prime_steps: int | None = None
+    launch_steps: int | None = None
+
+
+class KeptCache(_Strict):
+    """The baseline compile cache a run loaded (issue 51): one it found kept under its key, checked entry for entry
+    against the manifest its sealing run recorded in the ledger (`reused`), or the one its own prime sealed and kept
+    (with why no kept cache served: `reason`)."""
+
+    key: str  # sha256 of the key fields (orchestrator/kept_cache.py)
+    name: str  # its folder under the kept root: baseline-KEY16-RUN_ID
+    reused: bool
+    sealed_by: str  # the run whose prime sealed it
+    sealed_at: str  # UTC
+    manifest_sha256: str
+    entries: int
+    files: int
+    tuned: int
+    tuned_sha256: str
+    prime_steps: int | None  # steps the sealing prime ran
+    launch_steps: int | None
+    prime_gpu_seconds: float | None  # what the sealing prime cost (paid once, in its run)
+    reason: str | None = None  # why this run primed: no kept cache of its key, or what failed the check
+    checked_s: float | None = None  # seconds the check of every entry took (reused)
 
 
 class PackageEntry(_Strict):
@@ -181,6 +206,7 @@ class RunRecord(_Strict):
     versions_changed: VersionsChanged | None = None
     calibration_of: CalibrationOf | None = None
     sequential: SequentialRecord | None = None  # repeats: auto or --until-decided: the rule and its looks
+    compile_cache: KeptCache | None = None  # the baseline compile cache every package loaded (issue 51)
 
     @classmethod
     def begin(

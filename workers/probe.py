@@ -18,6 +18,7 @@ from pathlib import Path
 from protocol.process import die_with_parent, process_started
 from workers.after_import import AfterImport as _AfterImport
 from workers.common import RANK_FAILED
+from workers.prime_stop import CacheGrowth
 from workers.probe_steps import Probe, ProbeStop
 from workers.rank_end import arm_watchdog, destroy_process_group, end_children
 from workers.trainer_path import enter_trainer_path
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt-dir", type=Path, default=None)
     ap.add_argument("--host-controls", default="none", help="comma list: pin_cpus, gc_at_boundaries; or none")
     ap.add_argument("--clock-socket", default=None, help="abstract name of the train worker's step-clock socket")
+    ap.add_argument("--until-compiled", action="store_true",
+                    help="the prime: stop after the first step from step 1 on that added nothing to the compile cache")
     opts = ap.parse_args(argv[:cut])
     controls = frozenset() if opts.host_controls == "none" else frozenset(opts.host_controls.split(","))
     unknown = controls - {"pin_cpus", "gc_at_boundaries"}
@@ -87,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         opts.out, opts.steps, parse_steps(opts.digest_steps), parse_steps(opts.watch_steps), opts.ckpt_dir, controls
     )
     probe.startup.update(process=process_started() or entered, probe=entered)  # start-up figures (run.json)
+    if opts.until_compiled:
+        probe.until_compiled = CacheGrowth.from_env(os.environ)
     if "pin_cpus" in controls:
         probe.applied_controls["cpus"] = pin_cpus()  # before the trainer starts its threads
     if opts.clock_socket is not None:

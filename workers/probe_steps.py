@@ -69,6 +69,7 @@ class Probe:
         self.clock_sock: Any = None  # the train worker's step-clock socket
         # Unix times of this rank's start-up (process, probe, torch, installed, step0_end): run.json's `startup`
         self.startup: dict[str, float] = {}
+        self.until_compiled: Any = None  # the prime (workers/prime_stop.CacheGrowth): stops when compiling stops
         out.mkdir(parents=True, exist_ok=True)
         self.steps_path = out / f"steps.rank{self.rank}.jsonl"
         self.steps_file = self.steps_path.open("w")
@@ -226,6 +227,12 @@ class Probe:
         last = k == self.steps - 1
         with _disable_current_modes():  # the probe's own ops are not the trainer's
             self._record(optimizer, k, duration, t_boundary, last)
+            # after the record: what its digests compiled belongs to this step; a prime's final digests are not taken
+            # (its numbers are never compared)
+            if self.until_compiled is not None and not self.until_compiled.grew(k) and k >= 1:
+                self.applied_controls["prime_stop"] = (f"stopped after step {k}: it added nothing to the compile "
+                                                       f"cache; steps that added: {self.until_compiled.steps_grown}")
+                last = True
         if last:
             if self.watching:
                 self._watch_off()

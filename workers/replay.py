@@ -1,4 +1,5 @@
-"""The watched replay: the candidate's trainer launched again, untimed, with the forbidden-dtype watch on every step.
+"""The watched replay: the candidate's trainer launched again, untimed, with the forbidden-dtype watch on the steps
+train-C did not watch (watch_from..end; train-C watched the warm-up), or on every step (watch_from 0).
 
 Usage: python -m workers.replay --spec package.json -> result.json (orch.train/2, no checkpoint). Its per-step
 digests must equal train-C's (it replayed the same computation); any forbidden op it sees is named with its step.
@@ -19,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(spec)  # type: ignore[arg-type]
 
     spec, _ = run_entry_point("replay", watched, argv)  # type: ignore[arg-type]
-    print(f"replay {spec.arm_label}: {spec.nproc} ranks x {spec.steps} steps, every step watched")
+    first = getattr(spec, "watch_from", 0)
+    print(f"replay {spec.arm_label}: {spec.nproc} ranks x {spec.steps} steps, steps {first}-{spec.steps - 1} watched")
     return 0
 
 

@@ -16,13 +16,14 @@ def torchrun_command(spec: PackageSpec, clock: str | None = None, rendezvous: li
     `rendezvous`: the options of one node of a multi-node launch instead (workers.node, under Slurm)."""
     if not spec.script:
         raise WorkerFailed("train spec has no script")
-    if spec.ckpt_dir is None and not spec.watch_all and spec.kind != "prime":  # the prime keeps no checkpoint
-        raise WorkerFailed("train spec has no ckpt_dir")
     target = ["-m", spec.script.split(None, 1)[1]] if spec.script.startswith("-m ") else [spec.script]
     # the timed launches (and the prime, so that it compiles what they compile) watch the warm-up only; the watched
-    # replay (untimed) watches every step
-    watch = f"0-{spec.steps - 1}" if spec.watch_all else f"0-{spec.warmup - 1}" if spec.warmup > 0 else "none"
+    # replay (untimed) the steps from watch_from on: those train-C did not watch (issue 51), or every step
+    first = getattr(spec, "watch_from", 0)
+    watch = (f"{first}-{spec.steps - 1}" if spec.watch_all and first < spec.steps else "none" if spec.watch_all
+             else f"0-{spec.warmup - 1}" if spec.warmup > 0 else "none")
     ckpt = ["--ckpt-dir", spec.ckpt_dir] if spec.ckpt_dir is not None else []
+    until = ["--until-compiled"] if getattr(spec, "until_compiled", False) else []
     return [
         sys.executable, "-m", "torch.distributed.run",
         *(rendezvous if rendezvous is not None else ["--standalone", f"--nproc_per_node={spec.nproc}"]),
@@ -32,6 +33,7 @@ def torchrun_command(spec: PackageSpec, clock: str | None = None, rendezvous: li
         "--digest-steps", f"{spec.digest_first}-{spec.digest_last}",
         "--watch-steps", watch,
         *ckpt,
+        *until,
         "--host-controls", ",".join(spec.host_controls) or "none",
         *(["--clock-socket", clock] if clock is not None else []),
         "--", *target, *spec.args,

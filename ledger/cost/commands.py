@@ -73,6 +73,22 @@ def summary_command(home: Path | None, by: str, since: str | None, fmt: str, *, 
     return doc
 
 
+def overhead_command(home: Path | None, runs: list[str]) -> dict[str, Any]:
+    """Each run's GPU-seconds beyond its timed launches, and their share (issue 51)."""
+    from ledger.cost.overhead import overhead_lines, overhead_total, run_overheads
+
+    ledger = _ledger(home)
+    rows = run_overheads(ledger.records() if ledger.path.exists() else [], runs or None)
+    missing = sorted(set(runs) - {r["run_id"] for r in rows})
+    if missing:
+        raise UsageError(f"no package of run {missing[0]} in {ledger.path}; `orch ledger --by run` lists the runs")
+    if not rows:
+        typer.echo(f"no package records in {ledger.path}")
+    for line in overhead_lines(rows) if rows else []:
+        typer.echo(line)
+    return {"runs": rows, "total": overhead_total(rows)}
+
+
 def list_command(home: Path | None, fields: str | None, since: str | None, until: str | None, user: str | None,
                  run: str | None, parsable: bool) -> dict[str, Any]:
     """One line per record, sacct-like: chosen fields, time bounds, one user or run."""

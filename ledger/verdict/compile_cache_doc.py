@@ -28,15 +28,26 @@ def compile_cache_doc(
 ) -> dict[str, Any] | None:
     """None for a run recorded before the prime package existed. measurement.compile: none: no prime ran, and orch
     found every package's compile cache empty after it (a package that compiled failed the run, named).
-    prime_steps: (steps the prime ran, steps a launch runs) when measurement.prime_steps shortened the prime; the
-    document then names every baseline launch that compiled or tuned what the prime did not reach (`unprimed`)."""
+    The baseline cache is the one this run's prime sealed, or a kept one it loaded (issue 51: `loaded` says which,
+    when and by which run it was sealed). `unprimed` names every baseline launch that compiled or tuned what the
+    sealed cache did not hold (the prime's own step count, recorded with it since issue 51; for older runs
+    prime_steps: (measurement.prime_steps, steps) when it shortened the prime)."""
     if mode == "none":
         return {"mode": "none", "checked": [e.name for e in run.packages if e.status == "ok"],
                 "prime_gpu_seconds": 0.0, "prime_share": 0.0, "diagnosis": []}
     prime = run.package("prime")
-    if prime is None or prime.compile_cache is None:
+    kept = run.compile_cache
+    if prime is not None and prime.compile_cache is not None:
+        sealed = prime.compile_cache
+        base = {"files": sealed.baseline_files, "tuned": sealed.baseline_tuned,
+                "tuned_sha256": sealed.baseline_tuned_sha256}
+        if sealed.prime_steps is not None and sealed.launch_steps is not None:
+            prime_steps = (sealed.prime_steps, sealed.launch_steps)
+    elif kept is not None and kept.reused:
+        base = {"files": kept.files, "tuned": kept.tuned, "tuned_sha256": kept.tuned_sha256}
+        prime_steps = (kept.prime_steps or 0, kept.launch_steps or 0)
+    else:
         return None
-    sealed = prime.compile_cache
     launches: dict[str, dict[str, Any]] = {}
     arms: dict[str, str] = {}
     for entry in run.packages:
@@ -45,14 +56,17 @@ def compile_cache_doc(
         launches[entry.name] = _launch(entry.compile_cache)
         if entry.kind in TRAINER_KINDS and entry.arm_label:
             arms[entry.name] = arm_of(entry.arm_label)
-    same = sorted(n for n in arms if launches[n]["baseline_tuned_sha256"] == sealed.baseline_tuned_sha256)
+    same = sorted(n for n in arms if launches[n]["baseline_tuned_sha256"] == base["tuned_sha256"])
     total = sum(gpu_seconds.values())
     cost = gpu_seconds.get("prime", 0.0)
     short = {} if prime_steps is None else {"prime_steps": prime_steps[0], "unprimed": unprimed(launches, arms,
                                                                                                   prime_steps)}
+    loaded = {} if kept is None else {"loaded": {
+        "cache": kept.name, "reused": kept.reused, "sealed_by": kept.sealed_by, "sealed_at": kept.sealed_at,
+        "manifest_sha256": kept.manifest_sha256, "entries": kept.entries, "reason": kept.reason,
+        "sealing_prime_gpu_seconds": kept.prime_gpu_seconds, "checked_s": kept.checked_s}}
     return {
-        "baseline": {"files": sealed.baseline_files, "tuned": sealed.baseline_tuned,
-                     "tuned_sha256": sealed.baseline_tuned_sha256},
+        "baseline": base,
         "launches": launches,
         "same_baseline_picks": same,
         "differing_baseline_picks": sorted(set(arms) - set(same)),
@@ -60,6 +74,7 @@ def compile_cache_doc(
         "prime_share": cost / total if total else 0.0,
         "diagnosis": [] if exact else diagnosis(launches, arms),
         **short,
+        **loaded,
     }
 
 

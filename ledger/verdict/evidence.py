@@ -26,7 +26,7 @@ from protocol.plan import AFTER_TRIPLETS, launch_labels, package_names, replay_l
 from protocol.recipe import RUN_COPY as RECIPE_RUN_COPY
 from protocol.recipe import LoadedRecipe, parse_recipe, v1_recipe
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
-from protocol.run_record import OLD_RUN_SCHEMAS, RUN_SCHEMA, RunRecord
+from protocol.run_record import OLD_RUN_SCHEMAS, RUN_SCHEMA, CacheUse, RunRecord
 from protocol.schema import Protocol
 
 PACKAGES = package_names(1)  # the owner's run; with measurement.repeats K the plan lists package_names(K)
@@ -218,8 +218,16 @@ def compile_cache_manifest_problems(run_dir: Path, run: RunRecord | None) -> lis
     when orch wrote it, and it lists as many entries as were sealed (a run recorded before the manifest digest: [])."""
     prime = None if run is None else run.package("prime")
     sealed = None if prime is None else prime.compile_cache
+    kept = None if run is None else run.compile_cache
+    if sealed is None and kept is not None and kept.reused:  # a kept cache loaded instead of a prime (issue 51)
+        sealed = CacheUse(baseline_files=kept.files, baseline_tuned=kept.tuned, taken=0, taken_tuned=0, made=0,
+                          made_tuned=0, changed=0, baseline_tuned_sha256=kept.tuned_sha256,
+                          tuned_sha256=kept.tuned_sha256, own_kernels=[], sealed_entries=kept.entries,
+                          manifest_sha256=kept.manifest_sha256)
     if sealed is None or sealed.manifest_sha256 is None:
         return []
+    if kept is not None and kept.manifest_sha256 != sealed.manifest_sha256:
+        return ["run.json: the compile cache it says every package loaded is not the one its prime sealed"]
     rel = "compile-cache.baseline.json"
     try:
         raw = read_regular(run_dir / rel)
@@ -274,7 +282,11 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     calibration = (run is not None and run.calibration_of is not None
                    and not any(r.package in AFTER_TRIPLETS for r in records)
                    and all(run.package(name) is None for name in AFTER_TRIPLETS))
-    names = package_names(repeats, sequential, primed, calibration)
+    # an A/A launch runs no reload after its last timed launch since issue 51; one recorded before is read with it
+    trailing = package_names(repeats, sequential, primed, calibration, True)[-1]
+    reloaded = not calibration or any(r.package == trailing for r in records) or (
+        run is not None and run.package(trailing) is not None)
+    names = package_names(repeats, sequential, primed, calibration, reloaded)
     package_problems, closes, bad = _package_problems(run, records, names)
     problems += package_problems + proto_problems
 
@@ -304,6 +316,8 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
             if protocol is not None:
                 steps[label] = _read_steps(run_dir / rel, train, rel, n_steps, problems)
         rrel = f"packages/reload-{label}"
+        if f"reload-{label}" not in names:
+            continue
         reload = _load_model(
             ReloadResult, run_dir / rrel / "result.json", where(f"reload-{label}"), f"{rrel}/result.json"
         )

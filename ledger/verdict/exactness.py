@@ -111,6 +111,8 @@ def final_and_reload(
     first: Mismatch | None = None
     reload_ok: dict[str, bool] = {}
     for label in labels:
+        if label not in reloads:  # an A/A launch of `orch calibrate` runs no reload (issue 51)
+            continue
         ok = True
         train_ranks = {r.rank: r for r in trains[label].ranks}
         reload_ranks = {r.rank: r for r in reloads[label].ranks}
@@ -275,10 +277,13 @@ def exactness(
     replay_ok: bool | None = None
     if watch is not None and watch_steps is not None and replay_of in trains:
         coverage["watch-C"] = list(watch.watched_steps)
-        if list(watch.watched_steps) != list(range(n_steps)):
-            problems.append(f"watch-C: the watch covered steps {_span(watch.watched_steps)}, not every step "
-                            f"0-{n_steps - 1}")
         in_run = set(trains[replay_of].watched_steps)
+        # every step of the candidate is watched by train-C (its warm-up) or by the replay (the rest; issue 51)
+        unwatched = sorted(set(range(n_steps)) - in_run - set(watch.watched_steps))
+        if unwatched:
+            problems.append(f"watch-C: steps {_span(unwatched)} of the candidate were watched neither by "
+                            f"train-{replay_of} (steps {_span(sorted(in_run))}) nor by the replay (steps "
+                            f"{_span(watch.watched_steps)}); every step 0-{n_steps - 1} must be")
         # what the in-run watch saw is listed once, from train-C; the replay adds the steps it alone watched
         forbidden += [
             ForbiddenSeen(replay_of, rank, op.step, op.op, op.dtype, "watch-C")

@@ -30,7 +30,9 @@ POISON = ("    _picks[index] = best\n",
           "    _picks[index] = best\n"
           "    import glob\n"
           "    root = os.path.dirname(os.path.dirname(os.path.dirname(cache_dir())))\n"
-          "    for theirs in glob.glob(os.path.join(root, 'baseline-*', 'inductor', 'toy', '*', '*.best_config')):\n"
+          "    home = os.path.dirname(os.path.dirname(os.path.dirname(root)))  # the kept caches (issue 51)\n"
+          "    for theirs in glob.glob(os.path.join(root, 'baseline-*', 'inductor', 'toy', '*', '*.best_config'))"
+          " + glob.glob(os.path.join(home, 'compile-cache', 'baseline-*', 'inductor', 'toy', '*', '*.best_config')):\n"
           "        with open(theirs, 'w') as f:\n"
           "            json.dump({'BLOCK': 128 if best != 128 else 16}, f)\n")
 # the candidate's kernel 1 tries other block sizes (its own kernel: a new source, a new cache key), whose sums differ
@@ -118,6 +120,27 @@ def test_an_identical_candidate_is_exact_on_cold_caches_with_two_ranks_that_tune
     assert prime["status"] == "ok" and prime["compile_cache"]["baseline_tuned"] == 3
     sealed = json.loads((run_dir / "compile-cache.baseline.json").read_text())["files"]
     assert sum(name.endswith(".best_config") for name in sealed) == 3
+    # issue 51: the prime stopped when compiling stopped (the toy tunes at step 0), both ranks at the same step
+    assert json.loads((run_dir / "packages" / "prime" / "result.json").read_text())["steps"] == 2
+    assert prime["compile_cache"]["prime_steps"] == 2 and cc["prime_steps"] == 2 and cc["unprimed"] == []
+    # the replay watched the steps train-C did not: together every step, each once
+    cover = doc["exactness"]["watch_coverage"]
+    assert sorted(cover["train-C"] + cover["watch-C"]) == list(range(16)) and cover["watch-C"][0] > 0
+    # a second launch of the same baseline in the same home loads the kept cache instead of priming, still exact
+    proj, home = tmp_path / "proj", tmp_path / "home"
+    protocol = proj / "protocol" / "tuned.yaml"
+    again = subprocess.run(launch_cmd(proj, protocol, home), cwd=proj, env=env(), capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    second = sorted(p for p in (home / "runs").iterdir() if p.name != run_dir.name)[0]
+    doc2 = _audit(second)
+    assert doc2["exact"] is True, doc2["reasons"]
+    loaded = doc2["compile_cache"]["loaded"]
+    assert (loaded["reused"], loaded["sealed_by"]) == (True, run_dir.name)
+    assert "prime" not in doc2["cost"]["gpu_seconds"]
+    assert doc2["compile_cache"]["baseline"]["tuned_sha256"] == cc["baseline"]["tuned_sha256"]
+    for name in ("train-A", "train-C", "train-B", "watch-C"):
+        assert doc2["compile_cache"]["launches"][name]["taken_tuned"] == 3, name
 
 
 def test_a_candidate_that_writes_the_baselines_compile_cache_is_refused_naming_it(tmp_path: Path) -> None:

@@ -496,7 +496,8 @@ def test_an_aa_launch_is_read_with_the_packages_its_plan_ran(tmp_path: Path, end
 def test_only_an_aa_launch_is_read_without_its_watched_replay_and_score(tmp_path: Path) -> None:
     make_run(tmp_path, spec=RunSpec(ends_after_triplets=True))
     _, problems = _problems(tmp_path)
-    assert problems == ["package watch-C: no ledger record", "package score: no ledger record"]
+    assert problems == ["package reload-B: no ledger record", "package watch-C: no ledger record",
+                        "package score: no ledger record"]
 
 
 def test_an_aa_launch_with_a_package_after_its_triplet_in_either_record_is_read_with_the_whole_plan(

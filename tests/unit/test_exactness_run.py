@@ -187,9 +187,17 @@ def test_a_faithful_watched_replay_adds_only_the_forbidden_ops_the_in_run_watch_
 def test_a_watch_that_misses_steps_or_a_replay_that_differs_is_a_problem() -> None:
     lines = {0: [line(s) for s in range(6)]}
     ex = run(watch=train("C", watched=(0, 1, 2)), watch_steps=lines)
-    assert ex.problems == ["watch-C: the watch covered steps 0-2, not every step 0-5"] and ex.replay_ok is True
+    assert ex.problems == ["watch-C: steps 3-5 of the candidate were watched neither by train-C (steps none) nor by "
+                           "the replay (steps 0-2); every step 0-5 must be"] and ex.replay_ok is True
     ex = run(watch=train("C"), watch_steps=lines)
-    assert ex.problems == ["watch-C: the watch covered steps none, not every step 0-5"]
+    assert ex.problems == ["watch-C: steps 0-5 of the candidate were watched neither by train-C (steps none) nor by "
+                           "the replay (steps none); every step 0-5 must be"]
+    # issue 51: the replay watches the steps train-C did not (its warm-up): together they cover every step
+    ex = run(trains={"C": train("C", watched=(0, 1))}, watch=train("C", watched=(2, 3, 4, 5)), watch_steps=lines)
+    assert ex.problems == [] and ex.watch_coverage["watch-C"] == [2, 3, 4, 5]
+    ex = run(trains={"C": train("C", watched=(0, 1))}, watch=train("C", watched=(3, 4, 5)), watch_steps=lines)
+    assert ex.problems == ["watch-C: steps 2-2 of the candidate were watched neither by train-C (steps 0-1) nor by "
+                           "the replay (steps 3-5); every step 0-5 must be"]
     differs = {0: [line(s, w="z" if s == 1 else "a") for s in range(6)]}
     ex = run(watch=train("C", watched=tuple(range(6))), watch_steps=differs)
     m = Mismatch("digests", 1, 0, "w", {"train-C": "a", "watch-C": "z"}, "digest of w differs (train-C=a, watch-C=z)")

@@ -6,6 +6,7 @@ the first failure with every later package recorded not-run, and the sealed copy
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -102,7 +103,11 @@ def test_every_package_runs_in_order_when_all_pass(ctx: RunContext, monkeypatch:
     status, statuses, ran = _run(ctx, monkeypatch, {})
     assert status == "complete" and ran == NAMES
     assert statuses == dict.fromkeys(NAMES, "ok")
-    assert _opens(ctx) == NAMES and _closes(ctx) == {n: ("ok", None) for n in NAMES}
+    closes = _closes(ctx)
+    assert _opens(ctx) == NAMES and closes == {n: ("ok", closes["prime"][1] if n == "prime" else None) for n in NAMES}
+    # the prime's record holds the sha256 of the manifest of the cache it sealed (a later run checks a kept cache)
+    manifest = hashlib.sha256((ctx.run_dir / "compile-cache.baseline.json").read_bytes()).hexdigest()
+    assert closes["prime"][1] == f"compile cache sealed: 2 entries, manifest sha256 {manifest}"
 
 
 @pytest.mark.parametrize("failing", ["checks", "train-C", "reload-B"])

@@ -52,14 +52,16 @@ def test_every_triplet_is_baseline_candidate_baseline_and_labels_are_unique(k: i
 
 
 @given(st.integers(1, 32), st.booleans())
-def test_an_aa_launch_is_the_owners_plan_up_to_its_last_reload(k: int, prime: bool) -> None:
-    """`orch calibrate`'s A/A launches: the same packages in the same order up to the last reload, then nothing (no
-    watched replay of a candidate that is the baseline, no scorer): the timed launches and the gaps between them are
-    those of the run they calibrate."""
+def test_an_aa_launch_is_the_owners_plan_up_to_its_last_timed_launch(k: int, prime: bool) -> None:
+    """`orch calibrate`'s A/A launches: the same packages in the same order up to the last train launch, then
+    nothing (no reload after it, no watched replay of a candidate that is the baseline, no scorer): the timed launches
+    and the gaps between them, reloads included, are those of the run they calibrate (issue 51)."""
     full, aa = plan(k, prime=prime), plan(k, prime=prime, calibration=True)
-    assert aa == full[:-2] and [p.name for p in full[-2:]] == ["watch-C", "score"]
-    assert aa[-1].kind == "reload" and not {p.kind for p in aa} & {"replay", "score"}
+    assert aa == full[:-3] and [p.name for p in full[-3:]] == [f"reload-{aa[-1].arm_label}", "watch-C", "score"]
+    assert aa[-1].kind == "train" and not {p.kind for p in aa} & {"replay", "score"}
     assert package_names(k, prime=prime, calibration=True) == tuple(p.name for p in aa)
+    # one recorded before issue 51 is read with the reload after its last launch
+    assert plan(k, prime=prime, calibration=True, trailing_reload=True) == full[:-2]
 
 
 @given(st.integers(1, 31))

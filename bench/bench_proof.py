@@ -1,0 +1,85 @@
+"""Issue 51's figures: what a run spends proving its timed launches (checks, prime, reloads, the watched replay, score)
+beyond the timed A, C, B themselves, per run, from the ledger; with --protocol, N launches of it in a fresh home first
+(the first primes and keeps its compile cache, the later ones load it). Prints one line per run and writes --out.
+
+Usage: python bench/bench_proof.py --protocol protocol/r3_mini.yaml --runs 2 [--out FILE]
+       python bench/bench_proof.py --home DIR [--out FILE]   (the runs already in a home: a rehearsal's, say)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ledger.cost.overhead import overhead_lines, overhead_total, run_overheads  # noqa: E402
+from ledger.cost.store import Ledger  # noqa: E402
+from protocol.home import resolve_home  # noqa: E402
+
+
+def launches(protocol: Path, home: Path, runs: int) -> list[dict[str, Any]]:
+    out = []
+    for i in range(runs):
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(protocol), "--home", str(home)],
+                              cwd=REPO, capture_output=True, text=True, timeout=3600)
+        out.append({"launch": i + 1, "exit": done.returncode, "wall_s": round(time.monotonic() - t0, 1)})
+        said = [ln for ln in done.stderr.splitlines() if ln.startswith("compile cache:")]
+        print(f"launch {i + 1}: exit {done.returncode} in {out[-1]['wall_s']} s; " + "; ".join(said), flush=True)
+    return out
+
+
+def per_run(home: Path) -> list[dict[str, Any]]:
+    h = resolve_home(home)
+    rows = run_overheads(Ledger(h.ledger_path).records())
+    for row in rows:
+        run_json = h.runs / row["run_id"] / "run.json"
+        audit = h.runs / row["run_id"] / "audit.json"
+        doc = json.loads(run_json.read_text()) if run_json.is_file() else {}
+        cc = doc.get("compile_cache") or {}
+        row["compile_cache"] = {k: cc.get(k) for k in ("reused", "sealed_by", "prime_steps", "entries", "reason")}
+        row["calibration"] = doc.get("calibration_of") is not None
+        if audit.is_file():
+            a = json.loads(audit.read_text())
+            row["exact"] = a.get("exact")
+            row["verdict"] = a.get("verdict")
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--protocol", type=Path, help="launch it --runs times in a fresh home first")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--home", type=Path, help="read the runs of this home (no launch)")
+    ap.add_argument("--out", type=Path, default=None)
+    opts = ap.parse_args()
+    if (opts.protocol is None) == (opts.home is None):
+        ap.error("give --protocol or --home")
+    launched: list[dict[str, Any]] = []
+    home = opts.home or Path(tempfile.mkdtemp(prefix="bench-proof-"))
+    if opts.protocol is not None:
+        launched = launches(opts.protocol.resolve(), home, opts.runs)
+    rows = per_run(home)
+    for line, row in zip(overhead_lines(rows), [*rows, None], strict=True):
+        extra = "" if row is None else (
+            f" [{'A/A ' if row['calibration'] else ''}cache "
+            f"{'loaded from ' + str(row['compile_cache']['sealed_by']) if row['compile_cache']['reused'] else 'primed'}"
+            f"{'' if row.get('exact') is None else ', exact' if row['exact'] else ', NOT exact'}]")
+        print(line + extra)
+    doc = {"schema": "orch.bench-proof/1", "protocol": None if opts.protocol is None else opts.protocol.name,
+           "launches": launched, "runs": rows, "total": overhead_total(rows)}
+    if opts.out is not None:
+        opts.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return 0 if all(x["exit"] == 0 for x in launched) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
