@@ -29,6 +29,7 @@ from orchestrator.isolation import private_tmp_problem
 from orchestrator.preflight import require_worker_packages
 from orchestrator.progress import Progress
 from orchestrator.run_plan import RunContext, VerifiedArm, run_plan, trainer_command
+from orchestrator.script_check import check_script
 from orchestrator.sealing import orch_packages, seal_arm, shadowing, unseal_for_removal
 from orchestrator.sequential_launch import begin as begin_sequential
 from protocol.errors import FailedError, InterruptedRunError, OrchError, RefusedError, UsageError, os_error_line
@@ -83,9 +84,11 @@ def new_run_id(protocol_id: str) -> str:
 
 
 def verify_arms(loaded: LoadedProtocol, workdir: Path, say: Callable[[str], None]) -> dict[str, VerifiedArm]:
-    """Hash each arm's sources and compare with its commitment (exit 3 with the diff when they differ)."""
+    """Hash each arm's sources and compare with its commitment (exit 3 with the diff when they differ); its script
+    is in its tree and takes every flag orch passes (orchestrator/script_check.py)."""
     include = list(loaded.protocol.sources.include)
     out: dict[str, VerifiedArm] = {}
+    said: set[str] = set()
     for name in ARMS:
         arm: Arm = getattr(loaded.protocol.arms, name)
         commitment_path = loaded.resolve(arm.commitment)
@@ -108,6 +111,10 @@ def verify_arms(loaded: LoadedProtocol, workdir: Path, say: Callable[[str], None
                 )
             note = f"candidate under evaluation differs from {arm.commitment}: {diff.summary()}"
             say(note)
+        unchecked = check_script(loaded, name, arm, src)
+        if unchecked is not None and unchecked not in said:  # both arms of one tree: said once
+            said.add(unchecked)
+            say(unchecked)
         out[name] = VerifiedArm(name, arm, src, commitment.root, actual.root, note)
     return out
 
@@ -162,16 +169,19 @@ class RunEnd:
     os_failure: OSError | None = None
 
 
-def load(protocol_path: Path, home_dir: Path | None, loaded: LoadedProtocol | None = None) -> Prepared:
-    """Load and validate the protocol, look up the worker packages, open the home and verify its ledger.
-
-    Every refusal here (exit 3, or 1 for a damaged ledger) comes before any lock, run directory or ledger record.
-    """
+def load(protocol_path: Path, loaded: LoadedProtocol | None = None) -> LoadedProtocol:
+    """Load and validate the protocol, look up the worker packages: refusals (exit 3) that write nothing."""
     loaded = loaded or load_protocol(protocol_path)
     require_worker_packages(loaded)
     problem = private_tmp_problem()
     if problem is not None:
         raise RefusedError(problem)
+    return loaded
+
+
+def open_home(loaded: LoadedProtocol, home_dir: Path | None) -> Prepared:
+    """Create the home (a refused launch never gets here, so it writes nothing into the project) and verify its
+    ledger: a damaged one is refused (exit 1) before any lock, run directory or ledger record."""
     home = resolve_home(home_dir)
     home.create()
     ledger = Ledger(home.ledger_path)
@@ -355,12 +365,13 @@ def launch(
     `loaded` runs a protocol derived in memory (the A/A run of `orch calibrate`, named in `calibration_of`).
     `until_decided`: the most triplets of the sequential rule asked for by `orch launch --until-decided`.
     """
-    prep = load(protocol_path, home_dir, loaded)
-    if until_decided is not None and prep.loaded.protocol.measurement.sequential:
+    checked = load(protocol_path, loaded)
+    if until_decided is not None and checked.protocol.measurement.sequential:
         raise UsageError(f"--until-decided: {protocol_path} already has measurement.repeats: auto (at most "
-                         f"{prep.loaded.protocol.measurement.max_repeats} triplets); drop --until-decided")
+                         f"{checked.protocol.measurement.max_repeats} triplets); drop --until-decided")
     with tempfile.TemporaryDirectory(prefix="orch-verify-") as tmp, contextlib.ExitStack() as owner:
-        arms = verify_arms(prep.loaded, Path(tmp), say)
+        arms = verify_arms(checked, Path(tmp), say)
+        prep = open_home(checked, home_dir)  # every refusal above writes nothing, not even the home
         host = fingerprint(prep.home, say)
         ctx = open_run(prep, arms, host, owner, calibration_of, say)
         begin_sequential(ctx, until_decided, say)

@@ -2,6 +2,7 @@
 add_argument calls, and the dataclasses handed to HfArgumentParser / TrlParser / a parse_args_into_dataclasses helper.
 
 Dataclasses the script imports (transformers' TrainingArguments, TRL's configs) are named for workers.arg_fields.
+`orch launch` uses the same reading to refuse a flag the parser does not take (orchestrator/script_check.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class ScriptArgs:
     library: dict[str, str] = field(default_factory=dict)  # dataclass name in the script -> "module:Class"
     unresolved: list[str] = field(default_factory=list)
     trainer: str | None = None  # the *Trainer class the script builds, if one
+    options: set[str] = field(default_factory=set)  # every long option of its add_argument calls
+    open: list[str] = field(default_factory=list)  # why the parser may take flags not read here (then none is refused)
 
 
 def _literal(node: ast.expr | None) -> tuple[bool, Literal_]:
@@ -113,6 +116,52 @@ def _argparse_arg(call: ast.Call) -> ScriptArg | None:
     return ScriptArg(name, longs[0], default, has, kind, "argparse")
 
 
+def _dotted(node: ast.expr, modules: dict[str, str], imported: dict[str, str]) -> str | None:
+    """`module:Class` of a class named `Name` (from-imported) or `alias.Class` / `alias.sub.Class` (imported)."""
+    if isinstance(node, ast.Name):
+        return imported.get(node.id)
+    if isinstance(node, ast.Attribute):
+        parts: list[str] = []
+        cur: ast.expr = node
+        while isinstance(cur, ast.Attribute):
+            parts.insert(0, cur.attr)
+            cur = cur.value
+        if isinstance(cur, ast.Name) and cur.id in modules:
+            return f"{'.'.join([modules[cur.id], *parts[:-1]])}:{parts[-1]}"
+    return None
+
+
+def _parser_open(tree: ast.AST) -> list[str]:
+    """Why the script's argparse parser may take flags that no literal add_argument of this file names."""
+    why: list[str] = []
+    parsers: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            callee = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if callee.endswith("ArgumentParser") or callee in ("add_argument_group", "add_mutually_exclusive_group"):
+                parsers |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        callee = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        if callee in ("parse_known_args", "parse_known_intermixed_args", "add_subparsers"):
+            why.append(f"it calls {callee}")
+        elif callee == "add_argument" and any(not isinstance(a, ast.Constant) for a in node.args):
+            why.append(f"an add_argument with a computed name (line {node.lineno})")
+        elif callee.endswith("ArgumentParser") and "parents" in kw:
+            why.append("a parser built on parent parsers")
+        rest = kw.get("return_remaining_strings")
+        if rest is not None and not (isinstance(rest, ast.Constant) and rest.value is False):
+            why.append("it keeps unknown arguments (return_remaining_strings)")
+        if callee not in ("add_argument", "add_argument_group", "add_mutually_exclusive_group") and any(
+                isinstance(a, ast.Name) and a.id in parsers for a in [*node.args, *kw.values()]):
+            why.append(f"its parser is handed to {callee or 'a call'} (line {node.lineno})")
+    return why
+
+
 def read_script(path: Path) -> ScriptArgs:
     """The arguments of the script at `path`; RefusedError when it cannot be read or parsed."""
     try:
@@ -121,17 +170,33 @@ def read_script(path: Path) -> ScriptArgs:
         raise RefusedError(f"{path}: cannot read the training script ({err}); give a Python file") from None
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef) and _is_dataclass(n)}
     imported: dict[str, str] = {}
+    modules: dict[str, str] = {}  # `import transformers as tf` -> tf: transformers
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
                 imported[alias.asname or alias.name] = f"{node.module}:{alias.name}"
-    found = ScriptArgs()
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                modules[alias.asname or alias.name.partition(".")[0]] = alias.name if alias.asname else (
+                    alias.name.partition(".")[0])
+    found = ScriptArgs(open=_parser_open(tree))
     seen: set[str] = set()
 
     def add(arg: ScriptArg) -> None:
         if arg.name not in seen:
             seen.add(arg.name)
             found.args.append(arg)
+
+    def add_dataclass(cls: ast.ClassDef, depth: int = 0) -> None:
+        for base in cls.bases:  # inherited fields: a dataclass of this file, or a library class to introspect
+            if isinstance(base, ast.Name) and base.id in classes and depth < 16:
+                add_dataclass(classes[base.id], depth + 1)
+            elif (spec := _dotted(base, modules, imported)) is not None:
+                found.library[ast.unparse(base)] = spec
+            elif not (isinstance(base, ast.Name) and base.id == "object"):
+                found.unresolved.append(f"{cls.name}'s base {ast.unparse(base)}")
+        for arg in _dataclass_fields(cls):
+            add(arg)
 
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -143,6 +208,8 @@ def read_script(path: Path) -> ScriptArgs:
         elif name == "Trainer" and found.trainer is None:
             found.trainer = "Trainer"
         if name == "add_argument":
+            found.options |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                              and a.value.startswith("--")}
             arg = _argparse_arg(node)
             if arg is not None:
                 add(arg)
@@ -150,17 +217,10 @@ def read_script(path: Path) -> ScriptArgs:
             first = node.args[0]
             items = first.elts if isinstance(first, (ast.Tuple, ast.List)) else [first]
             for item in items:
-                if not isinstance(item, ast.Name):
-                    found.unresolved.append(ast.unparse(item))
-                elif item.id in classes:
-                    cls = classes[item.id]
-                    for base in cls.bases:
-                        if isinstance(base, ast.Name) and base.id in imported:
-                            found.library[base.id] = imported[base.id]
-                    for arg in _dataclass_fields(cls):
-                        add(arg)
-                elif item.id in imported:
-                    found.library[item.id] = imported[item.id]
+                if isinstance(item, ast.Name) and item.id in classes:
+                    add_dataclass(classes[item.id])
+                elif (spec := _dotted(item, modules, imported)) is not None:
+                    found.library[ast.unparse(item)] = spec
                 else:
-                    found.unresolved.append(item.id)
+                    found.unresolved.append(ast.unparse(item))
     return found

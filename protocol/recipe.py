@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final, Literal
@@ -170,8 +171,10 @@ def parse_recipe(path: Path, raw: bytes, named: str) -> LoadedRecipe:
     return LoadedRecipe(recipe, path, named, hashlib.sha256(raw).hexdigest(), raw)
 
 
-def load_recipe(path: Path, named: str, expect_sha256: str | None) -> LoadedRecipe:
-    """Read a recipe file; refuse it when its SHA256 is not the one the protocol commits to."""
+def load_recipe(path: Path, named: str, expect_sha256: str | None,
+                reinit: Callable[[bytes], str] | None = None) -> LoadedRecipe:
+    """Read a recipe file; refuse it when its SHA256 is not the one the protocol commits to (`reinit`: the command
+    that writes the protocol again against the file's bytes, named in that refusal)."""
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_RECIPE_BYTES + 1)
@@ -181,8 +184,10 @@ def load_recipe(path: Path, named: str, expect_sha256: str | None) -> LoadedReci
         raise RefusedError(f"{named}: larger than {MAX_RECIPE_BYTES} bytes; a recipe file is a small YAML file")
     digest = hashlib.sha256(raw).hexdigest()
     if expect_sha256 is not None and digest != expect_sha256:
+        again = f"`{reinit(raw)}`, or " if reinit is not None else ""
         raise RefusedError(f"{named}: sha256 {digest} is not the protocol's recipe_file.sha256 {expect_sha256}; "
-                           "the frozen recipe changed: restore it (or commit to the new digest, with its owner)")
+                           "the frozen recipe changed: restore it, or, if its owner approved the change, write the "
+                           f"protocol again against it ({again}set recipe_file.sha256 to the new digest)")
     return parse_recipe(path, raw, named)
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+import yaml
 
 from protocol.errors import RefusedError
 from protocol.protocol_yaml import line_of, node_at
@@ -184,3 +186,16 @@ def check_recipe(path: Path, root_node: Any, protocol: Checked, recipe: RecipeFi
             f"{path}:{line}: launcher.args shrink the declared model ({protocol.model_layers} layers): "
             f"{'; '.join(shrink)}; remove the flag (blinding covers the trainer's step-0 evaluation)"
         )
+
+
+def reinit_command(sources_root: str, script: str, device: str, nproc: int, recipe_raw: bytes | None = None) -> str:
+    """The `orch init` that writes a protocol again against its recipe file as it is now (the fix for an edited
+    recipe): the script from the project's root, the protocol's device, the recipe's name where not the script's."""
+    path = PurePosixPath(sources_root, script)
+    target = "--device cpu" if device == "cpu" else f"--gpus {nproc}"
+    try:
+        name = yaml.safe_load(recipe_raw or b"").get("name")
+    except (yaml.YAMLError, AttributeError):
+        name = None
+    named = f" --name {name}" if isinstance(name, str) and name != path.stem.replace("_", "-") else ""
+    return f"orch init {path.as_posix()} {target}{named} --protocol-only --force"

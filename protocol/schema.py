@@ -18,7 +18,7 @@ from protocol.hashing import canonical_json as dumps_canonical
 from protocol.plan import DEFAULT_MAX_REPEATS, DEFAULT_TARGET_HALF_WIDTH, MAX_REPEATS
 from protocol.protocol_yaml import field_name, line_of, node_at, parse_yaml, read_text
 from protocol.recipe import ALLOWED_PRECISIONS, LoadedRecipe, Value, load_recipe, recipe_flags, v1_recipe
-from protocol.recipe_rules import Checked, check_recipe, normalized_values
+from protocol.recipe_rules import Checked, check_recipe, normalized_values, reinit_command
 
 PROTOCOL_SCHEMA = "orch.protocol/2"  # /2 names its frozen recipe file; /1 documents were written under R3's
 HostControl = Literal["pin_cpus", "gc_at_boundaries"]
@@ -399,7 +399,8 @@ def protocol_recipe(protocol: Protocol, base: Path) -> LoadedRecipe:
     ref = protocol.recipe_file
     if ref is None:
         return v1_recipe()
-    return load_recipe((base / ref.path).resolve(), ref.path, ref.sha256)
+    return load_recipe((base / ref.path).resolve(), ref.path, ref.sha256, lambda raw: reinit_command(
+        protocol.sources.root, protocol.launcher.script, protocol.launcher.device, protocol.launcher.nproc, raw))
 
 
 def rendered_recipe(protocol: Protocol, recipe: LoadedRecipe) -> Protocol:
