@@ -73,7 +73,8 @@ def init(
             + ", ".join(u["name"] for u in doc["unclassified"]))
         for problem in doc["problems"]:
             say(f"not read: {problem}")
-        say(f"wrote {'' if protocol_only else doc['recipe_file'] + ' and '}{doc['protocol']}")
+        say(f"wrote {'' if protocol_only else doc['recipe_file'] + ' and '}{doc['protocol']}"
+            + (f", and the DEV scorer {doc['scorer']}: write your metric in its metric()" if doc["scorer"] else ""))
         return doc
 
     report(run, as_json)

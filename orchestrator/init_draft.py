@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from orchestrator.init_rules import MAY_MATTER, recognised_table, run_setting
+from orchestrator.init_scorer import draft_scorer
 from orchestrator.script_args import ScriptArg, read_script
 from protocol.errors import RefusedError, UsageError
 from protocol.recipe import parse_recipe
@@ -308,8 +309,10 @@ def init_command(opts: InitOptions, introspect: Introspect) -> dict[str, Any]:
         if path in targets:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
+    scorer = None if opts.protocol_only else draft_scorer(script, rel.as_posix())
     return {
         "recipe_file": str(recipe_path.relative_to(root)), "protocol": str(protocol_path.relative_to(root)),
+        "scorer": None if scorer is None else str(scorer.relative_to(root)),
         "trainer": draft.trainer or "not recognised", "versions": draft.versions,
         "keys": {k: draft.why.get(k, "") for k in draft.keys},
         "observed": [k for k, s in draft.keys.items() if "observe" in s],
