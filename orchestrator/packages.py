@@ -206,7 +206,8 @@ def _run_package(
     iso = isolate(spec.scratch_dir, spec.name, [*own_folders(spec), *([cache] if cache else [])], isolation,
                   protect=[str(run_dir.parent.parent)], shared=shared,
                   # srun needs slurmctld and munge: a Slurm package keeps the host's network (its ranks do anyway)
-                  network="host" if prefix else "own", endpoints=[endpoint(e) for e in endpoints],
+                  network="host" if prefix or getattr(spec, "slurm", None) is not None else "own",
+                  endpoints=[endpoint(e) for e in endpoints],
                   surface=surface_dirs(env, skip=[spec.scratch_dir]) if surface is None else surface)
     iso.start()
     worker = [sys.executable, "-P", "-m", f"workers.{spec.kind}", "--spec", str(spec_path)]
