@@ -98,7 +98,8 @@ def interval_doc(
     extra: dict[str, Any] = {}
     n = as_noise(iv.noise)
     if n is not None:
-        extra["noise"] = {"ratio": n.ratio, "candidate": _spread(n.candidate), "baseline_step": _spread(n.baseline),
+        extra["noise"] = {"ratio": n.ratio, "applied": n.applied(iv.nominal_level), "candidate": _spread(n.candidate),
+                          "baseline_step": _spread(n.baseline),
                           "df": [n.d1, n.d2], "p_value": n.p_value, "equivalent_df": iv.df, "words": n.words}
     if iv.noise is not None and calibration_window is not None:
         extra["window_check"] = _window_check(window_effects, calibration_window, iv.triplets)

@@ -79,11 +79,13 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
     iv2 = doc["interval"]
     assert iv2["bounded"] and (iv2["triplets"], iv2["variance_source"]) == (1, "calibration")
     # the calibration records the baseline's step SD, so it is scaled by the candidate's within-launch noise R
-    # (issue 34, ledger/verdict/noise.py): SD times sqrt(R), with the equivalent df of that statistic
+    # (issue 34, ledger/verdict/noise.py): SD times sqrt(max(R, r0)) (issue 52: a steadier candidate never narrows
+    # it below the calibration's own interval), with the equivalent df of that statistic
     noise = iv2["noise"]
     assert cal.step_sd is not None and iv2["df"] == noise["equivalent_df"] and 0 < iv2["df"]
     assert iv2["calibration_used"]["run_id"] == run_id
-    assert math.isclose(iv2["sd"], cal.sd * math.sqrt(noise["ratio"]), rel_tol=1e-9), (iv2["sd"], cal.sd, noise)
+    assert noise["applied"] >= noise["ratio"] and noise["applied"] > 0
+    assert math.isclose(iv2["sd"], cal.sd * math.sqrt(noise["applied"]), rel_tol=1e-9), (iv2["sd"], cal.sd, noise)
     assert 0.0 < iv2["low"] < iv2["estimate"] < iv2["high"] < math.inf
     excludes = iv2["low"] > 1.0 or iv2["high"] < 1.0
     busy = (doc.get("host_watch") or {}).get("busy") or []  # a parallel test's load on the ranks' cores
