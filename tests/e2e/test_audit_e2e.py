@@ -215,7 +215,8 @@ def test_cheating_candidate_is_refused_naming_each_cheat(tmp_path: Path) -> None
     assert {f["rank"] for f in forbidden} == {0, 1} and {f["arm"] for f in forbidden} == {"C"}
     assert forbidden[0] == {"arm": "C", "rank": 0, "step": 1, "op": "aten.mm.default", "dtype": "float16",
                             "package": "train-C"}
-    assert ex["watch_coverage"]["train-C"] == list(range(2)) and ex["watch_coverage"]["watch-C"] == list(range(12))
+    # the watched replay watches what train-C did not (issue 51): together every step
+    assert ex["watch_coverage"]["train-C"] == list(range(2)) and ex["watch_coverage"]["watch-C"] == list(range(2, 12))
     assert ex["replay_equal"] is True  # the replay computed what train-C computed
     assert any(r.startswith("forbidden dtype: aten.mm.default in float16 at step 1 (arm C, rank 0)") for r in reasons)
     assert "audit verdict not exact: recipe violation: arm C: freeze_vit is frozen true but vit_model" in shown.stderr
