@@ -93,7 +93,7 @@ def plain_launch(proj: Path, protocol: Path, init: Path, work: Path, sampler: Sa
                  interval: float = 0.1) -> dict[str, Any]:  # fmt: skip
     """One fresh launch of the protocol's baseline trainer with no orch: torchrun in the committed tree, stopped
     (its process group) once rank 0 has logged its 16th step. Step times are the trainer's own (device-synced)."""
-    from orchestrator.gpu_busy import UtilSampler
+    from orchestrator.run.gpu_busy import UtilSampler
 
     p = yaml.safe_load(protocol.read_text())
     launcher = p["launcher"]

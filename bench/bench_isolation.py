@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from orchestrator.isolation import cgroups_work, isolate, namespaces_work
-from orchestrator.process_group import spawn_in_group, wait_group
-from orchestrator.stragglers import end_stragglers, new_token
-from orchestrator.surface import surface_dirs
+from orchestrator.isolation.package_isolation import cgroups_work, isolate, namespaces_work
+from orchestrator.isolation.process_group import spawn_in_group, wait_group
+from orchestrator.isolation.stragglers import end_stragglers, new_token
+from orchestrator.isolation.surface import surface_dirs
 
 CMD = [sys.executable, "-c", "pass"]
 

@@ -53,7 +53,7 @@ def env() -> dict[str, str]:
 
 
 def orch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", *args]
+    return [sys.executable, "-m", "orchestrator.cli.orch", *args]
 
 
 def null_protocol(proj: Path, device: str, repeats: int, small: bool) -> Path:

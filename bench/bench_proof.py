@@ -29,8 +29,8 @@ def launches(protocol: Path, home: Path, runs: int) -> list[dict[str, Any]]:
     out = []
     for i in range(runs):
         t0 = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(protocol), "--home", str(home)],
-                              cwd=REPO, capture_output=True, text=True, timeout=3600)
+        done = subprocess.run([sys.executable, "-m", "orchestrator.cli.orch", "launch", str(protocol),
+                               "--home", str(home)], cwd=REPO, capture_output=True, text=True, timeout=3600)
         out.append({"launch": i + 1, "exit": done.returncode, "wall_s": round(time.monotonic() - t0, 1)})
         said = [ln for ln in done.stderr.splitlines() if ln.startswith("compile cache:")]
         print(f"launch {i + 1}: exit {done.returncode} in {out[-1]['wall_s']} s; " + "; ".join(said), flush=True)

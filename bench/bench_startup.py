@@ -1,4 +1,4 @@
-"""Issue 32: what a package costs before the trainer's first step, phase by phase (orchestrator/startup.py), on
+"""Issue 32: what a package costs before the trainer's first step, phase by phase (orchestrator/run/startup.py), on
 r3-mini's 2 CPU ranks with the e2e suite's quick protocol (tests/e2e/launchutil.quick_protocol: 12 steps). Runs
 --launches fresh launches one after another and prints, per phase, the median over every train, prime and replay
 package of them, then each package kind's median wall time. --out FILE writes the figures (JSON).
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 from launchutil import edit_protocol, env, launch_cmd, make_project, only_run, quick_protocol  # noqa: E402
 
-from orchestrator.startup import PHASES, WORDS  # noqa: E402
+from orchestrator.run.startup import PHASES, WORDS  # noqa: E402
 
 
 def one(base: Path) -> dict[str, object]:

@@ -1,8 +1,8 @@
 """Does a CUDA program run inside a package's namespace (read-only root, minimal /dev, PID and IPC namespaces)?
 
-Runs one real `checks` package through orchestrator.packages.run_package with the default isolation; its prepare
-command allocates on the GPU, adds, and synchronizes. Prints the isolation mode that held, the package's status and
-the command's output; exit 0 only when the mode is namespace and the package is ok.
+Runs one real `checks` package through orchestrator.isolation.packages.run_package with the default isolation; its
+prepare command allocates on the GPU, adds, and synchronizes. Prints the isolation mode that held, the package's status
+and the command's output; exit 0 only when the mode is namespace and the package is ok.
 
 Usage: python bench/cuda_namespace_check.py [--device cuda|cpu]
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.isolation import namespaces_work  # noqa: E402
-from orchestrator.packages import package_env, run_package  # noqa: E402
+from orchestrator.isolation.package_isolation import namespaces_work  # noqa: E402
+from orchestrator.isolation.packages import package_env, run_package  # noqa: E402
 from protocol.package import ChecksSpec  # noqa: E402
 
 PROGRAM = ("import torch; d = '{device}'; x = torch.arange(1 << 20, device=d, dtype=torch.float32); "

@@ -1,6 +1,6 @@
 """nvidia-ml-py (NVML), imported when a GPU is first looked at, and one spelling of its function names.
 
-Shared by the GPU lock (orchestrator/gpu_devices.py), the host watch (orchestrator/host_watch.py) and the train
+Shared by the GPU lock (orchestrator/lock/gpu_devices.py), the host watch (orchestrator/run/host_watch.py) and the train
 worker's quiet-host report (workers/quiet_host.py). The module and its functions are named here by "NVML".lower()
 fragments: the repository scan reads those lower-case fragments as this machine's host name.
 """

@@ -115,7 +115,7 @@ class WatchSample(_Doc):
 
 
 class HostWatchLog(_Doc):
-    """host_watch.json: the samples orch took while one train package ran (orchestrator.host_watch)."""
+    """host_watch.json: the samples orch took while one train package ran (orchestrator.run.host_watch)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -95,7 +95,7 @@ class TunedKernel(_Strict):
 
 
 class CacheUse(_Strict):
-    """A package's compile cache against the run's sealed baseline cache (orchestrator/compile_cache.py)."""
+    """A package's compile cache against the run's sealed baseline cache (orchestrator/isolation/compile_cache.py)."""
 
     baseline_files: int  # files in the sealed baseline cache (the prime's own entry: what it made)
     baseline_tuned: int  # of them, tuned picks
@@ -121,7 +121,7 @@ class KeptCache(_Strict):
     against the manifest its sealing run recorded in the ledger (`reused`), or the one its own prime sealed and kept
     (with why no kept cache served: `reason`)."""
 
-    key: str  # sha256 of the key fields (orchestrator/kept_cache.py)
+    key: str  # sha256 of the key fields (orchestrator/isolation/kept_cache.py)
     name: str  # its folder under the kept root: baseline-KEY16-RUN_ID
     reused: bool
     sealed_by: str  # the run whose prime sealed it
@@ -163,7 +163,7 @@ class PackageEntry(_Strict):
     trainer_outputs: TrainerOutputs | None = None
     host_watch: HostWatchRef | None = None  # a train package: orch's samples of the host (host_watch.json)
     compile_cache: CacheUse | None = None  # every package after the prime (the prime: the sealed cache it made)
-    # a train, replay or prime package: seconds of each start-up phase to the end of step 0 (orchestrator.startup)
+    # a train, replay or prime package: seconds of each start-up phase to the end of step 0 (orchestrator.run.startup)
     startup: dict[str, float] | None = None
 
     def finish(self, **fields: Any) -> PackageEntry:

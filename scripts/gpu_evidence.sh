@@ -14,7 +14,7 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # never NVLink multicast on a shared host
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export GPU_RUN_LOCK_DIR=/tmp/gpu-run-locks
-ORCH="python3 -m orchestrator.cli"
+ORCH="python3 -m orchestrator.cli.orch"
 HOME_DIR=/tmp/orch-home
 banner() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 

@@ -33,22 +33,22 @@ job)
   H=$W/home; mkdir -p "$H"
   for n in 1 2; do
     t0=$(date +%s)
-    python3 -m orchestrator.cli rehearse protocol/r3_bagel7b_8xh100.yaml --upstream .up --gpus 1 --home "$H" --json \
+    python3 -m orchestrator.cli.orch rehearse protocol/r3_bagel7b_8xh100.yaml --upstream .up --gpus 1 --home "$H" --json \
       > "$W/rehearse$n.json" 2> "$W/rehearse$n.err"
     echo "rehearsal $n exit $? after $(( $(date +%s) - t0 )) s"
     grep "^compile cache:" "$W/rehearse$n.err"
     RUN=$(ls "$H/runs" | tail -n 1)
-    python3 -m orchestrator.cli audit "$RUN" --home "$H" > "$W/audit$n.txt" 2>&1; echo "audit exit $?"
+    python3 -m orchestrator.cli.orch audit "$RUN" --home "$H" > "$W/audit$n.txt" 2>&1; echo "audit exit $?"
     grep -E "^  (digests|final digests|RNG|observed recipe|trainer numbers|forbidden dtype|watch|compile cache)" \
       "$W/audit$n.txt"
-    python3 -m orchestrator.cli ledger overhead "$RUN" --home "$H"
-    python3 -m orchestrator.cli ledger list --run "$RUN" --home "$H" --format package,status,wall_s,gpu_seconds \
+    python3 -m orchestrator.cli.orch ledger overhead "$RUN" --home "$H"
+    python3 -m orchestrator.cli.orch ledger list --run "$RUN" --home "$H" --format package,status,wall_s,gpu_seconds \
       --parsable | awk -F'\t' '$2 != "open"'
-    python3 -m orchestrator.cli publish "$RUN" --to "docs/validation/gpu51_rehearsal$n.json" --home "$H"
+    python3 -m orchestrator.cli.orch publish "$RUN" --to "docs/validation/gpu51_rehearsal$n.json" --home "$H"
     cp "docs/validation/gpu51_rehearsal$n.json" "$W/" 2>/dev/null
     cp "$H/runs/$RUN/run.json" "$W/run$n.json" 2>/dev/null
   done
-  python3 -m orchestrator.cli cache ls --home "$H"
+  python3 -m orchestrator.cli.orch cache ls --home "$H"
   if [ "${CALIBRATE:-0}" -ge 2 ]; then
     # the second rehearsal's derived protocol, with its loopback judge up again on the same ports
     P=$(ls -d "$H"/rehearsals/*/ | tail -n 1)protocol.yaml
@@ -58,7 +58,7 @@ job)
     JUDGE=$!
     until [ -f "$W/judge.ready.json" ] || ! kill -0 $JUDGE 2>/dev/null; do sleep 1; done
     t0=$(date +%s)
-    python3 -m orchestrator.cli calibrate "$P" --repeats "$CALIBRATE" --home "$H" > "$W/calibrate.log" 2>&1
+    python3 -m orchestrator.cli.orch calibrate "$P" --repeats "$CALIBRATE" --home "$H" > "$W/calibrate.log" 2>&1
     echo "calibrate exit $? after $(( $(date +%s) - t0 )) s"; grep -E "^compile cache:|calibration recorded" "$W/calibrate.log"
     kill $JUDGE 2>/dev/null
   fi

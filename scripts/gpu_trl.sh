@@ -33,7 +33,7 @@ job)
   cd "$W/orch" || exit 1
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
     NVSHMEM_DISABLE_NVLS=1 GPU_RUN_LOCK_DIR=/tmp/gpu-run-locks
-  ORCH="python3 -m orchestrator.cli"
+  ORCH="python3 -m orchestrator.cli.orch"
   python3 -c "import torch, trl, transformers, accelerate, datasets, pyarrow, pydantic; print('torch', torch.__version__, \
 'trl', trl.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'datasets', \
 datasets.__version__, 'pyarrow', pyarrow.__version__, 'gpus', torch.cuda.device_count())" || exit 1

@@ -37,7 +37,7 @@ triton.__version__, 'transformers', transformers.__version__)"
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
   H=$W/home; mkdir -p "$H"
   t0=$(date +%s)
-  python3 -m orchestrator.cli rehearse protocol/r3_bagel7b_8xh100.yaml --upstream .up --gpus 1 --home "$H" --json \
+  python3 -m orchestrator.cli.orch rehearse protocol/r3_bagel7b_8xh100.yaml --upstream .up --gpus 1 --home "$H" --json \
     > "$W/rehearse.json" 2> "$W/rehearse.err" &
   REH=$!
   T=${TOOLS:-.whl-tools}
@@ -54,9 +54,9 @@ triton.__version__, 'transformers', transformers.__version__)"
   wait $REH
   echo "rehearse exit $? after $(( $(date +%s) - t0 )) s"
   RUN=$(ls "$H/runs" | tail -n 1)
-  python3 -m orchestrator.cli audit "$RUN" --home "$H" > "$W/rehearsal_audit.txt" 2>&1; echo "audit exit $?"
+  python3 -m orchestrator.cli.orch audit "$RUN" --home "$H" > "$W/rehearsal_audit.txt" 2>&1; echo "audit exit $?"
   # orch publishes only inside the repository's docs/validation/: publish in the job's copy, then bring it out
-  python3 -m orchestrator.cli publish "$RUN" --to docs/validation/gpu31_rehearsal.json --home "$H"
+  python3 -m orchestrator.cli.orch publish "$RUN" --to docs/validation/gpu31_rehearsal.json --home "$H"
   echo "publish exit $?"; cp docs/validation/gpu31_rehearsal.json "$W/rehearsal.json" 2>/dev/null
   cp "$H/runs/$RUN/run.json" "$W/rehearsal_run.json" 2>/dev/null
   # the run's record (its run folder, sealed arms included, and the ledger; no scratch, no generated inputs): `orch
@@ -67,11 +67,11 @@ triton.__version__, 'transformers', transformers.__version__)"
   echo "rehearsal done"
   for p in ${MINI-r3_mini_cuda1 r3_mini_cuda1_null}; do  # MINI (as TOOLS) comes from start's environment
     t0=$(date +%s)
-    python3 -m orchestrator.cli launch "protocol/$p.yaml" --home "$W/home-$p" > "$W/$p.log" 2>&1
+    python3 -m orchestrator.cli.orch launch "protocol/$p.yaml" --home "$W/home-$p" > "$W/$p.log" 2>&1
     echo "$p exit $? after $(( $(date +%s) - t0 )) s"
     RUN=$(ls "$W/home-$p/runs" | tail -n 1)
-    python3 -m orchestrator.cli audit "$RUN" --home "$W/home-$p" > "$W/${p}_audit.txt" 2>&1; echo "audit exit $?"
-    python3 -m orchestrator.cli publish "$RUN" --to "docs/validation/gpu31_$p.json" --home "$W/home-$p"
+    python3 -m orchestrator.cli.orch audit "$RUN" --home "$W/home-$p" > "$W/${p}_audit.txt" 2>&1; echo "audit exit $?"
+    python3 -m orchestrator.cli.orch publish "$RUN" --to "docs/validation/gpu31_$p.json" --home "$W/home-$p"
     cp "docs/validation/gpu31_$p.json" "$W/$p.json" 2>/dev/null
     tar -czf "$W/${p}_home.tgz" -C "$W/home-$p" runs ledger 2>/dev/null
   done

@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 ( while sleep 2; do cp -f "$H"/scratch/*/*.trainer.log /tmp/trainer-logs/ 2>/dev/null; done ) &
 KEEP=$!
 t0=$(date +%s)
-timeout "${REHEARSE_TIMEOUT:-520}" python3 -m orchestrator.cli rehearse protocol/r3_bagel7b_8xh100.yaml \
+timeout "${REHEARSE_TIMEOUT:-520}" python3 -m orchestrator.cli.orch rehearse protocol/r3_bagel7b_8xh100.yaml \
   --upstream .up --gpus 1 --home "$H" --json ${COMPILE_CACHE:+--compile-cache "$COMPILE_CACHE"} > "$OUT/rehearse.json" 2> "$OUT/rehearse.err"
 rc=$?
 kill $KEEP 2>/dev/null
@@ -38,9 +38,9 @@ done
 python3 scripts/rehearsal_summary.py "$H" "$OUT" || true
 RUN=$(ls "$H/runs" | tail -n 1)
 if [ -f "$H/runs/$RUN/audit.json" ]; then
-  python3 -m orchestrator.cli audit "$RUN" --home "$H" > "$OUT/audit.txt" 2>&1; echo "audit exit $?"
+  python3 -m orchestrator.cli.orch audit "$RUN" --home "$H" > "$OUT/audit.txt" 2>&1; echo "audit exit $?"
   cp "$H/runs/$RUN/audit.md" "$OUT/audit.md"
-  python3 -m orchestrator.cli publish "$RUN" --to "$PUB.json" --home "$H" && cp "$PUB.json" "$OUT/"
+  python3 -m orchestrator.cli.orch publish "$RUN" --to "$PUB.json" --home "$H" && cp "$PUB.json" "$OUT/"
   cp "$OUT/rehearsal_findings.json" "$OUT/$(basename "$PUB")_findings.json" 2>/dev/null
   tail -n 60 "$OUT/audit.txt"
 fi

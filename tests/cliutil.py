@@ -1,8 +1,8 @@
-"""`python -m orchestrator.cli ARGS` run inside the test process (issue 32: the unit suite's cost).
+"""`python -m orchestrator.cli.orch ARGS` run inside the test process (issue 32: the unit suite's cost).
 
-The same entry point as the console script (orchestrator.cli.main, so orchestrator.entry.run_app's one-line usage
-errors and exit codes), with the given arguments, working directory and environment, its stdout and stderr captured
-as text. What it saves is a fresh interpreter and its imports per call (about 2-3 s for a command that reaches
+The same entry point as the console script (orchestrator.cli.orch.main, so orchestrator.cli.entry.run_app's one-line
+usage errors and exit codes), with the given arguments, working directory and environment, its stdout and stderr
+captured as text. What it saves is a fresh interpreter and its imports per call (about 2-3 s for a command that reaches
 scipy and matplotlib). Tests about the process boundary itself (signals, a console script, what a fresh interpreter
 imports, a process killed or interrupted) keep a real subprocess.
 """
@@ -44,7 +44,7 @@ def orch(*args: str, cwd: Path | None = None, env: Mapping[str, str] | None = No
     env, when given, replaces the whole environment for the call (as subprocess.run's env does). An exception that
     escapes main() is printed to stderr as a traceback with exit status 1, as the interpreter would.
     """
-    from orchestrator.cli import main
+    from orchestrator.cli.orch import main
 
     out, err = io.StringIO(), io.StringIO()
     code: int

@@ -16,7 +16,7 @@ from protocol.gpu_library import gpu_library, lib_call, lib_const, lib_fn
 from protocol.quiet_host import ForeignGpuProcess, ForeignProcess, GpuState, QuietHost, public_name
 
 TOP = 5
-PID_NAMESPACE_ENV = "ORCH_PACKAGE_PID_NAMESPACE"  # set by orchestrator/ns_init.py (the same literal there)
+PID_NAMESPACE_ENV = "ORCH_PACKAGE_PID_NAMESPACE"  # set by orchestrator/isolation/ns_init.py (the same literal there)
 _THROTTLE = {
     0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
     0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",

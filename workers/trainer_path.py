@@ -1,5 +1,5 @@
-"""The trainer's import path, added only after orch's own modules are in (orch's interpreters start with
-PYTHONSAFEPATH and orch's root alone: orchestrator/packages.py); the commands orch runs for the trainer get it back.
+"""The trainer's import path, added only after orch's own modules are in (orch's interpreters start with PYTHONSAFEPATH
+and orch's root alone: orchestrator/isolation/packages.py); the commands orch runs for the trainer get it back.
 """
 
 from __future__ import annotations

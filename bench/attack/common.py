@@ -99,7 +99,7 @@ def relative_to_project(text: str) -> str:
 
 def orch_argv(*args: str) -> list[str]:
     exe = Path(sys.executable).with_name("orch")
-    return [str(exe), *args] if exe.exists() else [sys.executable, "-m", "orchestrator.cli", *args]
+    return [str(exe), *args] if exe.exists() else [sys.executable, "-m", "orchestrator.cli.orch", *args]
 
 
 def gpu_run_argv(*args: str) -> list[str]:

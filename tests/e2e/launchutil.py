@@ -17,8 +17,8 @@ import psutil
 import pyarrow.ipc as ipc
 import yaml
 
-from orchestrator import gpu_lock
-from orchestrator.housekeeping import STAGING_PREFIX
+from orchestrator.lock import gpu_lock
+from orchestrator.run.housekeeping import STAGING_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 EDITED = Path("examples") / "r3_mini" / "train" / "train_utils.py"  # edited while the complete run runs
@@ -143,7 +143,7 @@ def edit_protocol(
 
 
 def orch(*args: str, cwd: Path) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", *args]
+    return [sys.executable, "-m", "orchestrator.cli.orch", *args]
 
 
 def env() -> dict[str, str]:

@@ -39,7 +39,7 @@ from launchutil import (
     wait_for,
 )
 
-from orchestrator.isolation import namespaces_work
+from orchestrator.isolation.package_isolation import namespaces_work
 
 TRAINER = Path("examples") / "r3_mini" / "train" / "online_rl.py"
 ANCHOR = "        scheduler.step()\n"

@@ -17,7 +17,7 @@ import yaml
 from launchutil import GIT, REPO
 
 pytestmark = pytest.mark.slow
-ORCH = [sys.executable, "-m", "orchestrator.cli"]
+ORCH = [sys.executable, "-m", "orchestrator.cli.orch"]
 SCORER = ("import argparse, json\nap = argparse.ArgumentParser()\nap.add_argument('--ckpt')\nap.add_argument('--out')\n"
           "a = ap.parse_args()\njson.dump({'dev': 1.0}, open(a.out, 'w'))\n")
 

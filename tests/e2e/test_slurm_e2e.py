@@ -27,7 +27,7 @@ from launchutil import MINIMAL_PROTOCOL, make_minimal_project
 from slurm_cluster import Cluster, _alive, missing
 
 from ledger.cost.store import Ledger
-from orchestrator.slurm import node_hash
+from orchestrator.slurm.cluster import node_hash
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "protocol" / "r3_mini_slurm2.yaml"
@@ -94,7 +94,7 @@ def env(cluster: Cluster) -> dict[str, str]:
 
 
 def orch(cluster: Cluster, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.orch", *args], capture_output=True, text=True,
                           cwd=REPO, env=env(cluster), timeout=timeout)
 
 
@@ -131,7 +131,7 @@ def test_two_nodes_run_exact_and_reconcile_with_sacct(cluster: Cluster, tmp_path
     path = minimal_protocol(tmp_path, prime=True) if CI else protocol(tmp_path)
     _, state, rc = sbatch_wait(cluster, [
         "--nodes=2", "--ntasks-per-node=1", "--exclusive", "--gres=gpu:1", f"--output={out}", f"--error={err}",
-        "--wrap", f"{sys.executable} -m orchestrator.cli launch {path} --home {home} --json"],
+        "--wrap", f"{sys.executable} -m orchestrator.cli.orch launch {path} --home {home} --json"],
         timeout=900)  # fmt: skip
     assert (state, rc) == ("COMPLETED", 0), err.read_text()[-3000:] if err.exists() else f"{state}, exit {rc}"
     doc = json.loads(out.read_text())
@@ -182,7 +182,7 @@ def test_node_that_reads_another_sealed_copy_fails_the_run_named_by_hash(cluster
     out = where / "job.out"
     _, state, rc = sbatch_wait(cluster, [
         "--partition=skew", "--nodes=2", "--exclusive", f"--output={out}", "--wrap",
-        f"{sys.executable} -m orchestrator.cli launch {protocol(where)} --home {home}"], timeout=600)  # fmt: skip
+        f"{sys.executable} -m orchestrator.cli.orch launch {protocol(where)} --home {home}"], timeout=600)  # fmt: skip
     text = out.read_text()
     assert (state, rc) == ("FAILED", 1), text[-3000:]
     n3 = node_hash(home / "ledger", "n3")[:16]
@@ -218,7 +218,7 @@ def _inner_orch(where: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         try:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if "orchestrator.cli launch" in cmd and where in cmd:
+            if "orchestrator.cli.orch launch" in cmd and where in cmd:
                 if b"SLURM_JOB_ID=" in (entry / "environ").read_bytes():
                     found.append(int(entry.name))
         except (OSError, ValueError):
@@ -231,7 +231,7 @@ def _launch_until_step(cluster: Cluster, tmp_path: Path, rank: int, step: int,
     """`orch launch` of `path` (default: the shipped protocol) outside an allocation (so through salloc), running
     until train-A's rank `rank` logged `step` steps: (the process, the run id)."""
     home = tmp_path / "home"
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(path or protocol(tmp_path)),
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.orch", "launch", str(path or protocol(tmp_path)),
                              "--home", str(home)], cwd=REPO, env=env(cluster), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600

@@ -1,5 +1,5 @@
 """protocol/audit_doc.py: the published shape of audit.json describes what the audit writes, the recorded run's
-audit and an A/A run's alike; orchestrator/schemas.py prints it."""
+audit and an A/A run's alike; orchestrator/cli/schemas.py prints it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.schemas import SCHEMA_KINDS, schema_document
+from orchestrator.cli.schemas import SCHEMA_KINDS, schema_document
 from protocol.audit_doc import AuditDocument
 from protocol.errors import UsageError
 

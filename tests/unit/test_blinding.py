@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ledger.files.hygiene import scan_paths
-from orchestrator.blinding import quarantine, seal_outputs, special_entries
-from orchestrator.safe_paths import UnsafeEntry
+from orchestrator.isolation.blinding import quarantine, seal_outputs, special_entries
+from orchestrator.isolation.safe_paths import UnsafeEntry
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
 

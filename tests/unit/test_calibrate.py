@@ -24,7 +24,7 @@ from ledger.cost.store import Ledger
 from ledger.verdict.audit import audit_run
 from ledger.verdict.calibration import CALIBRATION_FILE, CalibrationV1, find_calibration
 from ledger.verdict.stats import Spread
-from orchestrator.calibrate import DEFAULT_REPEATS, aa_protocol, calibrate, launches_asked
+from orchestrator.run.calibrate import DEFAULT_REPEATS, aa_protocol, calibrate, launches_asked
 from protocol.errors import UsageError
 from protocol.home import resolve_home
 from protocol.schema import Protocol, baseline_workload_id, load_protocol

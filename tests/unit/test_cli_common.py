@@ -1,4 +1,4 @@
-"""orchestrator/cli_common.py: errors become their exit code and one line; with --json one document on stdout."""
+"""orchestrator/cli/common.py: errors become their exit code and one line; with --json one document on stdout."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import json
 import pytest
 import typer
 
-from orchestrator.cli_common import guard, refuse_misplaced, report
-from orchestrator.entry import _asks_json
+from orchestrator.cli.common import guard, refuse_misplaced, report
+from orchestrator.cli.entry import _asks_json
 from protocol.errors import LockTimeoutError, RefusedError
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from orchestrator.cli import app
+from orchestrator.cli.orch import app
 
 runner = CliRunner()
 
@@ -79,13 +79,13 @@ def test_schema_prints_the_json_schema() -> None:
 
 def test_console_script_runs_without_torch(repo: Path) -> None:
     """The CPU side imports no torch: importing the whole CLI must not load it."""
-    code = "import sys, orchestrator.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, orchestrator.cli.orch; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=repo, check=True)
 
 
 def _real(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.orch", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, check=False)
 
 
 def test_usage_errors_are_one_line_with_exit_2(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ LONG_RUN = "20261201T121500Z-3844cbb9-ab12"
 
 
 def orch(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.orch", *args], capture_output=True, text=True,
                           cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80", **(env or {})},
                           timeout=120)
 
@@ -65,7 +65,7 @@ def test_version_and_short_help(tmp_path: Path) -> None:
 def test_every_help_has_examples_and_plain_usage(command: list[str], tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from orchestrator.cli import app
+    from orchestrator.cli.orch import app
 
     res = CliRunner().invoke(app, [*command, "-h"], env={"COLUMNS": "100"})
     assert res.exit_code == 0, res.output
@@ -78,7 +78,7 @@ def test_every_help_has_examples_and_plain_usage(command: list[str], tmp_path: P
 def test_completion_is_offered(tmp_path: Path) -> None:
     # typer finds the user's shell among orch's parent processes (shellingham), not in $SHELL: started from bash, as
     # a user's shell would start it (a bare subprocess of a pytest that nothing but init parents finds no shell)
-    cmd = " ".join([sys.executable, "-m", "orchestrator.cli", "--show-completion"])
+    cmd = " ".join([sys.executable, "-m", "orchestrator.cli.orch", "--show-completion"])
     proc = subprocess.run(["bash", "-c", f"{cmd}; exit $?"], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(REPO), "SHELL": "/bin/sh"}, timeout=120)
     # the registration line of the bash script itself: the bare word "complete" also occurs in its body
@@ -107,7 +107,7 @@ def test_group_options_apply_to_the_subcommand_and_nothing_is_created(tmp_path: 
 def test_ledger_into_a_file_keeps_whole_ids_and_figures(tmp_path: Path) -> None:
     home = _home(tmp_path)
     with open(tmp_path / "f.txt", "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "ledger", "--by", "run", "--home",
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.orch", "ledger", "--by", "run", "--home",
                                str(home)], stdout=out, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                               env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr
@@ -174,7 +174,7 @@ def test_schema_kinds_print_json_schemas(kind: str, tmp_path: Path) -> None:
 
 def test_gpu_run_record_matches_its_schema(tmp_path: Path) -> None:
     rec = tmp_path / "rec.json"
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.gpu_run", "--lock-dir", str(tmp_path / "locks"),
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.gpu_run", "--lock-dir", str(tmp_path / "locks"),
                            "--record", str(rec), "--", "true"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO), "GPU_RUN_FAKE_NVML": _no_gpus(tmp_path)})
     assert proc.returncode == 0, proc.stderr
@@ -242,8 +242,9 @@ def test_launch_refuses_missing_worker_packages_before_any_record(tmp_path: Path
         "sys.meta_path.insert(0, _Hide())\n"
     )
     home = tmp_path / "home"
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(REPO / "protocol" / "r3_mini.yaml"),
-                           "--home", str(home), "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.orch", "launch",
+                           str(REPO / "protocol" / "r3_mini.yaml"), "--home", str(home), "--json"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
                           env={**os.environ, "PYTHONPATH": f"{block}{os.pathsep}{REPO}"})
     assert proc.returncode == 3, proc.stderr
     line = proc.stderr.strip()
@@ -291,7 +292,7 @@ def test_a_parser_refusal_with_json_is_one_document_on_stdout(args: list[str], t
 def test_gpu_run_refuses_a_missing_command_at_once_even_when_busy(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "GPU_RUN_FAKE_NVML": _no_gpus(tmp_path),
            "GPU_RUN_LOCK_DIR": str(tmp_path / "locks"), "GPU_RUN_SLOTS": "1"}
-    holder = subprocess.Popen([sys.executable, "-m", "orchestrator.gpu_run", "--", "sleep", "30"], env=env,
+    holder = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.gpu_run", "--", "sleep", "30"], env=env,
                               stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20
@@ -299,7 +300,7 @@ def test_gpu_run_refuses_a_missing_command_at_once_even_when_busy(tmp_path: Path
             time.sleep(0.1)
         time.sleep(0.5)  # the only slot is held now
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.gpu_run", "--timeout", "30", "--",
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.gpu_run", "--timeout", "30", "--",
                                str(tmp_path / "nonexistent")], env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 127 and "command not found" in proc.stderr
         assert time.monotonic() - t0 < 15  # refused before waiting for the held slot (30 s)
@@ -307,10 +308,10 @@ def test_gpu_run_refuses_a_missing_command_at_once_even_when_busy(tmp_path: Path
     finally:
         holder.kill()
         holder.wait()
-    usage = subprocess.run([sys.executable, "-m", "orchestrator.gpu_run", "-h"], env=env, capture_output=True,
+    usage = subprocess.run([sys.executable, "-m", "orchestrator.cli.gpu_run", "-h"], env=env, capture_output=True,
                            text=True, timeout=60)
     assert usage.returncode == 0 and "Examples:" in usage.stdout and "-- CMD..." in usage.stdout
-    both = subprocess.run([sys.executable, "-m", "orchestrator.gpu_run", "--gpus", "1", "--devices", "0", "--",
+    both = subprocess.run([sys.executable, "-m", "orchestrator.cli.gpu_run", "--gpus", "1", "--devices", "0", "--",
                            "true"], env=env, capture_output=True, text=True, timeout=60)
     assert both.returncode == 2 and len(both.stderr.strip().splitlines()) == 1
 

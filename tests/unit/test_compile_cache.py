@@ -1,5 +1,5 @@
-"""orchestrator/compile_cache.py and the audit's compile-cache block: the sealed baseline cache, the packages' copies,
-what a package took, made and rewrote, the kernels it tuned itself, and the diagnosis a user reads."""
+"""orchestrator/isolation/compile_cache.py and the audit's compile-cache block: the sealed baseline cache, the packages'
+copies, what a package took, made and rewrote, the kernels it tuned itself, and the diagnosis a user reads."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ledger.verdict.compile_cache_doc import compile_cache_doc, diagnosis
-from orchestrator.compile_cache import MANIFEST, RunCaches, inventory, kernel_name, tuned_digest, tuned_pick
+from orchestrator.isolation.compile_cache import MANIFEST, RunCaches, inventory, kernel_name, tuned_digest, tuned_pick
 from protocol.errors import FailedError
 from protocol.run_record import CacheUse, PackageEntry, RunRecord
 

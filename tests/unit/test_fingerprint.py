@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
+from orchestrator.run.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
 
 
 def test_fingerprint_has_versions_and_no_clear_host_name(repo: Path) -> None:
     fp = host_fingerprint("ab" * 32)
     assert set(fp) >= {"gpu_model", "gpu_count", "driver", "cuda", "torch", "triton", "python", "host_hash"}
     assert socket.gethostname() not in json.dumps(fp)
-    code = "import sys; from orchestrator.fingerprint import host_fingerprint; host_fingerprint('x'); " \
+    code = "import sys; from orchestrator.run.fingerprint import host_fingerprint; host_fingerprint('x'); " \
            "assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=repo, check=True)
 

@@ -21,9 +21,9 @@ from ledger.verdict.gpu_busy import (
     window_intervals,
 )
 from ledger.verdict.stats import Position, Spread, paired_interval, triplets_needed
-from orchestrator import host_watch
-from orchestrator.gpu_busy import UtilSampler
-from orchestrator.host_watch import HostWatcher
+from orchestrator.run import host_watch
+from orchestrator.run.gpu_busy import UtilSampler
+from orchestrator.run.host_watch import HostWatcher
 from protocol.quiet_host import HOST_WATCH_FILE, HostWatchLog, WatchSample, WatchUtil
 
 

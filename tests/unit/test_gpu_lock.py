@@ -1,4 +1,4 @@
-"""Tests of orchestrator.gpu_lock in-process: real flock(2) files, real processes, a fake NVML file.
+"""Tests of orchestrator.lock.gpu_lock in-process: real flock(2) files, real processes, a fake NVML file.
 
 Lowest-free all-or-none grants (hypothesis against a model), holder naming, NVML busy rules, process groups.
 """
@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lockutil import gone, is_free
 
-from orchestrator import gpu_devices as gd
-from orchestrator import gpu_lock as gl
-from orchestrator import process_group as pg
+from orchestrator.isolation import process_group as pg
+from orchestrator.lock import gpu_devices as gd
+from orchestrator.lock import gpu_lock as gl
 from protocol.errors import EXIT_LOCK_TIMEOUT, LockTimeoutError, UsageError
 
 pytestmark = pytest.mark.timeout(60)

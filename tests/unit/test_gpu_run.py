@@ -42,12 +42,13 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def _gpu_run(args: list[str], env: dict[str, str], **kw: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.gpu_run", *args], env=env, cwd=ROOT, text=True, **kw)
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli.gpu_run", *args], env=env, cwd=ROOT, text=True,
+                            **kw)
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.gpu_run", *args],
+        [sys.executable, "-m", "orchestrator.cli.gpu_run", *args],
         env=env,
         cwd=ROOT,
         text=True,

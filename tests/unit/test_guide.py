@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import typer
 
-from orchestrator.cli import app
-from orchestrator.gpu_run import app as gpu_run_app
+from orchestrator.cli.gpu_run import app as gpu_run_app
+from orchestrator.cli.orch import app
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", REPO / "docs" / "GUIDE.md", REPO / "docs" / "TRL_GRPO.md"]

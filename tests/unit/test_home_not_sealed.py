@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from manifests.core import hash_tree
-from orchestrator.sealing import seal_arm
+from orchestrator.isolation.sealing import seal_arm
 from protocol.errors import FailedError
 from protocol.home import is_home, resolve_home
 

@@ -21,8 +21,8 @@ from ledger.verdict.host_watch import (
     load_logs,
     window_figures,
 )
-from orchestrator.host_watch import HostWatcher, descendants, package_devices, read_proc, snapshot
-from orchestrator.stragglers import TOKEN_VAR
+from orchestrator.isolation.stragglers import TOKEN_VAR
+from orchestrator.run.host_watch import HostWatcher, descendants, package_devices, read_proc, snapshot
 from protocol.quiet_host import HOST_WATCH_FILE, HostWatchLog, WatchGpu, WatchSample
 from protocol.run_record import PackageEntry
 

@@ -1,4 +1,5 @@
-"""orchestrator/housekeeping.py: only dead runs lose their scratch; a live run's (its owner lock held) never does."""
+"""orchestrator/run/housekeeping.py: only dead runs lose their scratch; a live run's (its owner lock held) never
+does."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 from pathlib import Path
 
 from ledger.cost.store import Ledger
-from orchestrator.housekeeping import STAGING_PREFIX, is_dead, remove_stale_scratch, report_orphans
+from orchestrator.run.housekeeping import STAGING_PREFIX, is_dead, remove_stale_scratch, report_orphans
 from protocol.home import OWNERS_DIR, resolve_home
 
 

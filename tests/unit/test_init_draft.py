@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.init_draft import InitOptions, classify, init_command
-from orchestrator.script_args import read_script
+from orchestrator.init.draft import InitOptions, classify, init_command
+from orchestrator.init.script_args import read_script
 from protocol.errors import UsageError
 from protocol.recipe import load_recipe, v1_recipe
 from protocol.schema import load_protocol
@@ -65,7 +65,7 @@ def test_the_trl_draft_is_the_shipped_recipe_after_the_documented_edits(tmp_path
 
 def test_the_trl_draft_with_the_real_trl_when_it_is_importable(tmp_path: Path) -> None:
     pytest.importorskip("trl")
-    from orchestrator.init_draft import default_python, introspect_subprocess
+    from orchestrator.init.draft import default_python, introspect_subprocess
 
     root = _project(tmp_path, "trl_grpo")
     draft = classify(root / "examples/trl_grpo/train_grpo.py", introspect_subprocess(default_python()))
@@ -161,7 +161,7 @@ def test_argparse_scripts_and_what_init_refuses(tmp_path: Path) -> None:
 def test_orch_init_on_the_command_line(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from orchestrator.cli import app
+    from orchestrator.cli.orch import app
 
     (tmp_path / "train.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
                                        "p.add_argument('--lr', type=float, default=3e-4)\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.init_draft import InitOptions, init_command
+from orchestrator.init.draft import InitOptions, init_command
 
 SCRIPT = "import argparse\nap = argparse.ArgumentParser()\nap.add_argument('--lr', type=float, default=1e-3)\n"
 

@@ -1,5 +1,5 @@
-"""SIGINT/SIGTERM to `orch launch` are never lost (orchestrator/interrupts.py): real signals, in a fresh interpreter
-each, so that the test process's own handlers stay as they are."""
+"""SIGINT/SIGTERM to `orch launch` are never lost (orchestrator/isolation/interrupts.py): real signals, in a fresh
+interpreter each, so that the test process's own handlers stay as they are."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 PRELUDE = """
 import os, signal, subprocess, sys
-from orchestrator import interrupts
+from orchestrator.isolation import interrupts
 signal.signal(signal.SIGINT, interrupts.handler)
 interrupts.reset()
 def check():

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.isolation import fresh_folders, isolate, namespaces_work, protected_dirs
-from orchestrator.packages import package_env, run_package
+from orchestrator.isolation.package_isolation import fresh_folders, isolate, namespaces_work, protected_dirs
+from orchestrator.isolation.packages import package_env, run_package
 from protocol.package import ChecksSpec
 
 CHEAT = """
@@ -188,7 +188,7 @@ def test_the_run_directory_and_scratch_are_the_only_writable_holes(tmp_path: Pat
 @pytest.mark.skipif(not namespaces_work(), reason="this kernel or user cannot make a mount namespace")
 def test_a_package_may_write_its_own_compile_cache_folder_and_no_other(tmp_path: Path) -> None:
     root = f"/tmp/orch-compile-cache-{secrets.token_hex(6)}"  # a folder the protocol declares (orch rehearse)
-    own, baseline = f"{root}/packages/checks", f"{root}/baseline-x"  # orchestrator/compile_cache.py's layout
+    own, baseline = f"{root}/packages/checks", f"{root}/baseline-x"  # orchestrator/isolation/compile_cache.py's layout
     os.makedirs(own)
     os.makedirs(baseline)
     try:

@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.compile_cache import RunCaches
-from orchestrator.isolation import NS_INIT, cgroups_work, namespaces_work, ns_command, read_report
-from orchestrator.packages import package_env, run_package
+from orchestrator.isolation.compile_cache import RunCaches
+from orchestrator.isolation.package_isolation import NS_INIT, cgroups_work, namespaces_work, ns_command, read_report
+from orchestrator.isolation.packages import package_env, run_package
 from protocol.package import ChecksSpec
 
 needs_ns = pytest.mark.skipif(not namespaces_work(), reason="this kernel or user cannot make the namespaces")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.isolation import namespaces_work, ns_command, read_report
-from orchestrator.packages import package_env, run_package
+from orchestrator.isolation.package_isolation import namespaces_work, ns_command, read_report
+from orchestrator.isolation.packages import package_env, run_package
 from protocol.package import ChecksSpec
 from protocol.schema import Launcher, canonical_json, endpoint, protocol_id
 from protocol.schema import load_protocol as load

@@ -17,10 +17,10 @@ from cliutil import orch as run_orch
 from test_launch_plan import REPO, _runner, ctx  # noqa: F401  (ctx: the fixture)
 
 from ledger.cost.store import Ledger
-from orchestrator import run_plan as run_plan_mod
-from orchestrator.kept_cache import KEPT_DIR
-from orchestrator.progress import Progress
-from orchestrator.run_plan import RunContext, run_plan
+from orchestrator.isolation.kept_cache import KEPT_DIR
+from orchestrator.run import run_plan as run_plan_mod
+from orchestrator.run.progress import Progress
+from orchestrator.run.run_plan import RunContext, run_plan
 from protocol.run_record import RunRecord
 
 
@@ -135,7 +135,7 @@ def test_a_rehearsals_fresh_folder_and_ports_keep_its_key_and_what_compiles_chan
     sources, another flag value, torch or the ranks give another."""
     import yaml
 
-    from orchestrator.kept_cache import cache_key, key_fields
+    from orchestrator.isolation.kept_cache import cache_key, key_fields
     from protocol.run_record import HostFingerprint
     from protocol.schema import load_protocol
 

@@ -1,4 +1,4 @@
-"""The run-the-plan step (`orchestrator.run_plan.run_plan`) on real files: sealed copies, a ledger, a CPU-slot lock.
+"""The run-the-plan step (`orchestrator.run.run_plan.run_plan`) on real files: sealed copies, a ledger, a CPU-slot lock.
 
 Only the package runner is replaced (it would start a trainer); the rules under test are the launch's own: stop on
 the first failure with every later package recorded not-run, and the sealed copy re-hashed after each package.
@@ -16,12 +16,12 @@ import pytest
 
 from ledger.cost.store import Ledger
 from manifests.core import hash_tree
-from orchestrator import run_plan as run_plan_mod
-from orchestrator.launch import _cpu_grant
-from orchestrator.packages import PackageOutcome
-from orchestrator.progress import Progress
-from orchestrator.run_plan import PLAN, RunContext, VerifiedArm, run_plan
-from orchestrator.sealing import seal_arm
+from orchestrator.isolation.packages import PackageOutcome
+from orchestrator.isolation.sealing import seal_arm
+from orchestrator.run import run_plan as run_plan_mod
+from orchestrator.run.launch import _cpu_grant
+from orchestrator.run.progress import Progress
+from orchestrator.run.run_plan import PLAN, RunContext, VerifiedArm, run_plan
 from protocol.home import resolve_home
 from protocol.run_record import HostFingerprint, RunRecord
 from protocol.schema import load_protocol
@@ -179,7 +179,7 @@ def test_an_os_error_in_a_replicated_run_closes_that_runs_own_packages(
     # package of this plan not-run, and record nothing under the names of the one-triplet plan (train-A, ...)
     import errno
 
-    from orchestrator import launch as launch_mod
+    from orchestrator.run import launch as launch_mod
     from protocol.plan import plan as plan_of
 
     two = plan_of(2)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.run_plan import last_passing_checks, substitute
-from orchestrator.sealing import check_seal, seal_arm
+from orchestrator.isolation.sealing import check_seal, seal_arm
+from orchestrator.run.run_plan import last_passing_checks, substitute
 from protocol.errors import FailedError
 
 
@@ -60,7 +60,7 @@ def test_the_scorer_is_the_baselines_sealed_code_for_every_arm(tmp_path: Path, r
     """Issue 17: arm C's checkpoint is its only input to the score package; the candidate's scorer never runs."""
     from types import SimpleNamespace
 
-    from orchestrator.run_plan import PLAN, RunContext, package_spec
+    from orchestrator.run.run_plan import PLAN, RunContext, package_spec
     from protocol.schema import load_protocol
 
     loaded = load_protocol(repo / "protocol" / "r3_mini.yaml")
@@ -83,8 +83,8 @@ def test_outcome_step_turns_how_the_run_ended_into_the_result_or_its_one_line(tm
     """The pipeline's `outcome` step alone: complete -> the result; failed, interrupted, an OS error -> the error."""
     import errno
 
-    from orchestrator.launch import RunEnd, RunFailedError, RunInterruptedError, outcome
-    from orchestrator.run_plan import RunContext
+    from orchestrator.run.launch import RunEnd, RunFailedError, RunInterruptedError, outcome
+    from orchestrator.run.run_plan import RunContext
     from protocol.run_record import HostFingerprint, PackageEntry, RunRecord
 
     ctx = RunContext(None, None, "r1", tmp_path / "run", tmp_path / "scratch", None, {}, {})  # type: ignore[arg-type]
@@ -112,7 +112,7 @@ def test_an_arms_config_reaches_only_its_own_trainers_after_the_launchers_argume
 
     import yaml
 
-    from orchestrator.run_plan import PLAN, RunContext, package_spec
+    from orchestrator.run.run_plan import PLAN, RunContext, package_spec
     from protocol.schema import load_protocol
 
     data = yaml.safe_load((repo / "protocol" / "r3_mini.yaml").read_text())

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from ledger.cost.accounting import columns_for, render_csv, render_json, render_table, summarize
 from ledger.cost.store import Ledger
-from orchestrator.cli import app
+from orchestrator.cli.orch import app
 from protocol.errors import UsageError
 from protocol.home import resolve_home
 

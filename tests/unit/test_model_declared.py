@@ -10,7 +10,7 @@ from protocolutil import BAGEL, bagel_variant
 from typer.testing import CliRunner
 
 from ledger.verdict.recipe_check import model_differences
-from orchestrator.cli import app
+from orchestrator.cli.orch import app
 from protocol.errors import RefusedError
 from protocol.results import ObservedRecipe
 from protocol.schema import canonical_json, load_protocol

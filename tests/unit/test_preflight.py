@@ -1,4 +1,4 @@
-"""orchestrator/preflight.py: the worker packages a protocol needs are looked up, never imported; missing ones
+"""orchestrator/run/preflight.py: the worker packages a protocol needs are looked up, never imported; missing ones
 are refused in one line before anything is locked."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import preflight
+from orchestrator.run import preflight
 from protocol.errors import RefusedError
 from protocol.schema import load_protocol
 
@@ -34,6 +34,6 @@ def test_missing_packages_are_named_with_the_install_command(monkeypatch: pytest
 
 
 def test_looking_up_a_package_does_not_import_it() -> None:
-    code = ("import sys; from orchestrator.preflight import _present; "
+    code = ("import sys; from orchestrator.run.preflight import _present; "
             "assert _present('torch') and not _present('no_such_package_here'); assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

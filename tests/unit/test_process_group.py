@@ -1,4 +1,5 @@
-"""orchestrator/process_group.py on real processes and signals: a group is waited for, ended, and dies with us."""
+"""orchestrator/isolation/process_group.py on real processes and signals: a group is waited for, ended, and dies
+with us."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.process_group import exit_status, signal_group, spawn_in_group, terminate_group, wait_group
+from orchestrator.isolation.process_group import exit_status, signal_group, spawn_in_group, terminate_group, wait_group
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,7 +60,7 @@ def test_the_group_dies_with_the_process_that_spawned_it(tmp_path: Path) -> None
     parent = (
         "import os, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from orchestrator.process_group import spawn_in_group\n"
+        "from orchestrator.isolation.process_group import spawn_in_group\n"
         "spawn_in_group(['sh', '-c', 'sleep 60 & echo grandchild $!; wait'])\n"
         # spawn_in_group has returned: the watchdog is running. One write() of the whole line, atomic on a pipe: an
         # unbuffered print (PYTHONUNBUFFERED) writes 'spawned' and its newline apart, and the shell's line can fall
@@ -94,7 +95,7 @@ def test_the_group_dies_with_a_process_killed_right_after_the_leader_started(tmp
     parent = (
         "import os, subprocess, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from orchestrator.process_group import spawn_in_group\n"
+        "from orchestrator.isolation.process_group import spawn_in_group\n"
         "real = subprocess.Popen\n"
         "class Slowed(real):\n"
         "    def __init__(self, args, *a, **k):\n"
@@ -135,8 +136,8 @@ def test_on_exit_sees_what_the_leader_left_before_the_group_is_killed(tmp_path: 
 
 
 def test_a_child_joins_the_cgroup_before_it_runs(tmp_path: Path) -> None:
-    from orchestrator.cgroups import PackageCgroup, joiner
-    from orchestrator.isolation import cgroups_work
+    from orchestrator.isolation.cgroups import PackageCgroup, joiner
+    from orchestrator.isolation.package_isolation import cgroups_work
 
     if not cgroups_work():
         pytest.skip("no cgroup v2 with cgroup.kill writable here")

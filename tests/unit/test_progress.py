@@ -1,8 +1,8 @@
-"""orchestrator/progress.py without a terminal: one plain line per event, the step only when it moves."""
+"""orchestrator/run/progress.py without a terminal: one plain line per event, the step only when it moves."""
 
 from __future__ import annotations
 
-from orchestrator.progress import Progress
+from orchestrator.run.progress import Progress
 
 
 def test_plain_progress_says_each_event_once() -> None:

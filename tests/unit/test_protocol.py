@@ -10,7 +10,7 @@ import yaml
 from protocolutil import BAGEL, bagel_variant, v1_text, with_recipes
 from typer.testing import CliRunner
 
-from orchestrator.cli import app
+from orchestrator.cli.orch import app
 from protocol.errors import RefusedError
 from protocol.recipe import UPSTREAM_RECIPE
 from protocol.schema import Protocol, canonical_json, load_protocol, protocol_id

@@ -122,7 +122,7 @@ def test_records_made_before_the_namespace_was_recorded_read_as_they_did() -> No
 
 def test_the_snapshot_records_whether_it_ran_inside_the_packages_pid_namespace(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.ns_init import PID_NAMESPACE_ENV as SET
+    from orchestrator.isolation.ns_init import PID_NAMESPACE_ENV as SET
     from workers.quiet_host import PID_NAMESPACE_ENV as READ
 
     assert SET == READ  # ns_init runs isolated (python -I -S) and cannot import it: the same literal in both

@@ -10,8 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from manifests.core import hash_tree
-from orchestrator.cli import app
-from orchestrator.rehearse import check_upstream, derive_protocol
+from orchestrator.cli.orch import app
+from orchestrator.run.rehearse import check_upstream, derive_protocol
 from protocol.errors import RefusedError
 from protocol.rehearsal_inputs import RehearsalInputs
 from protocol.schema import load_protocol

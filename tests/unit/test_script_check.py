@@ -13,9 +13,9 @@ import yaml
 from typer.testing import CliRunner
 
 from manifests.core import hash_tree
-from orchestrator.cli import app
-from orchestrator.script_args import read_script
-from orchestrator.script_check import read_parser
+from orchestrator.cli.orch import app
+from orchestrator.init.script_args import read_script
+from orchestrator.init.script_check import read_parser
 from protocol.errors import RefusedError
 from protocol.schema import load_protocol
 

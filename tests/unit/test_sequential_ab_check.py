@@ -19,8 +19,8 @@ from ledger.verdict.noise import NoiseEvidence, baseline_outliers
 from ledger.verdict.sequential import SequentialRule
 from ledger.verdict.sequential_doc import integrity, look, replay, sequential_doc
 from ledger.verdict.stats import Spread
-from orchestrator import sequential_launch
-from orchestrator.sequential_launch import SequentialState, after_triplet
+from orchestrator.run import sequential_launch
+from orchestrator.run.sequential_launch import SequentialState, after_triplet
 from protocol.schema import Measurement
 from protocol.sequential_run import SequentialRecord
 

@@ -30,13 +30,13 @@ from ledger.verdict.sequential_doc import (
 )
 from ledger.verdict.stats import Spread
 from manifests.core import hash_tree
-from orchestrator import run_plan as run_plan_mod
-from orchestrator.launch import _cpu_grant
-from orchestrator.packages import PackageOutcome
-from orchestrator.progress import Progress
-from orchestrator.run_plan import RunContext, VerifiedArm, run_plan
-from orchestrator.sealing import seal_arm
-from orchestrator.sequential_launch import begin
+from orchestrator.isolation.packages import PackageOutcome
+from orchestrator.isolation.sealing import seal_arm
+from orchestrator.run import run_plan as run_plan_mod
+from orchestrator.run.launch import _cpu_grant
+from orchestrator.run.progress import Progress
+from orchestrator.run.run_plan import RunContext, VerifiedArm, run_plan
+from orchestrator.run.sequential_launch import begin
 from protocol.errors import RefusedError
 from protocol.home import resolve_home
 from protocol.plan import package_names, triplets
@@ -346,7 +346,7 @@ def test_until_decided_turns_a_fixed_protocol_sequential_and_records_who_asked(
 
 
 def _orch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.orch", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=120, check=False)
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import slurm
-from orchestrator.slurm_accounting import parse_sacct, step_note
+from orchestrator.slurm import cluster as slurm
+from orchestrator.slurm.accounting import parse_sacct, step_note
 from protocol.errors import RefusedError
 from protocol.schema import canonical_json, load_protocol
 
@@ -141,7 +141,7 @@ def test_launch_without_slurm_is_refused_in_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=str(Path(sys.executable).parent), PYTHONPATH=str(REPO))
     home = tmp_path / "home"
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(SLURM), "--home", str(home),
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli.orch", "launch", str(SLURM), "--home", str(home),
                            "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert done.returncode == 3, done.stderr
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]

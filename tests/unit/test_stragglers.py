@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from orchestrator.stragglers import TOKEN_VAR, end_stragglers, find_stragglers, new_token
+from orchestrator.isolation.stragglers import TOKEN_VAR, end_stragglers, find_stragglers, new_token
 
 # the child forks a grandchild in a new session, then exits: the grandchild is reparented, out of any group
 DAEMON = """
@@ -54,7 +54,7 @@ def test_a_daemon_carrying_the_token_is_ended_and_nothing_else(tmp_path: Path) -
 
 def test_the_token_scan_mode_names_and_fails_what_the_package_left_in_its_group(tmp_path: Path) -> None:
     """The last fallback (no namespaces, no cgroup): a process left in the package's group is named and ends it."""
-    from orchestrator.packages import package_env, run_package
+    from orchestrator.isolation.packages import package_env, run_package
     from protocol.package import ChecksSpec
 
     run_dir = tmp_path / "home" / "runs" / "r1"

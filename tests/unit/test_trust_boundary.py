@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.isolation import namespaces_work
-from orchestrator.packages import ORCH_ROOT, package_env, run_package
-from orchestrator.sealing import orch_packages, shadowing
+from orchestrator.isolation.package_isolation import namespaces_work
+from orchestrator.isolation.packages import ORCH_ROOT, package_env, run_package
+from orchestrator.isolation.sealing import orch_packages, shadowing
 from protocol.package import ChecksSpec
 
 MARK = "import os, sys\nopen(os.environ['ORCH_TEST_MARK'], 'a').write(__name__ + ' ' + ' '.join(sys.argv) + '\\n')\n"

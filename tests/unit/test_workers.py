@@ -19,7 +19,7 @@ import psutil
 import pytest
 from workerutil import run_worker, train_and_reload, write_spec
 
-from orchestrator.packages import PackageOutcome, run_package
+from orchestrator.isolation.packages import PackageOutcome, run_package
 from protocol.package import parse_spec
 from protocol.results import ChecksResult, ScoreResult, StepRecord
 

@@ -1,0 +1,4 @@
+"""`orch launch` as a pipeline (load -> verify -> fingerprint -> lock -> seal -> run packages -> ledger), its
+sequential stop, calibrate and rehearse, and the host watched through a run. Imports isolation, lock, slurm and
+init; never cli.
+"""
