@@ -1,7 +1,8 @@
 """The project's own import graph, read with ast: no cycle, and every arrow points down the layers of STYLE.md.
 
 protocol <- manifests <- ledger <- orchestrator, and protocol, manifests <- workers; nothing imports orchestrator,
-and the CPU side never imports workers (they run as subprocesses). Inside ledger: cost <- verdict <- files.
+and the CPU side never imports workers (they run as subprocesses). Inside ledger: cost <- verdict <- files. Inside
+orchestrator: isolation, lock, slurm, init <- run <- cli (docs/DESIGN.md's table of rooms).
 Function-level and TYPE_CHECKING imports count too.
 """
 
@@ -27,6 +28,17 @@ LEDGER_ALLOWED = {
     "cost": {"cost"},
     "verdict": {"cost", "verdict"},
     "files": {"cost", "verdict", "files"},
+}
+
+
+# inside orchestrator, what each room may import of orchestrator (docs/DESIGN.md, Architecture)
+ORCHESTRATOR_ALLOWED = {
+    "isolation": {"isolation"},
+    "lock": {"lock"},
+    "slurm": {"slurm"},
+    "init": {"init"},
+    "run": {"isolation", "lock", "slurm", "init", "run"},
+    "cli": {"isolation", "lock", "slurm", "init", "run", "cli"},
 }
 
 
@@ -142,3 +154,26 @@ def test_ledger_families_point_one_way() -> None:
         and (_family(dst) or "shared") not in LEDGER_ALLOWED[family] | {"shared"}
     )
     assert against == []
+
+
+def test_orchestrator_rooms_point_one_way() -> None:
+    graph = import_graph()
+    rooms = {name.split(".")[1] for name in graph if name.startswith("orchestrator.") and name.count(".") == 1}
+    assert rooms == set(ORCHESTRATOR_ALLOWED)  # every module sits in a room; the package itself holds only the map
+    against = sorted(
+        f"{src} -> {dst}"
+        for src, targets in graph.items()
+        for dst in targets
+        if src.startswith("orchestrator.") and dst.startswith("orchestrator.")
+        and dst.split(".")[1] not in ORCHESTRATOR_ALLOWED[src.split(".")[1]]
+    )
+    assert against == []
+
+
+def test_package_faces_import_nothing() -> None:
+    """A package's __init__ imports none of the project: a module importing a sibling never runs through its face into
+    other siblings (the circle ledger.verdict.stats -> ledger.verdict -> ledger.verdict.decision -> stats)."""
+    faces = {name: path for name, path in modules().items() if path.name == "__init__.py"}
+    assert "ledger.verdict" in faces and "orchestrator.isolation" in faces
+    graph = import_graph()
+    assert {name: sorted(graph[name]) for name in faces if graph[name]} == {}
