@@ -188,7 +188,7 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
 
 def audit_command(run_id: str, home: Path | None) -> dict[str, Any]:
     """`orch audit RUN_ID [--home] [--json]`: the report of one run; returns the JSON document; exit 1
-    when not exact (`ledger.verdict.exit_code`, the same as `orch launch`)."""
+    when not exact (`ledger.verdict.decision.exit_code`, the same as `orch launch`)."""
     console = Console(highlight=False, soft_wrap=True)
     try:
         result = audit_run(home, run_id)
