@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from verdict_common import no_paths
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
@@ -42,11 +44,6 @@ def provenance() -> dict[str, Any]:
             *(no_paths(a) for a in sys.argv[1:])]
     return {"commit": git("rev-parse", "HEAD").strip(),
             "files_differ_from_commit": [ln[3:] for ln in dirty.splitlines()], "command": "python " + shlex.join(argv)}
-
-
-def no_paths(arg: str) -> str:
-    """An argument as published: an absolute path (this machine's) shortened to its file name."""
-    return os.path.basename(arg) if os.path.isabs(arg) else arg
 
 
 def _pct(x: float) -> str:

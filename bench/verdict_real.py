@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 from bench_null import ANCHOR, GIT, env, git_head_baseline, null_protocol, orch, project, slowdown_protocol
-from bench_verdict import no_paths
+from verdict_common import no_paths
 from verdict_sim import cp
 
 from ledger.verdict.evidence import collect_evidence
