@@ -47,7 +47,8 @@ def main() -> int:
         path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         env = package_env({**os.environ, "PYTHONPATH": path}, {}, {}, {}, "r1")
         outcome = run_package(spec, env, 300)
-        print("isolation:", outcome.extra.get("isolation"), "| ending:", outcome.extra.get("ending"))
+        print("isolation:", outcome.extra.get("isolation"), "| ending:", outcome.extra.get("ending"),
+              "| network:", outcome.extra.get("network"))
         print("status:", outcome.status, "| exit:", outcome.exit_code, "| note:", outcome.note)
         result = pkg / "result.json"
         if result.is_file():
