@@ -5,6 +5,7 @@ Usage: python -m workers.train --spec package.json  (cwd = the arm's sealed copy
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from protocol.clock import (
     independent_bounds,
     independent_durations,
 )
+from protocol.fileio import read_regular
 from protocol.hashing import sha256_file
 from protocol.package import PackageSpec
 from protocol.process import die_with_parent, process_started
@@ -55,16 +57,23 @@ def _tail_of(text: str, limit: int = 40) -> str:
 def _read_rank(spec: PackageSpec, rank: int) -> tuple[ProbeSummary, list[StepRecord]]:
     pkg = Path(spec.package_dir)
     summary_path = pkg / f"probe.rank{rank}.json"
-    if not summary_path.exists():
+    if not os.path.lexists(summary_path):
         raise WorkerFailed(f"rank {rank} wrote no probe summary ({summary_path.name})")
     try:
-        summary = ProbeSummary.model_validate_json(summary_path.read_bytes())
+        raw = read_regular(summary_path)
+    except OSError as err:
+        raise WorkerFailed(f"rank {rank}: {summary_path.name}: {err.strerror}") from None
+    try:
+        summary = ProbeSummary.model_validate_json(raw)
     except ValidationError as err:
         why = err.errors()[0]["msg"]
         raise WorkerFailed(f"rank {rank}: malformed probe summary {summary_path.name} ({why})") from err
     if not summary.complete:
         raise WorkerFailed(f"rank {rank} stopped after {summary.steps} of {spec.steps} steps")
-    lines = (pkg / f"steps.rank{rank}.jsonl").read_text().splitlines()
+    try:  # what the trainer's process could replace: a link or FIFO is refused, never followed or waited on
+        lines = read_regular(pkg / f"steps.rank{rank}.jsonl").decode().splitlines()
+    except OSError as err:
+        raise WorkerFailed(f"rank {rank}: steps.rank{rank}.jsonl: {err.strerror}") from None
     records = [StepRecord.model_validate_json(line) for line in lines]
     # a prime that stops when compiling stops (issue 51) ran from 2 steps to all of them
     n = summary.steps if getattr(spec, "until_compiled", False) and 2 <= summary.steps <= spec.steps else spec.steps
@@ -96,7 +105,7 @@ def collect(spec: PackageSpec, stopped_cleanly: bool, clock: StepClock | None = 
             RankSummary(
                 rank=rank,
                 steps_file=steps_path.name,
-                steps_sha256=sha256_file(steps_path),
+                steps_sha256=hashlib.sha256(read_regular(steps_path)).hexdigest(),
                 steps=len(records),
                 final_combined=str(summary.final_combined),
                 final_digests=summary.final_digests,

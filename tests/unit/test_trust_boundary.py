@@ -109,3 +109,32 @@ def test_shadowing_names_orchs_packages_at_the_root_and_on_the_declared_path(tmp
     (tmp_path / "docs" / "ledger").mkdir()  # not importable from the trainer's path: allowed
     assert shadowing(tmp_path, "src") == ["workers/", "src/protocol.py"]
     assert shadowing(tmp_path, "") == ["workers/"]
+
+
+def test_the_train_worker_never_waits_on_a_fifo_at_a_step_file(tmp_path: Path) -> None:
+    """Issue 49: the trainer's process can replace its step file with a FIFO or its summary with a link to /dev/zero;
+    the train worker (orch's code in the package) read them and hung until the package's timeout. Its reads of both
+    now go through read_regular: the rank fails at once, naming the file (the summary is read first)."""
+    import threading
+
+    from protocol.package import TrainSpec
+    from workers.common import WorkerFailed
+    from workers.train import _read_rank
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    os.mkfifo(pkg / "steps.rank0.jsonl")
+    (pkg / "probe.rank0.json").symlink_to("/dev/zero")
+    spec = TrainSpec.model_construct(package_dir=str(pkg), steps=2)
+    seen: list[str] = []
+
+    def read() -> None:
+        try:
+            _read_rank(spec, 0)
+        except WorkerFailed as err:
+            seen.append(str(err))
+
+    worker = threading.Thread(target=read, daemon=True)
+    worker.start()
+    worker.join(20)
+    assert seen == ["rank 0: probe.rank0.json: a link, not a regular file"]
