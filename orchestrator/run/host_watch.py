@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Mapping
@@ -247,12 +248,18 @@ class HostWatcher:
 
     def _read_steps(self) -> int:
         """Lines of rank 0's step file so far (read incrementally): the probe writes one after each step."""
-        try:
-            with open(self.package_dir / "steps.rank0.jsonl", "rb") as fh:
-                fh.seek(self._steps_offset)
-                chunk = fh.read()
+        try:  # the package may have put a FIFO or a link there: never followed, never waited on (issue 49)
+            fd = os.open(self.package_dir / "steps.rank0.jsonl", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return self._steps_done
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return self._steps_done
+            chunk = os.pread(fd, 1 << 24, self._steps_offset)
+        except OSError:
+            return self._steps_done
+        finally:
+            os.close(fd)
         self._steps_offset += len(chunk)
         self._steps_done += chunk.count(b"\n")
         return self._steps_done

@@ -238,3 +238,26 @@ def test_the_audit_reads_the_recorded_file_and_refuses_an_altered_one(tmp_path: 
     ]
     path.unlink()
     assert load_logs(ev, ["A"])[1] == ["packages/train-A/host_watch.json: missing (run.json records its sha256)"]  # type: ignore[arg-type]
+
+
+def test_a_fifo_or_a_link_at_the_step_file_never_blocks_the_watch(tmp_path: Path) -> None:
+    """Issue 49's battery: train-C replaced its step file with a FIFO, and the watch's sampler (in orch, outside the
+    package) blocked opening it, so orch hung at the package's end. Now it reads nothing from it and goes on."""
+    import threading
+
+    from orchestrator.run.host_watch import HostWatcher
+
+    os.mkfifo(tmp_path / "steps.rank0.jsonl")
+    watcher = HostWatcher(tmp_path, [])
+    done: list[int] = []
+    reader = threading.Thread(target=lambda: done.append(watcher._read_steps()), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert done == [0]
+    (tmp_path / "steps.rank0.jsonl").unlink()
+    (tmp_path / "real.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    (tmp_path / "steps.rank0.jsonl").symlink_to(tmp_path / "real.jsonl")
+    assert watcher._read_steps() == 0  # a link is not followed
+    (tmp_path / "steps.rank0.jsonl").unlink()
+    (tmp_path / "steps.rank0.jsonl").write_text('{"step": 0}\n')
+    assert watcher._read_steps() == 1
