@@ -14,9 +14,9 @@ from protocol.quiet_host import WatchUtil
 class UtilSampler:
     """`read()` at each watch sample: per GPU, the mean of the utilisation samples NVML took since the previous read.
 
-    NVML keeps a ring of timestamped samples (nvmlDeviceGetSamples); each read asks for those after the newest one
+    NVML keeps a ring of timestamped samples (its DeviceGetSamples call); each read asks for those after the newest one
     seen, so no sample counts twice and none before the watch started counts at all (the first read only sets the
-    base). Where the driver keeps no samples, the current rate (nvmlDeviceGetUtilizationRates, an average over its
+    base). Where the driver keeps no samples, the current rate (its DeviceGetUtilizationRates call, an average over its
     own last period) stands for the interval: `query` is then "rate".
     """
 

