@@ -5,6 +5,7 @@ the directory fsync that makes a new file's name durable, and read_regular for f
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -36,24 +37,45 @@ class NotRegularError(OSError):
     """A path a package could write is a link, FIFO, socket or device where orch expects a regular file."""
 
 
-def read_regular(path: Path, limit: int | None = None) -> bytes:
-    """The bytes of a regular file that a package could have written: its last component is never followed (a link
-    is refused) and it is opened non-blocking and checked to be a regular file before a byte is read (a FIFO or a
-    device is refused, never waited on). `limit`: read at most that many bytes."""
+def _open_regular(path: Path) -> int:
+    """A descriptor on a regular file a package could have written: the last component is never followed (a link is
+    refused) and it is opened non-blocking and fstat-checked before a byte is read (a FIFO or a device is refused,
+    never waited on)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise NotRegularError(errno.ELOOP, "a link, not a regular file", str(path)) from None
         raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularError(errno.EINVAL, f"a {entry_kind(mode)}, not a regular file", str(path))
+    return fd
+
+
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of a regular file that a package could have written (see _open_regular). `limit`: read at most that
+    many bytes."""
+    fd = _open_regular(path)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularError(errno.EINVAL, f"a {entry_kind(mode)}, not a regular file", str(path))
         with os.fdopen(os.dup(fd), "rb") as fh:
             return fh.read() if limit is None else fh.read(limit)
     finally:
         os.close(fd)
+
+
+def regular_sha256(path: Path | str) -> str:
+    """SHA256 (hex) of a regular file that a package could have written, streamed in 1 MiB chunks (checkpoints are
+    large): a link, FIFO, socket or device raises NotRegularError instead of being followed or waited on."""
+    h = hashlib.sha256()
+    fd = _open_regular(Path(path))
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
 
 
 def entry_kind(mode: int) -> str:

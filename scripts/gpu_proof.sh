@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 51's GPU evidence on one GPU, as one background job that outlives a device call (the job runs from a copy in
 # /tmp): upstream R3's rehearsal cold (the prime stops when compiling stops and its cache is kept in the home), then a
-# second rehearsal in the same home that loads the kept cache (no prime), then, with CALIBRATE=K, K A/A launches of
+# second rehearsal in the same home that loads the kept cache (no prime; REHEARSALS=1 runs the cold one only),
+# then, with CALIBRATE=K, K A/A launches of
 # the second rehearsal's protocol on the kept cache (no prime, no reload after the last launch); with MINI=P, bench
 # proof of r3-mini protocol P (two launches: cold, kept). Each run's GPU-seconds per package, its proof overhead
 # beyond the timed A, C, B and its share (`orch ledger overhead`), the exactness lines of each audit, figures in
@@ -19,8 +20,8 @@ start)
   cp -a . "$W/orch"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl \
     || exit 1
-  echo "CALIBRATE=${CALIBRATE:-0} MINI=${MINI:-}" > "$W/settings"
-  setsid nohup env CALIBRATE="${CALIBRATE:-0}" MINI="${MINI:-}" bash "$W/orch/scripts/gpu_proof.sh" job \
+  echo "CALIBRATE=${CALIBRATE:-0} MINI=${MINI:-} REHEARSALS=${REHEARSALS:-2}" > "$W/settings"
+  setsid nohup env CALIBRATE="${CALIBRATE:-0}" MINI="${MINI:-}" REHEARSALS="${REHEARSALS:-2}" bash "$W/orch/scripts/gpu_proof.sh" job \
     > "$W/job.log" 2>&1 < /dev/null &
   echo "job started"
   ;;
@@ -31,7 +32,7 @@ job)
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
   H=$W/home; mkdir -p "$H"
-  for n in 1 2; do
+  for n in $(seq 1 "${REHEARSALS:-2}"); do
     t0=$(date +%s)
     python3 -m orchestrator.cli.orch rehearse protocol/r3_bagel7b_8xh100.yaml --upstream .up --gpus 1 --home "$H" --json \
       > "$W/rehearse$n.json" 2> "$W/rehearse$n.err"

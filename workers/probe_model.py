@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.hashing import sha256_file
+from protocol.fileio import regular_sha256
 from workers.model_shape import layer_counts
 from workers.tx128 import local_tensor
 
@@ -182,4 +182,4 @@ def save_checkpoint(tensors: dict[str, Any], ckpt_dir: Path, rank: int, world_si
     tmp = path.with_suffix(".pt.tmp")
     torch.save(doc, tmp)
     os.replace(tmp, path)
-    return path.name, sha256_file(path)
+    return path.name, regular_sha256(path)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.clock import CLOCK_FUNCTIONS
-from protocol.hashing import sha256_file
+from protocol.fileio import regular_sha256
 from protocol.results import ObservedRecipe, ProbeSummary
 from workers.digest import combined_digest, digest_many
 from workers.probe_model import discover, named_tensors, save_checkpoint, warmup_steps
@@ -328,7 +328,7 @@ class Probe:
             complete=complete,
             steps=self.step + (1 if complete else 0),
             steps_file=self.steps_path.name,
-            steps_sha256=sha256_file(self.steps_path),
+            steps_sha256=regular_sha256(self.steps_path),
             final_digests=self.final_digests or {},
             final_combined=combined_digest(self.final_digests) if self.final_digests else None,
             observed_recipe=None if recipe is None else ObservedRecipe.model_validate(recipe),

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from protocol.hashing import sha256_file
+from protocol.fileio import regular_sha256
 from protocol.package import PackageSpec
 from protocol.results import ReloadRank, ReloadResult
 from workers.common import WorkerFailed, run_entry_point
@@ -44,7 +44,7 @@ def reload_rank(path: Path, device: str) -> tuple[ReloadRank, int]:
     doc = torch.load(path, map_location="cpu", weights_only=True)
     digests = digest_many(checkpoint_tensors(doc, device))
     rank = ReloadRank(
-        rank=int(doc["rank"]), checkpoint_sha256=sha256_file(path), combined=combined_digest(digests),
+        rank=int(doc["rank"]), checkpoint_sha256=regular_sha256(path), combined=combined_digest(digests),
         digests=digests,
     )  # fmt: skip
     return rank, int(doc["world_size"])

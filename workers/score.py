@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from protocol.hashing import sha256_file
+from protocol.fileio import regular_sha256
 from protocol.package import PackageSpec, ScoreTarget
 from protocol.results import ScoreResult
 from workers.common import WorkerFailed, run_entry_point, write_json
@@ -51,7 +51,7 @@ def run(spec: PackageSpec) -> ScoreResult:
     if path.exists():
         raise WorkerFailed(f"{path} exists already: sealed metrics are written once")
     write_json(path, doc, mode=0o400)
-    return ScoreResult(sealed_file=path.name, sealed_sha256=sha256_file(path))
+    return ScoreResult(sealed_file=path.name, sealed_sha256=regular_sha256(path))
 
 
 def main(argv: list[str] | None = None) -> int:

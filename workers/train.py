@@ -5,7 +5,6 @@ Usage: python -m workers.train --spec package.json  (cwd = the arm's sealed copy
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -26,8 +25,7 @@ from protocol.clock import (
     independent_bounds,
     independent_durations,
 )
-from protocol.fileio import read_regular
-from protocol.hashing import sha256_file
+from protocol.fileio import read_regular, regular_sha256
 from protocol.package import PackageSpec
 from protocol.process import die_with_parent, process_started
 from protocol.results import ObservedRecipe, ProbeSummary, RankSummary, StepRecord, TrainResult
@@ -97,15 +95,19 @@ def collect(spec: PackageSpec, stopped_cleanly: bool, clock: StepClock | None = 
         ckpt_file: str | None = None
         if spec.ckpt_dir is not None:
             ckpt = Path(str(spec.ckpt_dir)) / str(summary.checkpoint_file)
-            if not ckpt.exists() or sha256_file(ckpt) != summary.checkpoint_sha256:
-                raise WorkerFailed(f"rank {rank}: checkpoint {ckpt.name} is missing or differs from its digest")
+            try:
+                same = regular_sha256(ckpt) == summary.checkpoint_sha256
+            except OSError as err:  # missing, or a link / FIFO / device the trainer left in its place
+                raise WorkerFailed(f"rank {rank}: checkpoint {ckpt.name} cannot be read as a file: {err}") from None
+            if not same:
+                raise WorkerFailed(f"rank {rank}: checkpoint {ckpt.name} differs from its digest")
             ckpt_file = os.path.relpath(ckpt, spec.scratch_dir)
         steps_path = Path(spec.package_dir) / summary.steps_file
         ranks.append(
             RankSummary(
                 rank=rank,
                 steps_file=steps_path.name,
-                steps_sha256=hashlib.sha256(read_regular(steps_path)).hexdigest(),
+                steps_sha256=regular_sha256(steps_path),
                 steps=len(records),
                 final_combined=str(summary.final_combined),
                 final_digests=summary.final_digests,
@@ -173,7 +175,7 @@ def check_clock(
         source="socket", steps_checked=len(probe), windows_checked=len(windows), max_step_abs_s=cmp.max_step_abs,
         max_step_rel=cmp.max_step_rel, max_window_abs_s=cmp.max_window_abs, max_window_rel=cmp.max_window_rel,
         step_tol=(STEP_ABS_TOL_S, STEP_REL_TOL), window_tol=(WINDOW_ABS_TOL_S, WINDOW_REL_TOL), arrivals_file=name,
-        arrivals_sha256=sha256_file(path),
+        arrivals_sha256=regular_sha256(path),
     )
 
 

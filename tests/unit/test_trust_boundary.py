@@ -111,6 +111,35 @@ def test_shadowing_names_orchs_packages_at_the_root_and_on_the_declared_path(tmp
     assert shadowing(tmp_path, "") == ["workers/"]
 
 
+def test_workers_hash_package_files_without_following_or_waiting(tmp_path: Path) -> None:
+    """Issue 49: the probe hashed its steps file, and the train, reload and score workers their checkpoints, by path;
+    a FIFO the trainer left there blocked the rank until the package's timeout and a link was followed. They now hash
+    through regular_sha256: same digest as sha256_file for a regular file, refused at once for the others."""
+    import threading
+
+    from protocol.fileio import NotRegularError, regular_sha256
+    from protocol.hashing import sha256_file
+
+    plain = tmp_path / "rank0.pt"
+    plain.write_bytes(os.urandom(3 << 20))
+    assert regular_sha256(plain) == sha256_file(plain)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(plain)
+    seen: dict[str, str] = {}
+
+    def attempt(name: str) -> None:
+        try:
+            regular_sha256(tmp_path / name)
+        except NotRegularError as err:
+            seen[name] = err.strerror
+
+    for name in ("fifo", "link"):
+        worker = threading.Thread(target=attempt, args=(name,), daemon=True)
+        worker.start()
+        worker.join(20)
+    assert seen == {"fifo": "a FIFO, not a regular file", "link": "a link, not a regular file"}
+
+
 def test_the_train_worker_never_waits_on_a_fifo_at_a_step_file(tmp_path: Path) -> None:
     """Issue 49: the trainer's process can replace its step file with a FIFO or its summary with a link to /dev/zero;
     the train worker (orch's code in the package) read them and hung until the package's timeout. Its reads of both
