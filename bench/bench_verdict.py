@@ -115,11 +115,15 @@ def main() -> None:
     ap.add_argument("--calibration-repeats", type=int, default=5, help="--real: A/A triplets of each calibration")
     ap.add_argument("--k1", action="store_true",
                     help="--real (issue 34): per stream `orch calibrate --repeats N` (N separate A/A launches), then "
-                         "K = 1 launches each decided by its own audit; --kinds of null, noisy, slow25, slow10 "
-                         "(stream i: the i-th; a slowdown's candidate sleeps that share of the A/A median step)")
+                         "K = 1 launches each decided by its own audit; --kinds of null, noisy, steadier, order, "
+                         "slow25, slow10 (stream i: the i-th; a slowdown's candidate sleeps that share of the A/A "
+                         "median step)")
     ap.add_argument("--noise-sleep-s", type=float, default=0.1,
                     help="--real --k1, kind noisy: both arms sleep after each scheduler.step(), the baseline this "
                          "many seconds, the candidate uniform in [0, 2x] (same median step, noisier)")
+    ap.add_argument("--order-sleep-s", type=float, default=0.1,
+                    help="--real --k1, kind order (issue 52): the baseline's second launch (B) sleeps this many "
+                         "seconds after each scheduler.step(), through a switch only the baseline arm names")
     ap.add_argument("--small", action="store_true", help="--real: shorter rollouts (as bench_null --small)")
     ap.add_argument("--kinds", default=None,
                     help="--real: comma list of null, slow25, slow10; with 3+ streams stream i runs the i-th "

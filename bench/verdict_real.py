@@ -39,7 +39,10 @@ from protocol.plan import triplets
 
 KINDS = {"null": 0.0, "slow25": 0.25, "slow10": 0.10}  # the candidate sleeps this fraction of the baseline step
 # --k1 (issue 34): K = 1 nulls, a noisier candidate of the same median step, and known slowdowns (the power)
-K1_KINDS = ("null", "noisy", "slow25", "slow10")
+K1_KINDS = ("null", "noisy", "steadier", "order", "slow25", "slow10")
+# issue 52: "steadier" swaps noisy's arms (the baseline sleeps uniform in [0, 2m], the candidate a constant m: same
+# median step, the candidate steadier inside its launches); "order" makes the baseline's second launch (B) slower by
+# a fixed sleep (ORDER_LINE) that only the baseline arm's switches name, so the candidate cannot set it
 MAX_REPEATS = 3  # triplets per launch (fewer when the budget is short)
 GRACE_S = 45.0  # a run still going this long past the budget is stopped (its triplets are not used)
 SEQ_MAX = 6
@@ -104,32 +107,57 @@ NOISY_LINE = ('        time.sleep(float(os.environ.get("R3_BENCH_SLEEP_S", "0"))
               '  # bench-verdict: uniform sleep, median m, one draw per step for every rank\n')
 
 
-def noisy_protocol(work: Path, device: str, small: bool, sleep_s: float) -> tuple[Path, Path]:
-    """A project whose committed trainer sleeps after each scheduler.step(): the baseline a constant m, the candidate
-    uniform in [0, 2m], the same draw on every rank (NOISY_LINE), so its median step is the baseline's and it is
-    noisier (issue 34). Both arms run the same committed sources (manifests/bench_noisy.json)."""
+# the baseline's second launch only: its package folder is train-B (the trainer's --log_dir is {package_dir}/trainer)
+ORDER_LINE = ('        time.sleep(float(os.environ.get("R3_BENCH_B_SLEEP_S", "0")) if "/train-B/" in '
+              'training_args.log_dir.replace(os.sep, "/") + "/" else 0.0)  # bench-verdict: B slower (order)\n')
+
+
+def edited_protocol(work: Path, device: str, small: bool, kind: str,
+                    switches_of: dict[str, dict[str, str]]) -> tuple[Path, Path]:
+    """A project whose committed trainer has the kind's line after each scheduler.step() (NOISY_LINE for noisy and
+    steadier, ORDER_LINE for order); both arms run the same committed sources (manifests/bench_KIND.json) with their
+    own switches added to the null protocol's."""
     proj = project(work)
     trainer = proj / "examples" / "r3_mini" / "train" / "online_rl.py"
     text = trainer.read_text()
     assert text.count(ANCHOR) == 1, "the trainer's scheduler.step() anchor moved"
-    trainer.write_text(text.replace(ANCHOR, ANCHOR + NOISY_LINE))
-    subprocess.run([*GIT, "commit", "-q", "-am", "bench-verdict noisy trainer"], cwd=proj, check=True)
+    trainer.write_text(text.replace(ANCHOR, ANCHOR + (ORDER_LINE if kind == "order" else NOISY_LINE)))
+    subprocess.run([*GIT, "commit", "-q", "-am", f"bench-verdict {kind} trainer"], cwd=proj, check=True)
     path = null_protocol(proj, device, 1, small)
     data = yaml.safe_load(path.read_text())
-    switches = dict(data["arms"]["baseline"]["switches"]) | {"R3_BENCH_SLEEP_S": f"{sleep_s:.6f}"}
-    data["arms"] = {arm: {"commitment": "manifests/bench_noisy.json", "source": "tree",
-                          "switches": switches | {"R3_BENCH_SLEEP_SPREAD": spread}}
-                    for arm, spread in (("baseline", "0"), ("candidate", "1"))}
-    data["name"] = f"{data['name']}-noisier"
-    path = path.with_name("noisy_k1.yaml")
+    base = dict(data["arms"]["baseline"]["switches"])
+    manifest = f"manifests/bench_{kind}.json"
+    data["arms"] = {arm: {"commitment": manifest, "source": "tree", "switches": base | switches_of[arm]}
+                    for arm in ("baseline", "candidate")}
+    data["name"] = f"{data['name']}-{kind}"
+    path = path.with_name(f"{kind}_k1.yaml")
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    frozen = subprocess.run(orch("freeze", "--protocol", str(path), "--arm", "baseline", "-o",
-                                 "manifests/bench_noisy.json"), cwd=proj, env=env(), capture_output=True, text=True)
+    frozen = subprocess.run(orch("freeze", "--protocol", str(path), "--arm", "baseline", "-o", manifest), cwd=proj,
+                            env=env(), capture_output=True, text=True)
     if frozen.returncode != 0:
         raise SystemExit(f"orch freeze failed: {frozen.stderr[-2000:]}")
     subprocess.run([*GIT, "add", "-A"], cwd=proj, check=True)
-    subprocess.run([*GIT, "commit", "-q", "-m", "bench-verdict noisy manifest"], cwd=proj, check=True)
+    subprocess.run([*GIT, "commit", "-q", "-m", f"bench-verdict {kind} manifest"], cwd=proj, check=True)
     return proj, path
+
+
+def noisy_protocol(work: Path, device: str, small: bool, sleep_s: float, steadier: bool = False) -> tuple[Path, Path]:
+    """Both arms sleep after each scheduler.step(): one a constant m, the other uniform in [0, 2m], the same draw on
+    every rank (NOISY_LINE), so the median step is the same. noisy (issue 34): the candidate draws; steadier (issue
+    52): the baseline draws, the candidate is steadier inside its launches."""
+    sleep = {"R3_BENCH_SLEEP_S": f"{sleep_s:.6f}"}
+    spread = ("1", "0") if steadier else ("0", "1")
+    return edited_protocol(work, device, small, "steadier" if steadier else "noisy",
+                           {"baseline": sleep | {"R3_BENCH_SLEEP_SPREAD": spread[0]},
+                            "candidate": sleep | {"R3_BENCH_SLEEP_SPREAD": spread[1]}})
+
+
+def order_protocol(work: Path, device: str, small: bool, sleep_s: float) -> tuple[Path, Path]:
+    """Issue 52's order effect: the baseline arm's switch R3_BENCH_B_SLEEP_S makes its second launch (B) sleep that
+    long after each step; the candidate's switches do not name it. A/A calibrations see it too (their B runs the
+    baseline), so the calibration's A/A mean carries the launch positions' effect."""
+    return edited_protocol(work, device, small, "order",
+                           {"baseline": {"R3_BENCH_B_SLEEP_S": f"{sleep_s:.6f}"}, "candidate": {}})
 
 
 def audit_row(s: Stream, kind: str, home: Path, run_id: str, wall: float) -> dict[str, Any]:
@@ -141,6 +169,8 @@ def audit_row(s: Stream, kind: str, home: Path, run_id: str, wall: float) -> dic
             "variance_source": iv["variance_source"], "calibration_run": (iv.get("calibration_used") or {}).get(
                 "run_id"), "noise_ratio": (iv.get("noise") or {}).get("ratio"),
             "window_check": (iv.get("window_check") or {}).get("words"), "exact": a["exact"],
+            "ab_log_ratio": [t["ab_log_ratio"] for t in (a.get("positions") or {}).get("triplets", [])],
+            "calibration_position": (a.get("positions") or {}).get("calibration"),
             "words": a["verdict_words"], "wall_s": round(wall, 1)}
 
 
@@ -164,8 +194,10 @@ def stream_k1(s: Stream, opts: argparse.Namespace, deadline: float, save: thread
     kind = s.kinds[0]
     home, locks = s.work / "home", s.work / "locks"
     common = ["--home", str(home), "--lock-dir", str(locks), "--json"]
-    if kind == "noisy":
-        proj, proto = noisy_protocol(s.work / "noisy", opts.device, opts.small, opts.noise_sleep_s)
+    if kind in ("noisy", "steadier"):
+        proj, proto = noisy_protocol(s.work / kind, opts.device, opts.small, opts.noise_sleep_s, kind == "steadier")
+    elif kind == "order":
+        proj, proto = order_protocol(s.work / kind, opts.device, opts.small, opts.order_sleep_s)
     else:
         proj = project(s.work / kind)
         proto = null_protocol(proj, opts.device, 1, opts.small)

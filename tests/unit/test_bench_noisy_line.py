@@ -78,3 +78,42 @@ def test_a_slowdowns_calibration_has_the_slowdowns_baseline_workload(tmp_path: P
     assert ids["calibrated"] == ids["slow"] != ids["null"]
     cal = load_protocol(calibrated).protocol
     assert cal.arms.baseline == cal.arms.candidate  # an A/A protocol: both arms the baseline
+
+
+def test_the_order_line_slows_the_baseline_second_launch_only() -> None:
+    """Issue 52's order effect: the inserted line sleeps only in the package whose folder is train-B, and only when
+    the switch is set (the baseline arm's switches name it; the candidate's do not)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import verdict_real
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    line = str(verdict_real.ORDER_LINE)
+
+    def slept(log_dir: str, env: dict[str, str]) -> list[float]:
+        seen: list[float] = []
+
+        class _Time:
+            @staticmethod
+            def sleep(seconds: float) -> None:
+                seen.append(seconds)
+
+        class _Args:
+            pass
+
+        args = _Args()
+        args.log_dir = log_dir  # type: ignore[attr-defined]
+
+        class _Os:
+            environ = env
+            sep = "/"
+
+        code = compile("for curr_step in range(3):\n    if True:\n" + line, "online_rl.py", "exec")
+        exec(code, {"time": _Time, "os": _Os, "training_args": args})
+        return seen
+
+    on = {"R3_BENCH_B_SLEEP_S": "0.25"}
+    assert slept("/h/runs/r/train-B/trainer", on) == [0.25] * 3
+    assert slept("/h/runs/r/train-A/trainer", on) == [0.0] * 3
+    assert slept("/h/runs/r/train-C/trainer", on) == [0.0] * 3
+    assert slept("/h/runs/r/train-B/trainer", {}) == [0.0] * 3
