@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from bench_null import SMALL, env, orch, project
 
-from ledger.verdict.gpu_busy import launch_busy
+from ledger.verdict.decide.gpu_busy import launch_busy
 from protocol.quiet_host import HostWatchLog, WatchSample
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,20 +185,32 @@ def plain_floor(proj: Path, protocol: Path, triplets: int, device: str, work: Pa
             "gpu_busy_mean": statistics.mean(busy) if busy else None}  # fmt: skip
 
 
-def orch_aa(proj: Path, protocol: Path, triplets: int, home: Path) -> dict[str, Any]:
+def orch_aa(proj: Path, protocol: Path, triplets: int, home: Path,
+            timeout_s: float | None = None) -> dict[str, Any]:  # fmt: skip
     """`orch calibrate PROTOCOL --repeats TRIPLETS`: orch's A/A triplets of the same workload, read back from the
-    recorded calibration and its run's audit (per-triplet d and drift)."""
+    recorded calibration and its run's audit (per-triplet d and drift). At `timeout_s` orch is interrupted (SIGINT:
+    its orderly stop, the running package stopped and recorded), then killed 120 s later."""
     t0 = time.monotonic()
-    proc = subprocess.run(orch("calibrate", str(protocol), "--repeats", str(triplets), "--json", "--home", str(home),
-                               "--lock-dir", str(home / "locks")), cwd=proj, env=env(), capture_output=True,
-                          text=True)  # fmt: skip
+    proc = subprocess.Popen(orch("calibrate", str(protocol), "--repeats", str(triplets), "--json", "--home",
+                                 str(home), "--lock-dir", str(home / "locks")), cwd=proj, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            stdout, stderr = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        stderr += f"\nbench: orch calibrate interrupted at the deadline ({timeout_s:.0f} s)"
     wall = time.monotonic() - t0
     try:
-        doc = json.loads(proc.stdout.strip().splitlines()[0])
+        doc = json.loads(stdout.strip().splitlines()[0])
         cal = doc["calibration"]
         audits = [json.loads((home / "runs" / r / "audit.json").read_text()) for r in cal["run_ids"]]
     except (IndexError, ValueError, KeyError, TypeError, OSError):
-        return {"exit_code": proc.returncode, "wall_s": round(wall, 1), "error": proc.stderr[-2000:]}
+        return {"exit_code": proc.returncode, "wall_s": round(wall, 1), "error": stderr[-2000:]}
     trips = []
     busy: list[float] = []
     for d, audit in zip(cal["log_speedups"], audits, strict=True):  # one A/A launch (a run of one triplet) each
