@@ -280,23 +280,57 @@ def separate_cheats(work: Work) -> list[Row]:
                             "        if hasattr(_m, '_perf_counter'):\n"
                             "            _r = _m._perf_counter\n"
                             "            _m._perf_counter = lambda _r=_r: _r() * 0.8\n")], "clock disagreement"),
-        _failing(work, "sealed", "candidate slows the baseline: writes into the sealed baseline copy mid-run", [
-            _in_package("sealed", "_f = _run / 'sealed' / 'baseline' / 'train' / 'online_rl.py'\n"
-                                  "_f.chmod(0o644)\n"
-                                  "with open(_f, 'a') as _h:\n"
-                                  "    _h.write('\\nimport time\\ntime.sleep(0.01)\\n')\n"
-                                  "_seen.append('written')")],
-                 "sealed copy of baseline was modified"),
     ]
+    rows.append(_sealed_write(work))
     rows.append(_steps_forgery(work))
     rows.append(_home_write(work))
     return rows
 
 
+def _impossible_or_refused(c: Check, said: str, rc: int, arc: int, doc: dict, refusal: bool, refused: str) -> None:
+    """A cheat that writes another package's evidence from inside train-C holds one of two ways: the write is
+    impossible (the package sees that folder read-only: namespace mode, issue 49) and the run is exact and never
+    accepted; or the write happened and orch refused the run, naming what was written (scan mode)."""
+    blocked = said != "nothing" and "OSError" in said and "written" not in said and "rewrote" not in said
+    audit = doc.get("audit") or {}
+    c.that(blocked or refusal, f"the write impossible inside the package, or {refused}")
+    if blocked:
+        c.that(rc == 0 and arc == 0 and audit.get("exact") is True, "the run exact (nothing was written)")
+    c.that(audit.get("verdict") != "accepted", "never accepted")
+
+
+def _sealed_write(work: Work) -> Row:
+    """The candidate makes the baseline slower: it appends a sleep to the sealed baseline copy from inside train-C
+    (train-B then runs it)."""
+    name = "candidate slows the baseline: writes into the sealed baseline copy mid-run"
+    row = Row("cheat", name, "impossible (the baseline copy is read-only in train-C), or train-C fails naming "
+                             "'sealed copy of baseline was modified'")
+    body = ("_f = _run / 'sealed' / 'baseline' / 'train' / 'online_rl.py'\n"
+            "_f.chmod(0o644)\n"
+            "with open(_f, 'a') as _h:\n"
+            "    _h.write('\\nimport time\\ntime.sleep(0.01)\\n')\n"
+            "_seen.append('written')")
+    proj, home, launch, rc = _launch_candidate(work, "sealed", [_in_package("sealed", body)])
+    run_id = launch.run_id()
+    seen = home / "runs" / run_id / "packages" / "train-C" / "trainer" / "sealed.txt"
+    said = seen.read_text() if seen.exists() else "nothing"
+    audited = (home / "runs" / run_id / "audit.json").exists()
+    arc, doc, _err = audit_json(proj, home, run_id) if audited else (1, {}, "")
+    status = closes(home, run_id)
+    c = Check()
+    c.saw(f"in-package: {said}; launch exit {rc}; train-C {status.get('train-C')}; audit exit {arc}")
+    refused = (rc == 1 and status.get("train-C") == "failed" and "sealed copy of baseline was modified" in
+               launch.stderr and not audited)
+    _impossible_or_refused(c, said, rc, arc, doc, refused, "train-C failed naming the modified sealed copy")
+    row.ok, row.observed = not c.failed, work.scrub(c.observed())
+    return row
+
+
 def _steps_forgery(work: Work) -> Row:
     """The candidate makes the baseline look slower: it rewrites train-A's step times from inside train-C."""
     name = "candidate rewrites train-A's step times from inside its package (A 1.5x slower)"
-    row = Row("cheat", name, "the audit refuses: train-A's step file is not what train-A reported")
+    row = Row("cheat", name, "impossible (train-A's folder is read-only in train-C), or the audit refuses: train-A's "
+                             "step file is not what train-A reported")
     body = ("import json as _j\n"
             "for _f in sorted((_run / 'packages' / 'train-A').glob('steps.rank*.jsonl')):\n"
             "    _rows = [_j.loads(_l) for _l in _f.read_text().splitlines()]\n"
@@ -309,12 +343,12 @@ def _steps_forgery(work: Work) -> Row:
     run_id = launch.run_id()
     arc, doc, err = audit_json(proj, home, run_id)
     seen = (home / "runs" / run_id / "packages" / "train-C" / "trainer" / "forge.txt")
+    said = seen.read_text() if seen.exists() else "nothing"
     c = Check()
-    c.saw(f"in-package: {seen.read_text() if seen.exists() else 'nothing'}")
+    c.saw(f"in-package: {said}")
     c.saw(f"launch exit {rc}, audit exit {arc}: {lines(err)[-1] if err else ''}")
-    c.that(arc == 1 and rc == 1, "launch and audit exit 1")
-    c.that("packages/train-A/steps.rank0.jsonl" in err + launch.stderr, "names train-A's step file")
-    c.that((doc.get("audit") or {}).get("verdict") != "accepted", "never accepted")
+    refused = arc == 1 and rc == 1 and "packages/train-A/steps.rank0.jsonl" in err + launch.stderr
+    _impossible_or_refused(c, said, rc, arc, doc, refused, "launch and audit exit 1 naming train-A's step file")
     row.ok, row.observed = not c.failed, work.scrub(c.observed())
     return row
 
