@@ -1,68 +1,26 @@
-"""orch installed as a tool (issue 33): the wheel built from this tree, installed into a fresh virtual environment, runs
-`orch freeze`, `orch launch` and `orch audit` of a small short-form protocol from a git project outside the
-repository. No network: the wheel's dependencies are this environment's packages (its site-packages folder appended
-to the new environment's path by a .pth line, whose own .pth files, this tree's editable install among them, are not
-read), and the wheel is installed with --no-index --no-deps.
-"""
+"""orch installed as a tool (issue 33): the wheel built from this tree, installed into a fresh virtual environment
+(wheelutil: no network), runs `orch freeze`, `orch launch` and `orch audit` of a small short-form protocol from a git
+project outside the repository."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 import yaml
 from launchutil import GIT, MINIMAL, REPO, lay_out_minimal, one_rank
+from wheelutil import installed_tool, user_env
+from wheelutil import run as _run
 
 from protocol.recipe import load_recipe, recipe_flags
 
 pytestmark = pytest.mark.slow
-# what the wheel is built from: the packaging files and the packages' tracked files (the tree as it is now)
-BUILT_FROM = ["pyproject.toml", "README.md", "protocol", "orchestrator", "workers", "ledger", "manifests", "recipes"]
-
-
-def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300) -> str:
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{cmd[:3]} exit {done.returncode}: {done.stderr[-3000:]}"
-    return done.stdout
-
-
-def _wheel(tmp: Path) -> Path:
-    src = tmp / "src"
-    listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", *BUILT_FROM], cwd=REPO)
-    for rel in filter(None, listed.split("\0")):
-        if (REPO / rel).exists() or (REPO / rel).is_symlink():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, src / rel, follow_symlinks=False)
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-          "-w", str(tmp / "dist"), str(src)], cwd=tmp)
-    (wheel,) = (tmp / "dist").glob("orch-*.whl")
-    return wheel
-
-
 @pytest.fixture(scope="module")
 def tool(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """bin/ of a fresh virtual environment holding orch from its wheel (and this environment's packages)."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    wheel = _wheel(tmp)
-    venv = tmp / "venv"
-    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp)
-    py = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-index", "--no-deps", str(wheel)],
-         cwd=tmp)
-    site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).strip())
-    (site / "zz_orch_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return venv / "bin"
-
-
-def _env() -> dict[str, str]:
-    drop = {"PYTHONPATH", "VIRTUAL_ENV", "ORCH_HOME"}
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONUNBUFFERED": "1"}
+    return installed_tool(tmp_path_factory.mktemp("wheel"))
 
 
 def _project(root: Path) -> Path:
@@ -84,7 +42,7 @@ def _project(root: Path) -> Path:
 
 def test_the_wheel_gives_orch_and_gpu_run_that_freeze_launch_and_audit_outside_the_repository(
         tool: Path, tmp_path: Path) -> None:
-    env = _env()
+    env = user_env()
     assert _run([str(tool / "orch"), "--version"], cwd=tmp_path, env=env).strip() == "orch 0.1.0"
     assert "gpu-run" in _run([str(tool / "gpu-run"), "--help"], cwd=tmp_path, env=env)
     where = _run([str(tool / "python"), "-c", "import orchestrator, workers.probe, protocol.recipe as r; "
