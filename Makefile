@@ -134,7 +134,7 @@ bench-verdict: $(STAMP)
 attack: $(STAMP)
 	nice -n 5 $(BIN)/python bench/attack/battery.py $(ATTACK_ARGS)
 
-# mutation testing of the core (docs/MUTATION.md); not in CI. MODULES="ledger/verdict/windows.py ..." for some of them,
+# mutation testing of the core (docs/MUTATION.md); not in CI. MODULES="ledger/verdict/decide/windows.py ..." for some,
 # MUTATION_TIMEOUT seconds per module. mutmut is installed here, not in the dev extra, so CI's install stays as it is.
 MUTMUT_PIN := mutmut>=3.8,<4
 MUTATION_TIMEOUT ?= 1800

@@ -1,4 +1,4 @@
-"""Digest throughput: the probe's digest path (workers.digest.digest_many) against torch.sum over the same bytes on
+"""Digest throughput: the probe's digest path (workers.rank.digest.digest_many) against torch.sum over the same bytes on
 a 7B shard set and on r3-mini's, the former batched path and the kernel alone beside it, the single-tensor kernel,
 and the CPU digest against hashlib SHA256. Prints tables, writes JSON (--out). CUDA figures need a GPU.
 --host-only (no GPU): the probe path's host work alone, the former code beside the current (BENCH_DIGEST_ARGS=...)."""
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
-from workers.digest import combined_digest, digest_cpu, digest_many
-from workers.tx128 import tensor_header, tx128_lanes_reference, tx128_reference
+from workers.rank.digest import combined_digest, digest_cpu, digest_many
+from workers.rank.tx128 import tensor_header, tx128_lanes_reference, tx128_reference
 
 REPO = Path(__file__).resolve().parents[1]
 # Qwen2-7B (the language model of BAGEL-7B): hidden, intermediate, layers, kv width, vocabulary
@@ -72,7 +72,7 @@ def time_cuda(fn: Callable[[], object], reps: int) -> float:
 
 def single_tensor_figures(gib: float, reps: int) -> dict[str, object]:
     """The single-tensor kernel (tx128_partials, not the probe's path) over one large tensor: a configuration sweep."""
-    from workers.digest_triton_compare import tx128_partials
+    from workers.rank.digest_triton_compare import tx128_partials
 
     n = int(gib * 2**30) // 4
     x = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
@@ -151,9 +151,9 @@ def progress(what: str) -> None:
 
 def shard_figures(label: str, named: dict[str, torch.Tensor], reps: int, sweep: bool) -> dict[str, Any]:
     """The probe's call (digest_many) against torch.sum over the same device bytes concatenated, in one process."""
-    from workers.digest_triton import Tx128Batch, tx128_cuda_many
-    from workers.digest_triton_compare import tx128_cuda_many_per_tensor
-    from workers.digest_triton_compare import tx128_cuda_many_two_launch as two_launch
+    from workers.rank.digest_triton import Tx128Batch, tx128_cuda_many
+    from workers.rank.digest_triton_compare import tx128_cuda_many_per_tensor
+    from workers.rank.digest_triton_compare import tx128_cuda_many_two_launch as two_launch
 
     dev = [t for t in named.values() if t.is_cuda]
     nbytes = sum(t.nbytes for t in dev)
@@ -207,7 +207,7 @@ def shard_figures(label: str, named: dict[str, torch.Tensor], reps: int, sweep: 
     doc: dict[str, Any] = {
         "set": label, "tensors": len(named), "device_tensors": len(dev), "bytes": nbytes,
         "torch_sum_s": sum_s, "torch_sum_Bps": nbytes / sum_s,
-        "probe_path": "workers.digest.digest_many (Tx128Batch: table kernel per launch group, one host copy)",
+        "probe_path": "workers.rank.digest.digest_many (Tx128Batch: table kernel per launch group, one host copy)",
         "probe_path_s": probe_s, "probe_path_Bps": nbytes / probe_s, "probe_path_fraction_of_sum": sum_s / probe_s,
         "tx128_cuda_many_s": many_s, "tx128_cuda_many_fraction_of_sum": sum_s / many_s,
         "two_launch_s": old_s, "two_launch_fraction_of_sum": sum_s / old_s,
@@ -322,7 +322,7 @@ class _BeforeBatch:
     before figure of --host-only. Its walk, launch tables and finalisation are the former code line for line."""
 
     def __init__(self, device: torch.device, capacity: int) -> None:
-        from workers.digest_triton import _ANCHORS, _FIRST_GROUP, _GROUP_GROWTH, _SMS, _max_programs
+        from workers.rank.digest_triton import _ANCHORS, _FIRST_GROUP, _GROUP_GROWTH, _SMS, _max_programs
 
         self.device, self.block = device, 1024
         if device not in _SMS:
@@ -359,7 +359,7 @@ class _BeforeBatch:
         return row
 
     def launch(self) -> None:
-        from workers.digest_triton import _group_table
+        from workers.rank.digest_triton import _group_table
 
         if not self.pending:
             return
@@ -413,9 +413,9 @@ def _before_digest_many(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, str
 
 
 def _after_digest_many(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, str], float, float]:
-    """workers.digest.digest_many's walk as it is now, over tensors taken as device tensors, into the real
+    """workers.rank.digest.digest_many's walk as it is now, over tensors taken as device tensors, into the real
     Tx128Batch with its kernel launch left out; finish() in its real parts (header states, host copy, finalize)."""
-    from workers.digest_triton import Tx128Batch, finalize_rows, header_states
+    from workers.rank.digest_triton import Tx128Batch, finalize_rows, header_states
 
     class HostOnly(Tx128Batch):
         def _launch(self, g: Any) -> None:

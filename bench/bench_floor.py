@@ -28,7 +28,7 @@ import yaml
 from bench_null import SMALL, env, orch, project
 
 from ledger.verdict.decide.gpu_busy import launch_busy
-from protocol.quiet_host import HostWatchLog, WatchSample
+from protocol.host.quiet_host import HostWatchLog, WatchSample
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, WARMUP, WINDOW = 16, 10, 2
@@ -72,7 +72,7 @@ class Sampler:
         if device != "cuda":
             return
         try:
-            from protocol.gpu_library import gpu_library, lib_call
+            from protocol.host.gpu_library import gpu_library, lib_call
 
             self.lib = gpu_library()
             lib_call(self.lib, "Init")

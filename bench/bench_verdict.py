@@ -37,9 +37,9 @@ def provenance() -> dict[str, Any]:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout
 
     dirty = git("status", "--porcelain", "--untracked-files=all", "--", "bench/bench_verdict.py",
-                "bench/verdict_sim.py", "bench/verdict_real.py", "bench/bench_null.py", "ledger/verdict/stats.py",
-                "ledger/verdict/sequential.py", "ledger/verdict/windows.py", "ledger/verdict/evidence.py",
-                "ledger/verdict/noise.py", "ledger/verdict/decision.py")
+                "bench/verdict_sim.py", "bench/verdict_real.py", "bench/bench_null.py",
+                *(f"ledger/verdict/decide/{m}.py" for m in ("stats", "sequential", "windows", "evidence", "noise",
+                                                            "decision")))
     argv = [os.path.relpath(sys.argv[0], REPO) if os.path.isabs(sys.argv[0]) else sys.argv[0],
             *(no_paths(a) for a in sys.argv[1:])]
     return {"commit": git("rev-parse", "HEAD").strip(),

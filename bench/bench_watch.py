@@ -1,7 +1,7 @@
-"""The probe's forbidden-dtype watch (workers/watch.py): what it adds to a watched step on the CPU. One training step
-of a small model (12 blocks of Linear, GELU, LayerNorm; AdamW), timed bare, under a dispatch mode that only passes
+"""The probe's forbidden-dtype watch (workers/rank/watch.py): what it adds to a watched step on the CPU. One training
+step of a small model (12 blocks of Linear, GELU, LayerNorm; AdamW), timed bare, under a dispatch mode that only passes
 each op through (the floor of any op-level watch), and under the watch; the three alternate, --reps rounds of --steps
-steps each, medians per step. --root DIR imports workers.watch from another checkout (a worktree of an earlier
+steps each, medians per step. --root DIR imports the watch from another checkout (a worktree of an earlier
 commit), so that before and after run in one call.
 
 Usage: python bench/bench_watch.py [--root DIR ...] [--reps 7] [--steps 30] [--out FILE]
@@ -28,16 +28,20 @@ def load_watch(root: Path) -> Any:
         del sys.modules[name]
     sys.path.insert(0, str(root))
     try:
-        return importlib.import_module("workers.watch")
+        try:
+            return importlib.import_module("workers.rank.watch")
+        except ModuleNotFoundError:  # a checkout from before workers/rank/
+            return importlib.import_module("workers.watch")
     finally:
         sys.path.remove(str(root))
 
 
 def describe(root: Path) -> str:
-    """The checkout's commit, and whether workers/watch.py differs from it (no path of this machine)."""
+    """The checkout's commit, and whether its watch.py differs from it (no path of this machine)."""
     git = ["git", "-C", str(root)]
     commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    edited = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "workers/watch.py"]).returncode != 0
+    watch = ["workers/rank/watch.py", "workers/watch.py"]  # the second: a checkout from before workers/rank/
+    edited = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", *watch]).returncode != 0
     return f"{commit or 'no commit'}{' + its uncommitted watch.py' if edited else ''}"
 
 

@@ -1,6 +1,7 @@
 """`bench_verdict.py --real`: real `orch calibrate` / `orch launch` runs of r3-mini in parallel streams (each its own
 home, gpu-run lock dir and cores), the per-triplet window ratios read back from every run's recorded train results,
-and decisions formed from disjoint triplets by the audit's own statistics (ledger/verdict/stats.py, sequential.py).
+and decisions formed from disjoint triplets by the audit's own statistics (ledger/verdict/decide/stats.py,
+sequential.py).
 
 Streams: with 3 or more, the first half run nulls and the rest alternate the 25% and 10% slowdowns (with --kinds,
 stream i runs the i-th kind of the list, cyclically); with fewer, each stream cycles through --kinds (default
@@ -30,10 +31,10 @@ from bench_null import ANCHOR, GIT, env, git_head_baseline, null_protocol, orch,
 from verdict_common import no_paths
 from verdict_sim import cp
 
-from ledger.verdict.evidence import collect_evidence
-from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.stats import Spread, paired_interval, triplet_log_speedup
-from ledger.verdict.windows import speedup, step_times
+from ledger.verdict.decide.evidence import collect_evidence
+from ledger.verdict.decide.sequential import SequentialRule
+from ledger.verdict.decide.stats import Spread, paired_interval, triplet_log_speedup
+from ledger.verdict.decide.windows import speedup, step_times
 from protocol.home import resolve_home
 from protocol.plan import triplets
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from ledger.verdict.decision import (
+from ledger.verdict.decide.decision import (
     baseline_effects,
     decide,
     outlier_check,
@@ -24,7 +24,7 @@ from ledger.verdict.decision import (
     verdict_interval,
     window_effects,
 )
-from ledger.verdict.noise import (
+from ledger.verdict.decide.noise import (
     AB_FACTOR,
     ArmSpread,
     NoiseEvidence,
@@ -35,9 +35,9 @@ from ledger.verdict.noise import (
     equivalent_df,
     ratio_floor,
 )
-from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.sequential_doc import replay
-from ledger.verdict.stats import (
+from ledger.verdict.decide.sequential import SequentialRule
+from ledger.verdict.decide.sequential_doc import replay
+from ledger.verdict.decide.stats import (
     LEVEL,
     OUTLIER_ALPHA,
     SPREAD_ALPHA,
@@ -50,7 +50,7 @@ from ledger.verdict.stats import (
     triplet_log_speedup,
     window_spread,
 )
-from ledger.verdict.windows import speedup, window_steps
+from ledger.verdict.decide.windows import speedup, window_steps
 from protocol.plan import triplets
 
 STEPS, WARMUP, WINDOW = 16, 10, 2  # the owner's measurement (DESIGN.md section 5)
@@ -193,7 +193,7 @@ CAL_STEP_DF = CAL_TRIPLETS * 2 * (len(MEASURED) - 1)  # two contrasts of the mea
 
 def contrasts(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sums of squares of the arm contrasts y and v about their means over the measured steps: [sequence, triplet]
-    each (ledger/verdict/noise.py arm_spread; df len(MEASURED) - 1 per triplet)."""
+    each (ledger/verdict/decide/noise.py arm_spread; df len(MEASURED) - 1 per triplet)."""
     lg = np.log(times[..., MEASURED])
     y = lg[:, :, 1] - (lg[:, :, 0] + lg[:, :, 2]) / 2.0
     v = lg[:, :, 0] - lg[:, :, 2]
@@ -281,8 +281,8 @@ def _applied(r: np.ndarray, cal: Cal, nominal: float, d1: int, d2: int) -> np.nd
 
 def intervals(d: np.ndarray, cal: Cal | None, nominal: float, noise: Noise | None = None) -> Looks:
     """d [n, k]; cal: the calibration (None: none): stats.variance_for's choice; noise: the calibration scaled by
-    sqrt(max(R, r0)) with the equivalent df (ledger/verdict/noise.py); the A/A mean subtracted, its variance carried
-    (stats.paired_interval)."""
+    sqrt(max(R, r0)) with the equivalent df (ledger/verdict/decide/noise.py); the A/A mean subtracted, its variance
+    carried (stats.paired_interval)."""
     n, k = d.shape
     mean = d.mean(axis=1)
     if cal is None and k == 1:

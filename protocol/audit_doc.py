@@ -179,7 +179,7 @@ class AuditDocument(_Doc):
         "the probe observed and those carried by flags only")
     speedup: Speedup
     interval: dict[str, Any] | None = Field(
-        None, description="orch.audit/2: the paired interval the verdict read (ledger.verdict.interval_doc): "
+        None, description="orch.audit/2: the paired interval the verdict read (ledger.verdict.documents.interval_doc): "
         "estimate, low, high (unitless ratios; null when not bounded), level, nominal_level, method, triplets, "
         "log_speedups (d per triplet, natural log), paired_speedups, headlines, bounded, covers_one, sd, df, "
         "variance_source (pooled | run | calibration | none), spread_check, calibration_used, window_spread, "
@@ -188,7 +188,7 @@ class AuditDocument(_Doc):
     sequential: dict[str, Any] | None = Field(
         None, description="a run under a sequential rule (measurement.repeats: auto or --until-decided): the rule, "
         "each look replayed from the triplets, the triplets taken, the stop, the GPU-seconds of the decision and "
-        "whether the run stopped where its rule stops (ledger.verdict.sequential_doc); null for a fixed design")
+        "whether the run stopped where its rule stops (ledger.verdict.decide.sequential_doc); null for a fixed design")
     replication: dict[str, Any] | None = Field(
         None, description="the owner's headline of each triplet beside its paired speedup (ledger.verdict."
         "replication_doc)")
@@ -207,13 +207,13 @@ class AuditDocument(_Doc):
     quiet_host: dict[str, Any] | None = Field(None, description="per train package: how quiet the host was")
     host_watch: dict[str, Any] | None = Field(
         None, description="per train launch and window: foreign CPU and GPU use sampled through the launch, the "
-        "threshold, and one sentence per busy window (ledger.verdict.host_watch)")
+        "threshold, and one sentence per busy window (ledger.verdict.decide.host_watch)")
     gpu_busy: dict[str, Any] | None = Field(
         None, description="GPU protocols: how busy the GPUs were per train launch and window (NVML, sampled by the "
-        "host watch), launch-bound under 80%, the K = 1 width the calibration gives (ledger.verdict.gpu_busy)")
+        "host watch), launch-bound under 80%, the K = 1 width the calibration gives (ledger.verdict.decide.gpu_busy)")
     positions: dict[str, Any] | None = Field(
         None, description="each triplet's A/B log ratio u, its expected u and launch-position levels, and the "
-        "calibration's position correction (issue 52; ledger.verdict.decision.positions_doc)")
+        "calibration's position correction (issue 52; ledger.verdict.decide.decision.positions_doc)")
     statistics_rules: str | None = Field(
         None, description="which rules computed the interval ('issue-52'); an audit recorded under earlier rules is "
         "compared with a recomputation on its non-statistical parts only")
@@ -225,7 +225,8 @@ class AuditDocument(_Doc):
         None, description="for an A/A run of `orch calibrate`: the protocol (id and name) whose noise it measures")
     compile_cache: dict[str, Any] | None = Field(
         None, description="the compile caches: what the prime sealed, what each launch took and tuned itself, the "
-        "diagnosis (ledger.verdict.compile_cache_doc); mode none: the packages checked to have compiled nothing")
+        "diagnosis (ledger.verdict.documents.compile_cache_doc); mode none: the packages checked to have compiled "
+        "nothing")
     commands: dict[str, list[str]] | None = Field(
         None, description="each arm's trainer command as orch rendered it (run.json's arms.NAME.command)")
     ledger_head: LedgerHead

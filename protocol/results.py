@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.clock import ClockCheck
-from protocol.quiet_host import QuietHost
+from protocol.host.clock import ClockCheck
+from protocol.host.quiet_host import QuietHost
 
 
 class _Strict(BaseModel):

@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protocol.hashing import canonical_json
-from protocol.quiet_host import HostWatchRef
+from protocol.host.quiet_host import HostWatchRef
 from protocol.sequential_run import SequentialRecord
 
 RUN_SCHEMA = "orch.run/2"  # /2: the watched replay watch-C and the trainer's own numbers in the step lines

@@ -221,7 +221,7 @@ class Measurement(_Frozen):
 
     @property
     def sequential(self) -> bool:
-        """repeats: auto: the number of triplets is decided while the run goes (ledger/verdict/sequential.py)."""
+        """repeats: auto: the number of triplets is decided while the run goes (ledger/verdict/decide/sequential.py)."""
         return self.repeats == "auto"
 
     @property

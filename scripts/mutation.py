@@ -4,10 +4,10 @@ Each module runs in its own scratch copy of the tree (.mutation/<module>/), so t
 its per-function test selection never mix modules. Not part of CI (minutes per module on two cores).
 
     python scripts/mutation.py                      # every module of MODULES
-    python scripts/mutation.py ledger/verdict/windows.py    # some of them
+    python scripts/mutation.py ledger/verdict/decide/windows.py    # some of them
     python scripts/mutation.py --timeout 900 --max-children 2 --json .mutation/scores.json
-    python scripts/mutation.py --list ledger/verdict/stats.py   # its mutants and named equivalents, no test run
-    python scripts/mutation.py --pin ledger/verdict/stats.py    # after reading --list: pin each equivalent's diff
+    python scripts/mutation.py --list ledger/verdict/decide/stats.py   # its mutants and named equivalents, no tests
+    python scripts/mutation.py --pin ledger/verdict/decide/stats.py    # after reading --list: pin each one's diff
 
 mutmut names a mutant by its position in its function, so code added above it renumbers the mutants after it, and a
 name judged equivalent can come to mean another mutant. Each named equivalent is therefore pinned to the diff it was
@@ -54,47 +54,46 @@ class Target:
 
 
 MODULES: dict[str, Target] = {
-    "ledger/verdict/windows.py": Target(("tests/unit/test_windows.py",), equivalent={
+    "ledger/verdict/decide/windows.py": Target(("tests/unit/test_windows.py",), equivalent={
         **dict.fromkeys(
-            ("ledger.verdict.windows.x__window__mutmut_7", "ledger.verdict.windows.x__window__mutmut_10",
-             "ledger.verdict.windows.x__window__mutmut_11"),
+            ("ledger.verdict.decide.windows.x__window__mutmut_7", "ledger.verdict.decide.windows.x__window__mutmut_10",
+             "ledger.verdict.decide.windows.x__window__mutmut_11"),
             "zip(ROLES, (a, c, b), strict=...): both are always three long, strictness cannot change a result"),
-        "ledger.verdict.windows.x__window__mutmut_53": "'faster' if ratio >= 1.0: the words branch runs only beyond "
-                                                       "the noise, and a ratio of exactly 1 is always within it "
-                                                       "(|1 - 1| = 0 <= noise)",
+        "ledger.verdict.decide.windows.x__window__mutmut_53":
+            "'faster' if ratio >= 1.0: the words branch runs only beyond the noise, and a ratio of exactly 1 is always "
+            "within it (|1 - 1| = 0 <= noise)",
     }),
     # stats.py was rewritten for the paired verdict (issue 26, b90d406 / 6a1824b): the equivalents named for the
     # unpaired interval (_betacf, _betainc, t_cdf, speedup_interval, the old triplets_needed) are gone with it
-    "ledger/verdict/stats.py": Target(("tests/unit/test_stats.py", "tests/unit/test_noise.py"), equivalent={
-        "ledger.verdict.stats.x_triplets_needed__mutmut_4": "sd < 0 instead of <= 0: at sd = 0 the loop returns the "
-                                                            "first K with df >= 1 (half-width 0 <= goal): 1 with a "
-                                                            "calibration_df >= 1 and 2 below it, as the early return",
-        "ledger.verdict.stats.x_triplets_needed__mutmut_17": "the first loop up to K = 201 instead of 200: the "
-                                                             "stepping loop starts at K >= 201 and applies the same "
-                                                             "t condition, so K = 201 is answered alike",
-        "ledger.verdict.stats.x_triplets_needed__mutmut_39": "the normal quantile at 0.5 + level / 3: a smaller z, "
-                                                             "still a lower bound of the t-based K, from which the "
-                                                             "loop steps up to the same answer (more steps)",
-        "ledger.verdict.stats.x_triplets_needed__mutmut_36": "the normal quantile at 0.5 - level / 2: -z (to "
-                                                            "rounding), and only its square is read: the same lower "
-                                                            "bound, 2 or more triplets below the t-based K",
-        "ledger.verdict.stats.x_triplets_needed__mutmut_47": "(z * sd / goal) * 2 instead of ** 2: for x = z * sd / "
-                                                            "goal >= 2 a smaller start, still a lower bound, from "
-                                                            "which the loop steps up to the same K; for x < 2 the "
-                                                            "start is max(201, ceil(2x) <= 4) = 201 alike",
-        "ledger.verdict.stats.x_paired_interval__mutmut_70": "cal_df for every source (`or True`): the other source, "
-                                                             "the run's own SD, has df = K - 1, so spread.df - (K - 1) "
-                                                             "is 0 there as well",
+    "ledger/verdict/decide/stats.py": Target(("tests/unit/test_stats.py", "tests/unit/test_noise.py"), equivalent={
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_4":
+            "sd < 0 instead of <= 0: at sd = 0 the loop returns the first K with df >= 1 (half-width 0 <= goal): 1 "
+            "with a calibration_df >= 1 and 2 below it, as the early return",
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_17":
+            "the first loop up to K = 201 instead of 200: the stepping loop starts at K >= 201 and applies the same t "
+            "condition, so K = 201 is answered alike",
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_39":
+            "the normal quantile at 0.5 + level / 3: a smaller z, still a lower bound of the t-based K, from which the "
+            "loop steps up to the same answer (more steps)",
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_36":
+            "the normal quantile at 0.5 - level / 2: -z (to rounding), and only its square is read: the same lower "
+            "bound, 2 or more triplets below the t-based K",
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_47":
+            "(z * sd / goal) * 2 instead of ** 2: for x = z * sd / goal >= 2 a smaller start, still a lower bound, "
+            "from which the loop steps up to the same K; for x < 2 the start is max(201, ceil(2x) <= 4) = 201 alike",
+        "ledger.verdict.decide.stats.x_paired_interval__mutmut_70":
+            "cal_df for every source (`or True`): the other source, the run's own SD, has df = K - 1, so spread.df - "
+            "(K - 1) is 0 there as well",
     }),
-    "ledger/verdict/decision.py": Target(("tests/unit/test_decision.py", "tests/unit/test_stats.py",
-                                          "tests/unit/test_audit.py", "tests/unit/test_noise.py",
-                                          "tests/unit/test_sequential_ab_check.py",
-                                          "tests/unit/test_sequential_outlier_check.py",
-                                          "tests/unit/test_decision_branches.py"), equivalent={
-        "ledger.verdict.decision.x__fmt__mutmut_1": "f'{inf:.4f}' is 'inf' too: _fmt is given an interval's ends, "
-                                                    "exp(...) or 0.0 and inf, never -inf",
-        "ledger.verdict.decision.x__call__mutmut_7": "'faster' if low >= 1.0: an interval with low == 1 covers 1, "
-                                                     "so _call has returned None before",
+    "ledger/verdict/decide/decision.py": Target(("tests/unit/test_decision.py", "tests/unit/test_stats.py",
+                                                 "tests/unit/test_audit.py", "tests/unit/test_noise.py",
+                                                 "tests/unit/test_sequential_ab_check.py",
+                                                 "tests/unit/test_sequential_outlier_check.py",
+                                                 "tests/unit/test_decision_branches.py"), equivalent={
+        "ledger.verdict.decide.decision.x__fmt__mutmut_1":
+            "f'{inf:.4f}' is 'inf' too: _fmt is given an interval's ends, exp(...) or 0.0 and inf, never -inf",
+        "ledger.verdict.decide.decision.x__call__mutmut_7":
+            "'faster' if low >= 1.0: an interval with low == 1 covers 1, so _call has returned None before",
     }),
     "ledger/cost/merkle.py": Target(("tests/unit/test_merkle.py",), equivalent={
         "ledger.cost.merkle.x__subproof__mutmut_27": "complete=None instead of False: only its truth is read",
@@ -155,66 +154,66 @@ MODULES: dict[str, Target] = {
         "protocol.schema.x_json_schema__mutmut_1": "by_alias=None: pydantic's json schema then keeps its default, "
                                                    "aliases (the test sees 'schema', never 'schema_')",
     }),
-    "ledger/verdict/exactness.py": Target(("tests/unit/test_exactness_rules.py", "tests/unit/test_exactness_run.py",
-                                           "tests/unit/test_audit.py"), equivalent={
-        "ledger.verdict.exactness.x_first_digest_mismatch__mutmut_44": "tensor_mismatch = None instead of False: "
-                                                                       "it is only read as `not tensor_mismatch`",
+    "ledger/verdict/decide/exactness.py": Target(
+        ("tests/unit/test_exactness_rules.py", "tests/unit/test_exactness_run.py", "tests/unit/test_audit.py"),
+        equivalent={
+        "ledger.verdict.decide.exactness.x_first_digest_mismatch__mutmut_44":
+            "tensor_mismatch = None instead of False: it is only read as `not tensor_mismatch`",
         **dict.fromkeys(
-            [f"ledger.verdict.exactness.x_replay_mismatch__mutmut_{n}" for n in (52, 55, 56)],
+            [f"ledger.verdict.decide.exactness.x_replay_mismatch__mutmut_{n}" for n in (52, 55, 56)],
             "zip(labels, (train, watch), strict=...): both are always two long, strictness cannot change a result"),
     }),
     # test_audit.py and test_witness.py reach audit_run too, through whole audits (each plots, some audit 2-4 runs):
     # with them a run of the 355 mutants took over 30 minutes; test_audit_rules.py pins each rule of this module
-    "ledger/verdict/audit.py": Target(("tests/unit/test_audit_rules.py", "tests/unit/test_audit_evidence.py",
-                                       "tests/unit/test_calibrate.py"),
-                                      equivalent={
-        "ledger.verdict.audit.x__append_audit_record__mutmut_20": "arm=None left out of ledger.append: a ledger "
-                                                                  "record's arm defaults to None",
-        "ledger.verdict.audit.x__append_audit_record__mutmut_25": "gpus=0 left out of ledger.append: a ledger "
-                                                                  "record's gpus defaults to 0",
-        "ledger.verdict.audit.x_audit_run__mutmut_35": "min(..., default=None) without the default: it is used only "
-                                                       "for a run without ledger records, which collect_evidence has "
-                                                       "refused before (every package needs its records)",
+    "ledger/verdict/documents/audit.py": Target(
+        ("tests/unit/test_audit_rules.py", "tests/unit/test_audit_evidence.py", "tests/unit/test_calibrate.py"),
+        equivalent={
+        "ledger.verdict.documents.audit.x__append_audit_record__mutmut_20":
+            "arm=None left out of ledger.append: a ledger record's arm defaults to None",
+        "ledger.verdict.documents.audit.x__append_audit_record__mutmut_25":
+            "gpus=0 left out of ledger.append: a ledger record's gpus defaults to 0",
+        "ledger.verdict.documents.audit.x_audit_run__mutmut_35":
+            "min(..., default=None) without the default: it is used only for a run without ledger records, which "
+            "collect_evidence has refused before (every package needs its records)",
         **dict.fromkeys(
-            ("ledger.verdict.audit.x_unseal_score__mutmut_33", "ledger.verdict.audit.x_unseal_score__mutmut_30"),
+            ("ledger.verdict.documents.audit.x_unseal_score__mutmut_33",
+             "ledger.verdict.documents.audit.x_unseal_score__mutmut_30"),
             "bytes.decode without 'utf-8', or with 'UTF-8': the default codec is UTF-8, names are case-insensitive"),
-        "ledger.verdict.audit.x_audit_run__mutmut_141": "the audit records of every run searched for this audit's "
-                                                        "digest, not only this run's: audit.json holds its run_id, so "
-                                                        "another run's audit record never has this digest",
-        "ledger.verdict.audit.x_audit_command__mutmut_2": "Console(highlight=None): rich keeps it as the console's "
-                                                          "highlight setting, and None is off, as False",
-        "ledger.verdict.audit.x_audit_command__mutmut_66": "the first reason taken even when there is none: the "
-                                                           "reasons are empty only for `accepted` (not exact: its "
-                                                           "problems; otherwise the decision's sentence), whose exit "
-                                                           "code is 0, so this line is never reached then",
+        "ledger.verdict.documents.audit.x_audit_run__mutmut_141":
+            "the audit records of every run searched for this audit's digest, not only this run's: audit.json holds "
+            "its run_id, so another run's audit record never has this digest",
+        "ledger.verdict.documents.audit.x_audit_command__mutmut_2":
+            "Console(highlight=None): rich keeps it as the console's highlight setting, and None is off, as False",
+        "ledger.verdict.documents.audit.x_audit_command__mutmut_66":
+            "the first reason taken even when there is none: the reasons are empty only for `accepted` (not exact: its "
+            "problems; otherwise the decision's sentence), whose exit code is 0, so this line is never reached then",
     }),
     # the audit's whole-run tests (test_audit.py, test_audit_hardening.py) reach every function here too, at 1-2 s
     # each for every surviving mutant; the rules are pinned one by one in test_evidence_rules.py, the recipe copy's
     # checks in test_recipe.py and the calibration run's evidence in test_calibrate.py; a sequential run's evidence
     # only end to end (test_sequential_e2e.py)
-    "ledger/verdict/evidence.py": Target(("tests/unit/test_evidence_rules.py", "tests/unit/test_audit_evidence.py",
-                                          "tests/unit/test_integrity.py", "tests/unit/test_run_record.py",
-                                          "tests/unit/test_recipe.py", "tests/unit/test_calibrate.py"), equivalent={
+    "ledger/verdict/decide/evidence.py": Target(
+        ("tests/unit/test_evidence_rules.py", "tests/unit/test_audit_evidence.py", "tests/unit/test_integrity.py",
+         "tests/unit/test_run_record.py", "tests/unit/test_recipe.py", "tests/unit/test_calibrate.py"), equivalent={
         **dict.fromkeys(
-            [f"ledger.verdict.evidence.x__package_problems__mutmut_{n}" for n in (8, 9, 13, 14)],
+            [f"ledger.verdict.decide.evidence.x__package_problems__mutmut_{n}" for n in (8, 9, 13, 14)],
             "the count of a package's open records starting at 1, counting by 2 or by -1, or kept at 1: it is only "
             "read for its truth, and every variant is non-zero exactly when the package has an open record"),
         **dict.fromkeys(
-            ("ledger.verdict.evidence.x__package_problems__mutmut_26",
-             "ledger.verdict.evidence.x__package_problems__mutmut_28"),
+            ("ledger.verdict.decide.evidence.x__package_problems__mutmut_26",
+             "ledger.verdict.decide.evidence.x__package_problems__mutmut_28"),
             "opens.get(name, None) / opens.get(name) for a package without an open record: None is false, as 0"),
         **dict.fromkeys(
-            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (28, 29, 170)],
+            [f"ledger.verdict.decide.evidence.x_collect_evidence__mutmut_{n}" for n in (28, 29, 170)],
             "the value a missing piece starts with (protocol_sha '' as None or 'XXXX', n_steps 0 as 1 without a "
             "protocol): each is kept only when that piece is there, and without it the run is refused before the "
             "value is used or returned"),
-        "ledger.verdict.evidence.x_collect_evidence__mutmut_249": "watch_steps starting as None instead of {}: it is "
-                                                                  "replaced by the replay's steps wherever a watched "
-                                                                  "replay exists; without one (an A/A calibration "
-                                                                  "run, not refused) exactness reads it only when "
-                                                                  "`watch is not None`, so never",
+        "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_249":
+            "watch_steps starting as None instead of {}: it is replaced by the replay's steps wherever a watched "
+            "replay exists; without one (an A/A calibration run, not refused) exactness reads it only when `watch is "
+            "not None`, so never",
         **dict.fromkeys(
-            [f"ledger.verdict.evidence.x_collect_evidence__mutmut_{n}" for n in (284, 285, 286, 287, 294)],
+            [f"ledger.verdict.decide.evidence.x_collect_evidence__mutmut_{n}" for n in (284, 285, 286, 287, 294)],
             "`or` -> `and` after `problems` in the refusal's condition: each later term implies a problem line (a "
             "missing run.json, protocol, result or replay adds one, and every package in `bad` has its line; 294 is "
             "the `or` inside the term of a run that is not a calibration, where a missing score or replay adds its "
@@ -222,7 +221,8 @@ MODULES: dict[str, Target] = {
     }),
     # test_audit.py's altered-evidence tests reach verify_integrity through whole audits (1-2 s each per surviving
     # mutant); test_integrity_rules.py pins each check on its own
-    "ledger/verdict/integrity.py": Target(("tests/unit/test_integrity_rules.py", "tests/unit/test_integrity.py")),
+    "ledger/verdict/decide/integrity.py": Target(("tests/unit/test_integrity_rules.py",
+                                                  "tests/unit/test_integrity.py")),
     "ledger/cost/record.py": Target(("tests/unit/test_ledger_record.py", "tests/unit/test_ledger_store.py",
                                      "tests/unit/test_ledger_chain.py"), deselect={
         "tests/unit/test_ledger_store.py::test_two_processes_append_concurrently":
@@ -391,41 +391,42 @@ MODULES: dict[str, Target] = {
             "the member names of a file that is not a zip ('' instead of None), or of a damaged zip (None instead "
             "of []): classify_bytes reads them only for a PK header, and an empty list finds no member either"),
     }),
-    "workers/probe_steps.py": Target(("tests/unit/test_probe_steps_rules.py", "tests/unit/test_probe_timing.py"),
-                                     forkserver=True, equivalent={
+    "workers/rank/probe_steps.py": Target(
+        ("tests/unit/test_probe_steps_rules.py", "tests/unit/test_probe_timing.py"), forkserver=True, equivalent={
         **dict.fromkeys(
-            [f"workers.probe_steps.xǁProbeǁwrite_summary__mutmut_{n}" for n in (94, 96, 98, 99)],
+            [f"workers.rank.probe_steps.xǁProbeǁwrite_summary__mutmut_{n}" for n in (94, 96, 98, 99)],
             "the summary dumped in python mode (mode None, left out, or a word pydantic does not know): its fields are "
             "str, int, bool, None, lists and dicts of them and the recipe's betas tuple, which json.dumps writes as "
             "the list that json mode gives"),
         **dict.fromkeys(
-            [f"workers.probe_steps.xǁProbeǁwrite_summary__mutmut_{n}" for n in (106, 107, 109, 110, 111, 112)],
+            [f"workers.rank.probe_steps.xǁProbeǁwrite_summary__mutmut_{n}" for n in (106, 107, 109, 110, 111, 112)],
             "the summary file's indent and key order: the train worker reads it with model_validate_json, and "
             "whitespace and key order change no value read from it"),
         **dict.fromkeys(
-            [f"workers.probe_steps.xǁProbeǁ__init____mutmut_{n}" for n in (32, 33)],
+            [f"workers.rank.probe_steps.xǁProbeǁ__init____mutmut_{n}" for n in (32, 33)],
             "root '' and param_names None before the first boundary: both are set by the discovery at the first "
             "boundary before anything reads them (a checkpoint is written only by the stop at the last boundary)"),
         **dict.fromkeys(
-            [f"workers.probe_steps.xǁProbeǁ__init____mutmut_{n}" for n in (38, 42, 43)],
+            [f"workers.rank.probe_steps.xǁProbeǁ__init____mutmut_{n}" for n in (38, 42, 43)],
             "watch_note '', final_digests '' or installed None for None / None / False: each is only read for its "
             "truth before it is set"),
         **dict.fromkeys(
-            [f"workers.probe_steps.xǁProbeǁ_record__mutmut_{n}" for n in (86, 88, 89)],
+            [f"workers.rank.probe_steps.xǁProbeǁ_record__mutmut_{n}" for n in (86, 88, 89)],
             "a step line's keys not sorted: lines are read with model_validate_json, and steps_sha256 is taken of the "
             "file as written, so the order changes no value read and no check"),
     }),
-    "workers/probe_model.py": Target(("tests/unit/test_probe_model_rules.py", "tests/unit/test_probe_discovery.py"),
-                                     forkserver=True, equivalent={
-        "workers.probe_model.x_discover__mutmut_21": "each covered parameter counted 2 instead of 1: the counts are "
-                                                     "only compared with each other and with 0, so the same root",
-        "workers.probe_model.x_save_checkpoint__mutmut_96": "the temporary file named '.PT.TMP' instead of '.pt.tmp': "
-                                                            "written and replaced under the same name",
-        "workers.probe_model.x_collapse__mutmut_17": "named_parameters(recurse=None): only its truth is read, as "
-                                                     "with False",
-        "workers.probe_model.x_discover__mutmut_65": "`or` for `and` in the other modules' filter: it adds modules "
-                                                     "with no frozen parameter of their own (and the root), which the "
-                                                     "loop skips as having none, so no label or count changes",
+    "workers/rank/probe_model.py": Target(
+        ("tests/unit/test_probe_model_rules.py", "tests/unit/test_probe_discovery.py"), forkserver=True, equivalent={
+        "workers.rank.probe_model.x_discover__mutmut_21":
+            "each covered parameter counted 2 instead of 1: the counts are only compared with each other and with 0, "
+            "so the same root",
+        "workers.rank.probe_model.x_save_checkpoint__mutmut_96":
+            "the temporary file named '.PT.TMP' instead of '.pt.tmp': written and replaced under the same name",
+        "workers.rank.probe_model.x_collapse__mutmut_17":
+            "named_parameters(recurse=None): only its truth is read, as with False",
+        "workers.rank.probe_model.x_discover__mutmut_65":
+            "`or` for `and` in the other modules' filter: it adds modules with no frozen parameter of their own (and "
+            "the root), which the loop skips as having none, so no label or count changes",
     }),
 }
 

@@ -14,7 +14,7 @@ import struct
 import threading
 from pathlib import Path
 
-from protocol.clock import EVENTS
+from protocol.host.clock import EVENTS
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS has the same value
 _TIMESPEC = struct.Struct("@ll")

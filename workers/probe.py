@@ -1,5 +1,6 @@
-"""The probe's entry point: runs an unmodified trainer inside a torchrun rank with the probe (workers/probe_steps.py)
-installed right after the trainer imports torch, and ends the rank cleanly after the protocol's step count.
+"""The probe's entry point: runs an unmodified trainer inside a torchrun rank with the probe
+(workers/rank/probe_steps.py) installed right after the trainer imports torch, and ends the rank cleanly after the
+protocol's step count.
 
 Usage: python -m workers.probe --out DIR --steps 16 --digest-steps 0-13 --watch-steps 0-9 --ckpt-dir DIR -- SCRIPT ARGS
 """
@@ -16,11 +17,11 @@ import traceback
 from pathlib import Path
 
 from protocol.process import die_with_parent, process_started
-from workers.after_import import AfterImport as _AfterImport
 from workers.common import RANK_FAILED
-from workers.prime_stop import CacheGrowth
-from workers.probe_steps import Probe, ProbeStop
-from workers.rank_end import arm_watchdog, destroy_process_group, end_children
+from workers.rank.after_import import AfterImport as _AfterImport
+from workers.rank.prime_stop import CacheGrowth
+from workers.rank.probe_steps import Probe, ProbeStop
+from workers.rank.rank_end import arm_watchdog, destroy_process_group, end_children
 from workers.trainer_path import enter_trainer_path
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import psutil
 
-from protocol.gpu_library import gpu_library, lib_call, lib_const, lib_fn
-from protocol.quiet_host import ForeignGpuProcess, ForeignProcess, GpuState, QuietHost, public_name
+from protocol.host.gpu_library import gpu_library, lib_call, lib_const, lib_fn
+from protocol.host.quiet_host import ForeignGpuProcess, ForeignProcess, GpuState, QuietHost, public_name
 
 TOP = 5
 PID_NAMESPACE_ENV = "ORCH_PACKAGE_PID_NAMESPACE"  # set by orchestrator/isolation/ns_init.py (the same literal there)
@@ -48,7 +48,7 @@ def _proc_stat() -> tuple[int, int] | None:
     return (values[7] if len(values) > 7 else 0), sum(values)
 
 
-_public_name = public_name  # one definition (protocol.quiet_host); orch's host watch uses it too
+_public_name = public_name  # one definition (protocol.host.quiet_host); orch's host watch uses it too
 
 
 def _cpu_times() -> dict[int, tuple[str, float]]:

@@ -13,7 +13,7 @@ from protocol.fileio import regular_sha256
 from protocol.package import PackageSpec
 from protocol.results import ReloadRank, ReloadResult
 from workers.common import WorkerFailed, run_entry_point
-from workers.digest import combined_digest, digest_many
+from workers.rank.digest import combined_digest, digest_many
 
 
 def checkpoint_tensors(doc: dict[str, Any], device: str) -> dict[str, Any]:

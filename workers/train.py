@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 from pydantic import ValidationError
 
-from protocol.clock import (
+from protocol.fileio import read_regular, regular_sha256
+from protocol.host.clock import (
     STEP_ABS_TOL_S,
     STEP_REL_TOL,
     WINDOW_ABS_TOL_S,
@@ -25,14 +26,13 @@ from protocol.clock import (
     independent_bounds,
     independent_durations,
 )
-from protocol.fileio import read_regular, regular_sha256
 from protocol.package import PackageSpec
 from protocol.process import die_with_parent, process_started
 from protocol.results import ObservedRecipe, ProbeSummary, RankSummary, StepRecord, TrainResult
 from workers.clock import StepClock
 from workers.common import WorkerFailed, run_entry_point
 from workers.quiet_host import HostWatch
-from workers.rank_end import kill_and_wait
+from workers.rank.rank_end import kill_and_wait
 from workers.rank_failure import RANK_FAILED_LINE, failure_cause, killed_rank, signal_name, wait_or_hung
 from workers.torchrun import torchrun_command
 
@@ -146,7 +146,7 @@ def check_clock(
     spec: PackageSpec, rank: int, summary: ProbeSummary, records: list[StepRecord], clock: StepClock
 ) -> ClockCheck:
     """Refuse step times the trainer could have faked: a replaced clock function, or durations that disagree
-    with the kernel's stamps of the probe's clock lines beyond the tolerance (protocol.clock)."""
+    with the kernel's stamps of the probe's clock lines beyond the tolerance (protocol.host.clock)."""
     replaced = summary.clock_replaced
     if replaced:
         names = ", ".join(f"time.{n} (from step {s})" for n, s in sorted(replaced.items()))

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import ValidationError
 
-from ledger.cost import merkle
+import ledger.cost.merkle as merkle
 from ledger.cost.hints import extend_index, read_tail_hint, write_tail_hint
 from ledger.cost.layout import Columns, frame, index_valid, layout
 from ledger.cost.merkle import TreeHead

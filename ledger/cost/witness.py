@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.cost import merkle
+import ledger.cost.merkle as merkle
 from ledger.cost.merkle import TreeHead
 from ledger.cost.salt import ledger_salt
 from ledger.cost.store import Ledger

@@ -1,4 +1,4 @@
-"""The verdict of a run: its evidence loaded and checked, the owner's windows and their statistics, exactness,
-the audit document and its renderings. Import the parts from their modules (a verdict's exit code:
-ledger.verdict.decision.exit_code); this face imports nothing, so no module of the package runs through it.
+"""The verdict of a run, in two rooms: decide/ (the run's evidence loaded and checked, exactness, the owner's windows,
+their statistics and the verdict rule) and documents/ (the audit document, its blocks and renderings, `orch audit`).
+documents imports decide, never the reverse. This face imports nothing: import the parts from their modules.
 """

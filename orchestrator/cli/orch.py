@@ -159,7 +159,7 @@ def audit(
 
     Exit 0 for accepted or no difference shown, 1 for not exact or when there is no audit (the same as launch).
     """
-    from ledger.verdict.audit import MIX_REFUSAL, audit_command
+    from ledger.verdict.documents.audit import MIX_REFUSAL, audit_command
 
     def run() -> dict[str, Any]:
         if ctx.args:
@@ -337,7 +337,7 @@ def launch_command(protocol: Path, home: Path | None, lock_timeout: float | None
         typer.echo(err.result.run_id)
         err.document = err.result.as_json()
         raise
-    from ledger.verdict.decision import exit_code
+    from ledger.verdict.decide.decision import exit_code
 
     typer.echo(result.run_id)
     doc = result.as_json()

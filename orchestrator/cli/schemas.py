@@ -22,7 +22,7 @@ def schema_document(kind: str) -> dict[str, Any]:
 
         schema = RecipeFile.model_json_schema(by_alias=True)
     elif kind == "calibration":
-        from ledger.verdict.calibration import Calibration
+        from ledger.verdict.decide.calibration import Calibration
 
         schema = Calibration.model_json_schema(by_alias=True)
     elif kind == "audit":

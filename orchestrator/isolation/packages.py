@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.isolation import interrupts
+import orchestrator.isolation.interrupts as interrupts
 from orchestrator.isolation.package_isolation import PackageIsolation, fresh_folders, isolate
 from orchestrator.isolation.process_group import exit_status, spawn_in_group, terminate_group, wait_group
 from orchestrator.isolation.stragglers import TOKEN_VAR, end_stragglers, new_token

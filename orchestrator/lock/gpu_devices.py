@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from protocol.errors import UsageError
-from protocol.gpu_library import gpu_library, lib_call
+from protocol.host.gpu_library import gpu_library, lib_call
 
 ENV_FAKE_NVML = "GPU_RUN_FAKE_NVML"
 UNKNOWN_BYTES = -1  # NVML could not say how much memory a process uses: treated as busy

@@ -1,7 +1,7 @@
 """`orch calibrate PROTOCOL [--repeats K]`: K separate A/A launches (the candidate arm replaced by the baseline, one
 triplet each, 5 by default) that measure this host's spread between fresh launches for the workload, recorded in the
 ledger against the host fingerprint, protocol id and baseline workload; later audits pool it
-(ledger/verdict/stats.py paired_interval).
+(ledger/verdict/decide/stats.py paired_interval).
 
 Why launches, not triplets of one launch: the owner's run is one launch of one triplet, so its d varies as much as
 separate launches do. Triplets inside one launch share its conditions (the host's load in those minutes, its checks
@@ -22,9 +22,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from ledger.cost.store import Ledger
-from ledger.verdict.calibration import CALIBRATION_FILE, Calibration, fingerprint
-from ledger.verdict.noise import aa_step_spread
-from ledger.verdict.stats import Spread, paired_interval, pooled, triplets_needed
+from ledger.verdict.decide.calibration import CALIBRATION_FILE, Calibration, fingerprint
+from ledger.verdict.decide.noise import aa_step_spread
+from ledger.verdict.decide.stats import Spread, paired_interval, pooled, triplets_needed
 from orchestrator.run.launch import LaunchResult, launch
 from protocol.errors import FailedError, UsageError
 from protocol.fileio import write_atomic

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from protocol.gpu_library import lib_call, lib_const
-from protocol.quiet_host import WatchUtil
+from protocol.host.gpu_library import lib_call, lib_const
+from protocol.host.quiet_host import WatchUtil
 
 
 class UtilSampler:

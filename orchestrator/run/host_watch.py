@@ -20,9 +20,9 @@ from typing import Any
 from orchestrator.isolation.stragglers import TOKEN_VAR
 from orchestrator.run.gpu_busy import UtilSampler
 from protocol.fileio import write_atomic
-from protocol.gpu_library import gpu_library, lib_call
 from protocol.hashing import canonical_json, sha256_file
-from protocol.quiet_host import (
+from protocol.host.gpu_library import gpu_library, lib_call
+from protocol.host.quiet_host import (
     HOST_WATCH_FILE,
     HostWatchLog,
     HostWatchRef,

@@ -348,7 +348,7 @@ def outcome(ctx: RunContext, end: RunEnd) -> LaunchResult:
 
 def audit(ctx: RunContext, result: LaunchResult, say: Callable[[str], None]) -> LaunchResult:
     """The evidence is complete: the audit is computed and written now, before anyone reads a quality metric."""
-    from ledger.verdict.audit import audit_run
+    from ledger.verdict.documents.audit import audit_run
 
     audited = audit_run(ctx.home.root, ctx.run_id)
     result.audit = audited.document

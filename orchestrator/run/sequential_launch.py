@@ -2,7 +2,7 @@
 the rule's first look on, the interval of the triplets recorded so far; the plan grows one triplet until the rule stops.
 
 The look uses the audit's functions on the recorded train results: step lines -> window ratios -> d -> the rule's
-repeated interval, with the host's calibration found as the audit finds it (ledger/verdict/calibration.py).
+repeated interval, with the host's calibration found as the audit finds it (ledger/verdict/decide/calibration.py).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from ledger.cost.store import Ledger
-from ledger.verdict.calibration import calibration_step_spread, find_calibration
-from ledger.verdict.evidence import read_steps
-from ledger.verdict.noise import ArmSpread, NoiseEvidence, baseline_disagreement, triplet_arm_spread
-from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.sequential_doc import Look, asked_record, calibration_spread, look, run_rule
-from ledger.verdict.stats import Spread, triplet_log_speedup
-from ledger.verdict.windows import speedup, step_times
+from ledger.verdict.decide.calibration import calibration_step_spread, find_calibration
+from ledger.verdict.decide.evidence import read_steps
+from ledger.verdict.decide.noise import ArmSpread, NoiseEvidence, baseline_disagreement, triplet_arm_spread
+from ledger.verdict.decide.sequential import SequentialRule
+from ledger.verdict.decide.sequential_doc import Look, asked_record, calibration_spread, look, run_rule
+from ledger.verdict.decide.stats import Spread, triplet_log_speedup
+from ledger.verdict.decide.windows import speedup, step_times
 from protocol.errors import FailedError
 from protocol.home import Home
 from protocol.plan import Triplet, triplets
@@ -82,7 +82,7 @@ def begin(ctx: RunContext, until_decided: int | None, say: Callable[[str], None]
 
 def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> tuple[float, ArmSpread | None, float]:
     """d of one recorded triplet: the mean log of its window ratios, from its train packages' step lines; its arms'
-    step contrasts and its A/B contrast u (ledger/verdict/noise.py), as the audit reads them."""
+    step contrasts and its A/B contrast u (ledger/verdict/decide/noise.py), as the audit reads them."""
     times: dict[str, list[float]] = {}
     for role, label in t.labels.items():
         rel = f"packages/train-{label}"

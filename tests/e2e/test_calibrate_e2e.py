@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launchutil import MINIMAL_PROTOCOL, edit_protocol, env, launch_cmd, make_minimal_project, one_rank, orch, records
 
-from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
+from ledger.verdict.decide.calibration import CALIBRATION_FILE, Calibration
 from protocol.schema import load_protocol
 
 
@@ -79,8 +79,8 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
     iv2 = doc["interval"]
     assert iv2["bounded"] and (iv2["triplets"], iv2["variance_source"]) == (1, "calibration")
     # the calibration records the baseline's step SD, so it is scaled by the candidate's within-launch noise R
-    # (issue 34, ledger/verdict/noise.py): SD times sqrt(max(R, r0)) (issue 52: a steadier candidate never narrows
-    # it below the calibration's own interval), with the equivalent df of that statistic
+    # (issue 34, ledger/verdict/decide/noise.py): SD times sqrt(max(R, r0)) (issue 52: a steadier candidate never
+    # narrows it below the calibration's own interval), with the equivalent df of that statistic
     noise = iv2["noise"]
     assert cal.step_sd is not None and iv2["df"] == noise["equivalent_df"] and 0 < iv2["df"]
     assert iv2["calibration_used"]["run_id"] == run_id

@@ -37,7 +37,7 @@ from launchutil import (
 )
 
 from ledger.cost.store import Ledger
-from ledger.verdict.decision import exit_code as verdict_exit_code
+from ledger.verdict.decide.decision import exit_code as verdict_exit_code
 from protocol.results import ReloadResult, StepRecord, TrainResult
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from launchutil import MINIMAL_PROTOCOL, edit_protocol, env, launch_cmd, make_minimal_project, one_rank, records
 
-from ledger.verdict.sequential_doc import rule_of, sequential_doc
-from ledger.verdict.stats import triplet_log_speedup
+from ledger.verdict.decide.sequential_doc import rule_of, sequential_doc
+from ledger.verdict.decide.stats import triplet_log_speedup
 from protocol.plan import package_names
 from protocol.schema import load_protocol
 from protocol.sequential_run import SequentialRecord

@@ -20,10 +20,10 @@ import pytest
 from cliutil import orch
 
 from ledger.cost.store import Ledger
-from ledger.verdict.audit import audit_run
-from ledger.verdict.calibration import CALIBRATION_FILE, Calibration
-from ledger.verdict.document import AUDIT_SCHEMA, canonical_bytes
-from ledger.verdict.evidence import IncompleteRunError
+from ledger.verdict.decide.calibration import CALIBRATION_FILE, Calibration
+from ledger.verdict.decide.evidence import IncompleteRunError
+from ledger.verdict.documents.audit import audit_run
+from ledger.verdict.documents.document import AUDIT_SCHEMA, canonical_bytes
 from manifests.core import hash_tree
 from protocol.errors import FailedError
 from protocol.home import resolve_home
@@ -543,7 +543,7 @@ def test_fp16_op_is_named(tmp_path: Path) -> None:
 
 
 def test_what_the_watch_let_through_and_could_not_inspect_is_shown(tmp_path: Path) -> None:
-    from ledger.verdict.report import exactness_lines
+    from ledger.verdict.documents.report import exactness_lines
 
     make_run(tmp_path, spec=RunSpec(watch=True, calibrated=True))
     doc = audit_run(tmp_path, "run1").document
@@ -740,7 +740,7 @@ def test_the_audit_names_its_frozen_recipe_file_in_json_markdown_and_terminal(tm
 
     from rich.console import Console
 
-    from ledger.verdict.report import render_terminal
+    from ledger.verdict.documents.report import render_terminal
 
     make_run(tmp_path, "run1")
     result = audit_run(tmp_path, "run1")

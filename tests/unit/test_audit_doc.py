@@ -26,7 +26,7 @@ def test_the_recorded_audit_is_an_audit_document() -> None:
 def test_an_a_a_audit_names_the_protocol_it_calibrates() -> None:
     doc = json.loads(GOLDEN_AUDIT.read_bytes())
     of = {"protocol_id": "65f0dacd" + "0" * 56, "protocol_name": "r3-mini-cpu2"}
-    audit = AuditDocument.model_validate({**doc, "calibration_of": of})  # what ledger/verdict/document.py writes
+    audit = AuditDocument.model_validate({**doc, "calibration_of": of})  # what documents/document.py writes
     assert audit.calibration_of is not None and audit.calibration_of.protocol_name == "r3-mini-cpu2"
     with pytest.raises(ValidationError):
         AuditDocument.model_validate({**doc, "calibration_of": {"protocol_id": "x"}})

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from test_audit import WRITTEN, make_run
 
-from ledger.verdict.audit import audit_run
-from ledger.verdict.evidence import IncompleteRunError
+from ledger.verdict.decide.evidence import IncompleteRunError
+from ledger.verdict.documents.audit import audit_run
 
 
 @pytest.mark.parametrize("status", ["interrupted", "failed", "running"])

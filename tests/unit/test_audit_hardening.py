@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from test_audit import RunSpec, make_run
 
-from ledger.verdict.audit import audit_run
-from ledger.verdict.evidence import IncompleteRunError
-from ledger.verdict.recipe_check import structure_differences
+from ledger.verdict.decide.evidence import IncompleteRunError
+from ledger.verdict.decide.recipe_check import structure_differences
+from ledger.verdict.documents.audit import audit_run
 from protocol.recipe import ObserveFrozen, v1_recipe
 from protocol.results import ObservedRecipe, ParamGroup
 
@@ -131,7 +131,7 @@ def test_a_run_recorded_before_the_replay_is_refused_in_one_line(tmp_path: Path)
 def test_the_audit_names_each_packages_isolation_and_what_it_left_open() -> None:
     """Issue 49: the audit says how packages were isolated; scan mode and the host's network are named with what
     they leave open, never silently."""
-    from ledger.verdict.isolation_doc import NAMESPACE_WORDS, isolation_doc, isolation_lines
+    from ledger.verdict.documents.isolation_doc import NAMESPACE_WORDS, isolation_doc, isolation_lines
     from protocol.run_record import PackageEntry, RunRecord
 
     run = RunRecord.model_validate_json(next((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(

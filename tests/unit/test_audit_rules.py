@@ -1,5 +1,5 @@
-"""ledger/verdict/audit.py rule by rule, in process: the refusal of evidence that does not verify, the audit's own
-ledger record, re-audits (recorded evidence is never rewritten, missing renderings come back, nothing recorded
+"""ledger/verdict/documents/audit.py rule by rule, in process: the refusal of evidence that does not verify, the audit's
+own ledger record, re-audits (recorded evidence is never rewritten, missing renderings come back, nothing recorded
 twice), the unsealing of the DEV score only after the record, and `orch audit`'s command function (what it prints,
 returns and refuses). Runs are fabricated by test_audit.make_run; every expected value is written out by hand.
 """
@@ -19,10 +19,10 @@ from test_audit import SCORE, WRITTEN, RunSpec, make_run, record_calibration, sy
 
 from ledger.cost.store import Ledger
 from ledger.cost.witness import WITNESS_FILE
-from ledger.verdict import audit
-from ledger.verdict.audit import _differing_keys, audit_command, audit_run, unseal_score
-from ledger.verdict.document import AUDIT_UNITS, DevScore, canonical_bytes
-from ledger.verdict.evidence import IncompleteRunError
+from ledger.verdict.decide.evidence import IncompleteRunError
+from ledger.verdict.documents import audit
+from ledger.verdict.documents.audit import _differing_keys, audit_command, audit_run, unseal_score
+from ledger.verdict.documents.document import AUDIT_UNITS, DevScore, canonical_bytes
 from protocol.errors import FailedError
 from protocol.home import resolve_home
 

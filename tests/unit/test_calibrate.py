@@ -21,9 +21,9 @@ from test_audit import (
 )
 
 from ledger.cost.store import Ledger
-from ledger.verdict.audit import audit_run
-from ledger.verdict.calibration import CALIBRATION_FILE, CalibrationV1, find_calibration
-from ledger.verdict.stats import Spread
+from ledger.verdict.decide.calibration import CALIBRATION_FILE, CalibrationV1, find_calibration
+from ledger.verdict.decide.stats import Spread
+from ledger.verdict.documents.audit import audit_run
 from orchestrator.run.calibrate import DEFAULT_REPEATS, aa_protocol, calibrate, launches_asked
 from protocol.errors import UsageError
 from protocol.home import resolve_home

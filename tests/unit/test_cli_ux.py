@@ -328,8 +328,8 @@ def test_every_declared_dependency_is_used() -> None:
     for dep in deps:
         name = re.split(r"[<>=;\[ ]", dep)[0].lower()
         module = imports.get(name, name.replace("-", "_"))
-        if name == "nvidia-ml-py":  # imported by name, when a GPU is first probed (protocol/gpu_library.py)
-            from protocol import gpu_library
+        if name == "nvidia-ml-py":  # imported by name, when a GPU is first probed (protocol/host/gpu_library.py)
+            from protocol.host import gpu_library
 
             assert gpu_library._LIB == module and "importlib.import_module(_LIB)" in sources
             continue

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.clock import compare, independent_bounds, independent_durations, read_arrivals
+from protocol.host.clock import compare, independent_bounds, independent_durations, read_arrivals
 from workers.clock import StepClock
 
 REPO = Path(__file__).resolve().parents[2]

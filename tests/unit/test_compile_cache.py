@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.verdict.compile_cache_doc import compile_cache_doc, diagnosis
+from ledger.verdict.documents.compile_cache_doc import compile_cache_doc, diagnosis
 from orchestrator.isolation.compile_cache import MANIFEST, RunCaches, inventory, kernel_name, tuned_digest, tuned_pick
 from protocol.errors import FailedError
 from protocol.run_record import CacheUse, PackageEntry, RunRecord
@@ -156,8 +156,8 @@ def test_the_audit_block_and_its_diagnosis(tmp_path: Path) -> None:
 def test_a_run_with_the_prime_package_is_read_with_it_and_one_without_it_as_recorded(tmp_path: Path) -> None:
     from test_audit import RunSpec, make_run
 
-    from ledger.verdict.audit import audit_run
-    from ledger.verdict.evidence import collect_evidence
+    from ledger.verdict.decide.evidence import collect_evidence
+    from ledger.verdict.documents.audit import audit_run
     from protocol.home import resolve_home
 
     make_run(tmp_path / "new", spec=RunSpec(calibrated=True, primed=True))
@@ -194,7 +194,7 @@ def test_the_audit_block_of_a_compile_none_run_names_the_packages_checked(tmp_pa
     doc = compile_cache_doc(run, {"train-A": 3.0}, True, "none")
     assert doc == {"mode": "none", "checked": ["checks", "train-A"], "prime_gpu_seconds": 0.0, "prime_share": 0.0,
                    "diagnosis": []}
-    from ledger.verdict.report import compile_cache_lines
+    from ledger.verdict.documents.report import compile_cache_lines
 
     assert compile_cache_lines({"compile_cache": doc}) == [
         "compile cache: measurement.compile none: no prime; 2 package(s) checked, each compiled and tuned nothing"]
@@ -224,7 +224,7 @@ def test_a_shortened_prime_names_every_baseline_launch_that_compiled_what_it_did
                                   _entry("train-C", "train", "C", _use("d0", own, 1)),
                                   _entry("train-B", "train", "B", _use("d0"))])
     assert compile_cache_doc(clean, {}, exact=True, prime_steps=(2, 16))["unprimed"] == []  # type: ignore[index]
-    from ledger.verdict.report import compile_cache_lines
+    from ledger.verdict.documents.report import compile_cache_lines
 
     lines = compile_cache_lines({"compile_cache": doc})
     assert lines[0].endswith("; the prime ran 2 of the steps (measurement.prime_steps)")
@@ -316,7 +316,7 @@ def test_reading_a_package_copy_never_waits_on_a_fifo_or_follows_a_link(tmp_path
 
 
 def test_the_audit_reads_the_manifest_back(tmp_path: Path) -> None:
-    from ledger.verdict.evidence import compile_cache_manifest_problems
+    from ledger.verdict.decide.evidence import compile_cache_manifest_problems
 
     caches = _primed(tmp_path)
     use = caches.seal_baseline()

@@ -1,4 +1,4 @@
-"""The verdict's own rules (ledger/verdict/decision.py, interval_doc.py) on hand-made intervals and step times.
+"""The verdict's own rules (ledger/verdict/decide/decision.py, interval_doc.py) on hand-made intervals and step times.
 
 Every expected value is worked out by hand from the rule in DESIGN.md section 5, never from the code under test.
 """
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ledger.verdict.decision import (
+from ledger.verdict.decide.decision import (
     HOW_TO_BOUND,
     OutlierEffect,
     decide,
@@ -24,10 +24,10 @@ from ledger.verdict.decision import (
     verdict_interval,
     window_ratios,
 )
-from ledger.verdict.interval_doc import audit_note, interval_doc, interval_text, verdict_lines
-from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.sequential_doc import sequential_doc
-from ledger.verdict.stats import Interval, Outlier, Spread, SpreadCheck, paired_interval
+from ledger.verdict.decide.sequential import SequentialRule
+from ledger.verdict.decide.sequential_doc import sequential_doc
+from ledger.verdict.decide.stats import Interval, Outlier, Spread, SpreadCheck, paired_interval
+from ledger.verdict.documents.interval_doc import audit_note, interval_doc, interval_text, verdict_lines
 from protocol.plan import Triplet
 
 

@@ -1,5 +1,5 @@
 """The verdict's branches that only a flagged window, a flagged A/B triplet or an unnamed triplet reach
-(ledger/verdict/decision.py), pinned where mutation testing found them untested: the direction of each check, its
+(ledger/verdict/decide/decision.py), pinned where mutation testing found them untested: the direction of each check, its
 boundary at 1, and how the sentence names what it refused."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from ledger.verdict.decision import (
+from ledger.verdict.decide.decision import (
     ACCEPTED,
     NO_DIFFERENCE,
     BaselineEffect,
@@ -25,8 +25,8 @@ from ledger.verdict.decision import (
     triplet_speedups,
     window_effects,
 )
-from ledger.verdict.noise import NoiseEvidence, arm_spread, noise_scale, ratio_floor, without_window
-from ledger.verdict.stats import Interval, Outlier, Spread, paired_interval
+from ledger.verdict.decide.noise import NoiseEvidence, arm_spread, noise_scale, ratio_floor, without_window
+from ledger.verdict.decide.stats import Interval, Outlier, Spread, paired_interval
 from protocol.plan import Triplet
 
 

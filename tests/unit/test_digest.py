@@ -16,8 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.digest import combined_digest, digest_cpu, digest_many
-from workers.tx128 import tensor_header, tx128_finalize, tx128_lanes_reference, tx128_reference
+from workers.rank.digest import combined_digest, digest_cpu, digest_many
+from workers.rank.tx128 import tensor_header, tx128_finalize, tx128_lanes_reference, tx128_reference
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -94,8 +94,8 @@ def test_tx128_position_dependent_and_length_bound() -> None:
 
 _KERNEL_CHECK = r"""
 import numpy as np, torch
-from workers.tx128 import tx128_reference
-from workers.digest_triton import tx128_cuda_many
+from workers.rank.tx128 import tx128_reference
+from workers.rank.digest_triton import tx128_cuda_many
 dev = "{device}"
 g = torch.Generator().manual_seed(0)
 cases = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in {sizes}]
@@ -139,9 +139,9 @@ def test_triton_kernel_equals_reference_cuda() -> None:
 
 _BATCH_CHECK = r"""
 import torch
-from workers.tx128 import tx128_reference
-from workers.digest_triton import tx128_cuda_many
-from workers.digest_triton_compare import tx128_cuda_many_per_tensor, tx128_cuda_many_two_launch
+from workers.rank.tx128 import tx128_reference
+from workers.rank.digest_triton import tx128_cuda_many
+from workers.rank.digest_triton_compare import tx128_cuda_many_per_tensor, tx128_cuda_many_two_launch
 dev = "{device}"
 g = torch.Generator().manual_seed(1)
 dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.uint8]
@@ -178,7 +178,7 @@ for rnd in range(2):  # the second round: same shapes (cached launch tables), ne
     assert tx128_cuda_many(ts[::-1]) == ref[::-1]  # order of the batch does not matter
     # the wide (int64) chunk arithmetic that only a tensor of 2^29 chunks (8 GiB) turns on, forced: same values
     import dataclasses
-    import workers.digest_triton as dt
+    import workers.rank.digest_triton as dt
     narrow = dt._group_table
     dt._group_table = lambda *a: None if narrow(*a) is None else dataclasses.replace(narrow(*a), wide=True)
     try:
@@ -230,7 +230,7 @@ def test_tx128_batch_equals_reference_and_per_tensor_cuda() -> None:
 @pytest.mark.cuda
 def test_digest_many_on_cuda_equals_per_tensor_and_sha256_of_cpu_tensors() -> None:
     """The probe's call: CUDA tensors (launch groups overlapped with the walk), CPU ones (SHA256) in one mapping."""
-    from workers.digest_triton_compare import tx128_cuda_many_per_tensor
+    from workers.rank.digest_triton_compare import tx128_cuda_many_per_tensor
 
     g = torch.Generator().manual_seed(3)
     cuda = {f"c{i}": torch.randn(int(n), generator=g).cuda() for i, n in enumerate(torch.randint(1, 1 << 20, (80,)))}
@@ -250,7 +250,7 @@ def test_digest_many_on_cuda_equals_per_tensor_and_sha256_of_cpu_tensors() -> No
 def test_header_cache_follows_dtype_and_shape_at_the_same_address() -> None:
     """The header cache against tx128_finalize: views of one allocation (same address, same byte length) in any
     order and mix, each with its own header, on repeated calls (cached then)."""
-    from workers.digest_triton import finalize_rows, header_states
+    from workers.rank.digest_triton import finalize_rows, header_states
 
     raw = torch.arange(64, dtype=torch.uint8)
     views = [raw, raw.view(torch.float32), raw.view(torch.int64).reshape(2, 4), raw.view(torch.bfloat16).reshape(4, 8),
@@ -285,7 +285,7 @@ def test_launch_table_gives_every_block_of_every_tensor_to_one_program(
 ) -> None:
     """The table kernel's walk, replayed from its table: each program's contiguous range, the tensor switch at each
     first block, the tails; every whole chunk is read once, by the row of its tensor, whatever block and grid."""
-    from workers.digest_triton import _group_table
+    from workers.rank.digest_triton import _group_table
 
     anchor = 1 << 20
     ptrs, at = [], anchor + 4096

@@ -1,5 +1,5 @@
-"""ledger/verdict/dist.py returns what scipy.stats' t, f and norm return, bit for bit (the sign of a zero and every
-NaN's place included), over the verdict's domain and beyond it; and `orch launch`'s module no longer imports
+"""ledger/verdict/decide/dist.py returns what scipy.stats' t, f and norm return, bit for bit (the sign of a zero and
+every NaN's place included), over the verdict's domain and beyond it; and `orch launch`'s module no longer imports
 scipy.stats when it starts."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from ledger.verdict import dist
+from ledger.verdict.decide import dist
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ def test_normal_density_refuses_a_scale_that_is_not_positive(scale: float) -> No
 def test_orch_launch_starts_without_scipy_stats_or_optimize() -> None:
     """What the move is for: `orch launch` and `orch audit` import the verdict at start; scipy.stats (and
     scipy.optimize, needed only with a calibration or a sequential stop) are imported where they are used."""
-    code = ("import sys, orchestrator.run.launch, orchestrator.run.calibrate, ledger.verdict.audit; "
+    code = ("import sys, orchestrator.run.launch, orchestrator.run.calibrate, ledger.verdict.documents.audit; "
             "print(sorted(m for m in sys.modules if m.startswith(('scipy.stats', 'scipy.optimize'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

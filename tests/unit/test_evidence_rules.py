@@ -1,4 +1,4 @@
-"""ledger/verdict/evidence.py rule by rule: each loader's words for a missing, unreadable or malformed piece, the
+"""ledger/verdict/decide/evidence.py rule by rule: each loader's words for a missing, unreadable or malformed piece, the
 ledger's view of every package, the step files, and what collect_evidence returns for a complete run.
 
 The expected lines are written out by hand from the rules (and pydantic's or json's own message for the cause),
@@ -19,8 +19,8 @@ from pydantic import BaseModel
 from test_audit import RunSpec, _steps, make_run
 
 from ledger.cost.record import LedgerRecord
-from ledger.verdict import evidence as evidence_module
-from ledger.verdict.evidence import (
+from ledger.verdict.decide import evidence as evidence_module
+from ledger.verdict.decide.evidence import (
     PACKAGES,
     IncompleteRunError,
     _load_model,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.verdict.exactness import final_and_reload, first_digest_mismatch, first_rng_mismatch, replay_mismatch
-from ledger.verdict.mismatch import Mismatch
+from ledger.verdict.decide.exactness import final_and_reload, first_digest_mismatch, first_rng_mismatch, replay_mismatch
+from ledger.verdict.decide.mismatch import Mismatch
 from protocol.plan import ROLES
 from protocol.results import (
     ObservedRecipe,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ledger.verdict.exactness import Exactness, ForbiddenSeen, exactness
-from ledger.verdict.mismatch import Mismatch
+from ledger.verdict.decide.exactness import Exactness, ForbiddenSeen, exactness
+from ledger.verdict.decide.mismatch import Mismatch
 from protocol.plan import ROLES
 from protocol.results import (
     ForbiddenOp,

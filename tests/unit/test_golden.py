@@ -19,7 +19,7 @@ import pytest
 from ledger.cost.record import canonical_json as record_canonical_json
 from ledger.cost.record import seal
 from ledger.cost.store import Ledger
-from ledger.verdict.document import canonical_bytes
+from ledger.verdict.documents.document import canonical_bytes
 from manifests.core import Entry, hash_tree, load_manifest, root_digest
 from protocol.plan import package_names
 from protocol.schema import Protocol, canonical_json, load_protocol, protocol_id

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ledger.verdict.gpu_busy import (
+from ledger.verdict.decide.gpu_busy import (
     LAUNCH_BOUND_BELOW,
     busy_of,
     expected_width,
@@ -20,11 +20,11 @@ from ledger.verdict.gpu_busy import (
     launch_busy,
     window_intervals,
 )
-from ledger.verdict.stats import Position, Spread, paired_interval, triplets_needed
+from ledger.verdict.decide.stats import Position, Spread, paired_interval, triplets_needed
 from orchestrator.run import host_watch
 from orchestrator.run.gpu_busy import UtilSampler
 from orchestrator.run.host_watch import HostWatcher
-from protocol.quiet_host import HOST_WATCH_FILE, HostWatchLog, WatchSample, WatchUtil
+from protocol.host.quiet_host import HOST_WATCH_FILE, HostWatchLog, WatchSample, WatchUtil
 
 
 class FakeNvml:
@@ -84,7 +84,7 @@ class FakeNvml:
         return SimpleNamespace(gpu=int(self.percent[h]), memory=0)
 
 
-# the library's spelling of each function (protocol/gpu_library.py: its lower-case prefix is never written out)
+# the library's spelling of each function (protocol/host/gpu_library.py: its lower-case prefix is never written out)
 for _name in ("Init", "Shutdown", "DeviceGetCount", "DeviceGetHandleByIndex", "DeviceGetComputeRunningProcesses",
               "DeviceGetGraphicsRunningProcesses", "DeviceGetSamples", "DeviceGetUtilizationRates"):
     setattr(FakeNvml, "NVML".lower() + _name, getattr(FakeNvml, _name))

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ledger.verdict.host_watch import (
+from ledger.verdict.decide.host_watch import (
     CPU_SHARE_MAX,
     busy_windows,
     host_watch_block,
@@ -23,7 +23,7 @@ from ledger.verdict.host_watch import (
 )
 from orchestrator.isolation.stragglers import TOKEN_VAR
 from orchestrator.run.host_watch import HostWatcher, descendants, package_devices, read_proc, snapshot
-from protocol.quiet_host import HOST_WATCH_FILE, HostWatchLog, WatchGpu, WatchSample
+from protocol.host.quiet_host import HOST_WATCH_FILE, HostWatchLog, WatchGpu, WatchSample
 from protocol.run_record import PackageEntry
 
 BURN = ("import os,sys,time\nos.sched_setaffinity(0,{int(sys.argv[1])})\nt=time.time()\n"

@@ -41,7 +41,7 @@ def test_the_drafted_scorer_loads_a_sharded_checkpoint_whole(tmp_path: Path, mon
     w = torch.arange(12.0).reshape(4, 3)
     meta = {"module.w": {"global_shape": [4, 3], "placement": "shard0"},
             "module._orig_mod.b": {"global_shape": [2], "placement": "replicate"}}
-    for rank in (0, 1):  # the probe's orch.ckpt/1 files of two ranks (workers/probe_model.save_checkpoint)
+    for rank in (0, 1):  # the probe's orch.ckpt/1 files of two ranks (workers/rank/probe_model.save_checkpoint)
         params = {"module.w": w[2 * rank: 2 * rank + 2].clone(), "module._orig_mod.b": torch.tensor([1.0, 2.0])}
         torch.save({"schema": "orch.ckpt/1", "rank": rank, "world_size": 2, "params": params, "param_meta": meta,
                     "optim": {}, "devices": {}}, ckpt / f"rank{rank}.pt")

@@ -1,4 +1,4 @@
-"""ledger/verdict/integrity.py: what run.json records (through its model) is checked against the sealed copies,
+"""ledger/verdict/decide/integrity.py: what run.json records (through its model) is checked against the sealed copies,
 the protocol copy, the results and the ledger, one line per problem."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from test_audit import make_run
 
 from ledger.cost.store import Ledger
-from ledger.verdict.evidence import collect_evidence
-from ledger.verdict.integrity import verify_integrity
+from ledger.verdict.decide.evidence import collect_evidence
+from ledger.verdict.decide.integrity import verify_integrity
 from protocol.home import resolve_home
 from protocol.run_record import RunRecord
 

@@ -1,6 +1,6 @@
-"""ledger/verdict/integrity.py rule by rule: the ledger's own verify, each arm's seal and commitment, each package's
-result digest against the ledger and run.json, the score's sealed file, the step files; one line per problem, in
-that order. The evidence is a fabricated complete run (test_audit.make_run), altered on disk or in the loaded
+"""ledger/verdict/decide/integrity.py rule by rule: the ledger's own verify, each arm's seal and commitment, each
+package's result digest against the ledger and run.json, the score's sealed file, the step files; one line per problem,
+in that order. The evidence is a fabricated complete run (test_audit.make_run), altered on disk or in the loaded
 RunEvidence; each expected line is written out by hand.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 from test_audit import make_run
 
 from ledger.cost.store import Ledger
-from ledger.verdict.evidence import RunEvidence, collect_evidence
-from ledger.verdict.integrity import verify_integrity
+from ledger.verdict.decide.evidence import RunEvidence, collect_evidence
+from ledger.verdict.decide.integrity import verify_integrity
 from protocol.home import resolve_home
 from protocol.schema import Protocol
 

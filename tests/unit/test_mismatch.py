@@ -1,8 +1,8 @@
-"""ledger/verdict/mismatch.py: where two arms first disagree, said in one line."""
+"""ledger/verdict/decide/mismatch.py: where two arms first disagree, said in one line."""
 
 from __future__ import annotations
 
-from ledger.verdict.mismatch import Mismatch, by_step
+from ledger.verdict.decide.mismatch import Mismatch, by_step
 from protocol.results import RngFingerprint, StepRecord
 
 

@@ -9,12 +9,12 @@ import pytest
 from protocolutil import BAGEL, bagel_variant
 from typer.testing import CliRunner
 
-from ledger.verdict.recipe_check import model_differences
+from ledger.verdict.decide.recipe_check import model_differences
 from orchestrator.cli.orch import app
 from protocol.errors import RefusedError
 from protocol.results import ObservedRecipe
 from protocol.schema import canonical_json, load_protocol
-from workers.model_shape import layer_counts
+from workers.rank.model_shape import layer_counts
 
 runner = CliRunner()
 

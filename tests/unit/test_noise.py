@@ -1,6 +1,6 @@
-"""The candidate-noise check (ledger/verdict/noise.py, issue 34): the step contrasts cancel what they must, the scaled
-pivot's critical value against a Monte Carlo and its limits, the K = 1 interval's coverage for a noisier candidate
-under the scale model, the window check that keeps one window from deciding, old calibrations kept readable.
+"""The candidate-noise check (ledger/verdict/decide/noise.py, issue 34): the step contrasts cancel what they must, the
+scaled pivot's critical value against a Monte Carlo and its limits, the K = 1 interval's coverage for a noisier
+candidate under the scale model, the window check that keeps one window from deciding, old calibrations kept readable.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from ledger.verdict.calibration import Calibration, calibration_step_spread, read_calibration
-from ledger.verdict.decision import (
+from ledger.verdict.decide.calibration import Calibration, calibration_step_spread, read_calibration
+from ledger.verdict.decide.decision import (
     NO_DIFFERENCE,
     WindowEffect,
     baseline_effects,
@@ -23,8 +23,7 @@ from ledger.verdict.decision import (
     verdict_interval,
     window_effects,
 )
-from ledger.verdict.interval_doc import interval_doc
-from ledger.verdict.noise import (
+from ledger.verdict.decide.noise import (
     AB_FACTOR,
     NoiseEvidence,
     NoiseScale,
@@ -38,8 +37,9 @@ from ledger.verdict.noise import (
     triplet_arm_spread,
     without_window,
 )
-from ledger.verdict.stats import Outlier, Spread, paired_interval, t_critical
-from ledger.verdict.windows import Speedup, speedup
+from ledger.verdict.decide.stats import Outlier, Spread, paired_interval, t_critical
+from ledger.verdict.decide.windows import Speedup, speedup
+from ledger.verdict.documents.interval_doc import interval_doc
 
 
 def _times(rng: np.random.Generator, lam: float, sigma: float = 0.05, tau: float = 0.1, n: int = 6,

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workers.probe_model import is_module as _is_module  # noqa: E402
+from workers.rank.probe_model import is_module as _is_module  # noqa: E402
 
 
 class _LazyClient:

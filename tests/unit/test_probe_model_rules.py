@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workers import probe_model  # noqa: E402
-from workers.probe_model import collapse, discover, named_tensors, param_group, save_checkpoint  # noqa: E402
+from workers.rank import probe_model  # noqa: E402
+from workers.rank.probe_model import collapse, discover, named_tensors, param_group, save_checkpoint  # noqa: E402
 
 # a process's first optimizer imports torch's compiler stack (about 3 s here): done once, when the tests are collected
 # (mutmut forks each mutant's run from a process that has collected them)
@@ -232,10 +232,10 @@ class Tiny(torch.nn.Module):
 def test_an_adamw_with_a_linear_warm_up_is_observed_by_a_second_recipes_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The optimizer a Hugging Face Trainer builds (AdamW, a decay and a no-decay group, LambdaLR linear warm-up),
     observed by the probe's discovery and warm-up rule and checked by the observation specs of a recipe file."""
-    from ledger.verdict.recipe_check import recipe_differences
+    from ledger.verdict.decide.recipe_check import recipe_differences
     from protocol.recipe import parse_recipe
     from protocol.results import ObservedRecipe
-    from workers.probe_model import warmup_steps
+    from workers.rank.probe_model import warmup_steps
 
     net = Tiny()
     decay = [p for n, p in net.named_parameters() if p.requires_grad and n.endswith("weight")]

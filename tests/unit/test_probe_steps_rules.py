@@ -27,9 +27,9 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode  # noqa: E402
 
-from workers import probe_steps  # noqa: E402
-from workers.digest import digest_cpu  # noqa: E402
-from workers.probe_steps import Probe, ProbeStop  # noqa: E402
+from workers.rank import probe_steps  # noqa: E402
+from workers.rank.digest import digest_cpu  # noqa: E402
+from workers.rank.probe_steps import Probe, ProbeStop  # noqa: E402
 
 OPTIMIZER = importlib.import_module("torch.optim.optimizer")  # torch.optim's attribute of that name is gone
 # a process's first optimizer imports torch's compiler stack (about 3 s here): done once, when the tests are collected

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workers.probe_steps import Probe  # noqa: E402
+from workers.rank.probe_steps import Probe  # noqa: E402
 
 
 def test_a_step_excludes_the_probe_time_of_the_boundary_before_it(tmp_path: Path) -> None:

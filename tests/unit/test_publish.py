@@ -12,7 +12,7 @@ from test_audit import RunSpec, make_run
 
 from ledger.files.hygiene import scan_paths
 from ledger.files.publish import EVIDENCE_SCHEMA, publish_run
-from ledger.verdict.audit import audit_run
+from ledger.verdict.documents.audit import audit_run
 from protocol.errors import RefusedError
 
 

@@ -14,8 +14,8 @@ from typing import Any, cast
 
 import pytest
 
-from ledger.verdict.host_report import quiet_host_doc
-from protocol.quiet_host import ForeignGpuProcess, GpuState, QuietHost
+from ledger.verdict.documents.host_report import quiet_host_doc
+from protocol.host.quiet_host import ForeignGpuProcess, GpuState, QuietHost
 from protocol.results import TrainResult
 from workers.quiet_host import HostWatch
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.verdict.evidence import _run_recipe
-from ledger.verdict.recipe_check import recipe_differences as observed_differences
-from ledger.verdict.recipe_check import recipe_doc
+from ledger.verdict.decide.evidence import _run_recipe
+from ledger.verdict.decide.recipe_check import recipe_differences as observed_differences
+from ledger.verdict.decide.recipe_check import recipe_doc
 from protocol.errors import RefusedError
 from protocol.recipe import (
     RUN_COPY,

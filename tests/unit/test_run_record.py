@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 from test_audit import make_run
 
-from ledger.verdict.evidence import IncompleteRunError, collect_evidence
+from ledger.verdict.decide.evidence import IncompleteRunError, collect_evidence
 from protocol.home import resolve_home
 from protocol.package import TrainSpec
 from protocol.results import ObservedRecipe, ProbeSummary

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workers.scalars import TrainerNumbers, encode, text_numbers  # noqa: E402
+from workers.rank.scalars import TrainerNumbers, encode, text_numbers  # noqa: E402
 
 
 def test_text_numbers_keep_values_and_drop_times() -> None:

@@ -1,6 +1,6 @@
-"""The sequential stop (ledger/verdict/sequential.py): Lan-DeMets Pocock-type boundaries against published tables,
-the spending they realise (Monte Carlo of the random walk), the rule's looks and stops, and its false-accept rate
-under optional stopping with estimated variance (seeded Monte Carlo through the real rule).
+"""The sequential stop (ledger/verdict/decide/sequential.py): Lan-DeMets Pocock-type boundaries against published
+tables, the spending they realise (Monte Carlo of the random walk), the rule's looks and stops, and its false-accept
+rate under optional stopping with estimated variance (seeded Monte Carlo through the real rule).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from ledger.verdict.sequential import METHOD, SequentialRule, nominal_alphas, pocock_spending, t_alphas
-from ledger.verdict.stats import Spread, paired_interval, t_critical
+from ledger.verdict.decide.sequential import METHOD, SequentialRule, nominal_alphas, pocock_spending, t_alphas
+from ledger.verdict.decide.stats import Spread, paired_interval, t_critical
 
 # Lan-DeMets spending of Pocock type, K = 5 equally spaced looks, two-sided alpha 0.05: the published boundaries
 # (Jennison & Turnbull 2000, table 7.6; gsDesign / ldbounds give the same to 3 decimals)

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ledger.verdict.decision import NO_DIFFERENCE, baseline_effects, decide
-from ledger.verdict.noise import NoiseEvidence, baseline_outliers
-from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.sequential_doc import integrity, look, replay, sequential_doc
-from ledger.verdict.stats import Spread
+from ledger.verdict.decide.decision import NO_DIFFERENCE, baseline_effects, decide
+from ledger.verdict.decide.noise import NoiseEvidence, baseline_outliers
+from ledger.verdict.decide.sequential import SequentialRule
+from ledger.verdict.decide.sequential_doc import integrity, look, replay, sequential_doc
+from ledger.verdict.decide.stats import Spread
 from orchestrator.run import sequential_launch
 from orchestrator.run.sequential_launch import SequentialState, after_triplet
 from protocol.schema import Measurement

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from ledger.cost.store import Ledger
-from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.sequential_doc import (
+from ledger.verdict.decide.sequential import SequentialRule
+from ledger.verdict.decide.sequential_doc import (
     asked_record,
     calibration_spread,
     integrity,
@@ -28,7 +28,7 @@ from ledger.verdict.sequential_doc import (
     sequential_doc,
     triplets_taken,
 )
-from ledger.verdict.stats import Spread
+from ledger.verdict.decide.stats import Spread
 from manifests.core import hash_tree
 from orchestrator.isolation.packages import PackageOutcome
 from orchestrator.isolation.sealing import seal_arm

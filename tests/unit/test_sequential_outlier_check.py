@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.verdict import sequential_doc
-from ledger.verdict.decision import (
+from ledger.verdict.decide import sequential_doc
+from ledger.verdict.decide.decision import (
     NO_DIFFERENCE,
     OutlierEffect,
     decide,
@@ -15,9 +15,9 @@ from ledger.verdict.decision import (
     outlier_check,
     outlier_effects,
 )
-from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.sequential_doc import integrity, look, replay
-from ledger.verdict.stats import Outlier, Spread, outlier_triplets
+from ledger.verdict.decide.sequential import SequentialRule
+from ledger.verdict.decide.sequential_doc import integrity, look, replay
+from ledger.verdict.decide.stats import Outlier, Spread, outlier_triplets
 
 CAL = Spread(0.02, 4)
 TIGHT_WITH_OUTLIER = [0.05, 0.05, 0.05, 0.05, 0.05, 0.30]  # triplet 6 stands apart; the other five decide faster

@@ -1,4 +1,4 @@
-"""The paired verdict statistics (ledger/verdict/stats.py): quantiles against scipy and published tables, the
+"""The paired verdict statistics (ledger/verdict/decide/stats.py): quantiles against scipy and published tables, the
 pooling arithmetic worked by hand, the spread check and its fallback, K = 1 with and without a calibration, the
 outlier diagnostics with a planted outlier, invariants (hypothesis) and a seeded Monte Carlo of coverage.
 """
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from ledger.verdict.stats import (
+from ledger.verdict.decide.stats import (
     LEVEL,
     METHOD,
     Spread,
@@ -28,7 +28,7 @@ from ledger.verdict.stats import (
     variance_for,
     window_spread,
 )
-from ledger.verdict.windows import speedup
+from ledger.verdict.decide.windows import speedup
 
 # Published two-sided 95% Student t multipliers t(0.975, df).
 T975 = {1: 12.7062047, 2: 4.3026527, 4: 2.7764451, 6: 2.4469119, 7: 2.3646243, 8: 2.3060041}

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import transformers.trainer_callback as tc
 
+from workers.rank.scalars import TrainerNumbers
 from workers.rank_failure import wait_or_hung
-from workers.scalars import TrainerNumbers
 
 
 def test_a_trainers_log_reaches_the_probe_whatever_its_report_to(tmp_path: Path,

@@ -1,11 +1,11 @@
-"""ledger/verdict/trainer_numbers.py: the trainer's own numbers compared bit for bit, on hand-made step lines."""
+"""ledger/verdict/decide/trainer_numbers.py: the trainer's own numbers compared bit for bit, on hand-made step lines."""
 
 from __future__ import annotations
 
 import struct
 
-from ledger.verdict.mismatch import Mismatch
-from ledger.verdict.trainer_numbers import decode_scalar, first_scalar_mismatch, logged_nothing
+from ledger.verdict.decide.mismatch import Mismatch
+from ledger.verdict.decide.trainer_numbers import decode_scalar, first_scalar_mismatch, logged_nothing
 from protocol.results import RngFingerprint, StepRecord
 
 

@@ -11,11 +11,11 @@ import pytest
 from test_audit import make_run, record_calibration
 from test_calibrate import RECORDED_HOST, _synthetic_protocol_id
 
-from ledger.verdict import dist
-from ledger.verdict.audit import audit_run
-from ledger.verdict.calibration import fingerprint
-from ledger.verdict.noise import NoiseScale, baseline_outliers, critical_scaled, ratio_floor
-from ledger.verdict.stats import Position, Spread, paired_interval
+from ledger.verdict.decide import dist
+from ledger.verdict.decide.calibration import fingerprint
+from ledger.verdict.decide.noise import NoiseScale, baseline_outliers, critical_scaled, ratio_floor
+from ledger.verdict.decide.stats import Position, Spread, paired_interval
+from ledger.verdict.documents.audit import audit_run
 
 T4 = float(dist.t_ppf(0.975, 4))  # 2.7764451051977987
 

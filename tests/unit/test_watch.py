@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from workers.watch import WatchLog, graph_findings, inspect_compiled_graphs, make_watch
+from workers.rank.watch import WatchLog, graph_findings, inspect_compiled_graphs, make_watch
 
 REPO = Path(__file__).resolve().parents[2]
 # as upstream modeling/bagel/qwen2_navit.py does at import: a module-level compiled flex_attention
@@ -168,7 +168,7 @@ def _found_by_tree_leaves(func: Any, args: Any, kwargs: Any, out: Any) -> set[tu
     """see_op's definition: every tensor torch's pytree finds in the op's arguments and results."""
     from torch.utils._pytree import tree_leaves
 
-    from workers.watch import _int8_math, forbidden_dtype
+    from workers.rank.watch import _int8_math, forbidden_dtype
 
     op = str(func)
     base = op.split(".")[1] if op.startswith("aten.") else op
@@ -177,7 +177,7 @@ def _found_by_tree_leaves(func: Any, args: Any, kwargs: Any, out: Any) -> set[tu
 
 
 def test_see_op_finds_what_tree_leaves_finds_in_nested_arguments_and_results() -> None:
-    from workers.watch import see_op
+    from workers.rank.watch import see_op
 
     f32, f16, bf16 = torch.ones(2), torch.ones(2, dtype=torch.float16), torch.ones(2, dtype=torch.bfloat16)
     i8, f8 = torch.ones(2, 2, dtype=torch.int8), torch.ones(2, dtype=torch.float8_e4m3fn)

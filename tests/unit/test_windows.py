@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.verdict.windows import (
+from ledger.verdict.decide.windows import (
     coefficient_of_variation,
     speedup,
     step_times,

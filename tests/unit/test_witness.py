@@ -16,7 +16,7 @@ from test_audit import RunSpec, make_run
 from ledger.cost.store import Ledger
 from ledger.cost.witness import ENV_WITNESS, WITNESS_FILE, check_witnessed, ledger_id, witnessed_heads
 from ledger.files.publish import publish_run
-from ledger.verdict.audit import audit_run
+from ledger.verdict.documents.audit import audit_run
 from protocol.errors import FailedError
 from protocol.home import resolve_home
 

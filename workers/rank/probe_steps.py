@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from protocol.clock import CLOCK_FUNCTIONS
 from protocol.fileio import regular_sha256
+from protocol.host.clock import CLOCK_FUNCTIONS
 from protocol.results import ObservedRecipe, ProbeSummary
-from workers.digest import combined_digest, digest_many
-from workers.probe_model import discover, named_tensors, save_checkpoint, warmup_steps
-from workers.rank_end import arm_watchdog
-from workers.scalars import TrainerNumbers
-from workers.watch import WatchLog, inspect_compiled_graphs, make_watch
+from workers.rank.digest import combined_digest, digest_many
+from workers.rank.probe_model import discover, named_tensors, save_checkpoint, warmup_steps
+from workers.rank.rank_end import arm_watchdog
+from workers.rank.scalars import TrainerNumbers
+from workers.rank.watch import WatchLog, inspect_compiled_graphs, make_watch
 
 # bound when the probe is imported, before any trainer code runs: a trainer that patches `time` cannot reach these
 _perf_counter = time.perf_counter
@@ -69,7 +69,7 @@ class Probe:
         self.clock_sock: Any = None  # the train worker's step-clock socket
         # Unix times of this rank's start-up (process, probe, torch, installed, step0_end): run.json's `startup`
         self.startup: dict[str, float] = {}
-        self.until_compiled: Any = None  # the prime (workers/prime_stop.CacheGrowth): stops when compiling stops
+        self.until_compiled: Any = None  # the prime (workers/rank/prime_stop.CacheGrowth): stops when compiling stops
         out.mkdir(parents=True, exist_ok=True)
         self.steps_path = out / f"steps.rank{self.rank}.jsonl"
         self.steps_file = self.steps_path.open("w")
@@ -152,8 +152,8 @@ class Probe:
         return self._now()
 
     def _stamped_clock(self, step: int, event: str) -> float:
-        """The probe's clock read between two kernel-stamped lines (protocol.clock: the kernel's bracket of it); the
-        device's queue drained before them, so the bracket holds the read alone."""
+        """The probe's clock read between two kernel-stamped lines (protocol.host.clock: the kernel's bracket of it);
+        the device's queue drained before them, so the bracket holds the read alone."""
         self._sync()
         self._tick(step, f"pre_{event}")
         t = self._now()

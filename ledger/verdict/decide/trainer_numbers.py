@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from ledger.verdict.mismatch import Mismatch, Steps, by_step
+from ledger.verdict.decide.mismatch import Mismatch, Steps, by_step
 
 
 def decode_scalar(code: str | None) -> str:

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from ledger.render import print_whole, whole_table
-from ledger.verdict.interval_doc import interval_text, verdict_lines
-from ledger.verdict.isolation_doc import isolation_lines
+from ledger.verdict.documents.interval_doc import interval_text, verdict_lines
+from ledger.verdict.documents.isolation_doc import isolation_lines
 from protocol.plan import ROLES
 
 if TYPE_CHECKING:
-    from ledger.verdict.document import AuditResult
+    from ledger.verdict.documents.document import AuditResult
 
 ARM_COLORS = {"A": "#1f77b4", "C": "#d62728", "B": "#2ca02c"}
 VERDICT_STYLE = {"accepted": "bold green", "no difference shown": "bold yellow", "not exact": "bold red"}

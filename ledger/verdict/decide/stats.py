@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ledger.verdict import dist
+import ledger.verdict.decide.dist as dist
 
 LEVEL = 0.95
 TARGET_HALF_WIDTH = 0.05  # the audit says how many triplets would bring the interval to +-5 %
@@ -69,7 +69,7 @@ class Spread:
 
 
 class NoiseScale(Protocol):
-    """What the interval needs of ledger/verdict/noise.py's NoiseScale (the candidate's within-launch noise against the
+    """What the interval needs of noise.py's NoiseScale (the candidate's within-launch noise against the
     baseline's): the calibration scaled by it. A protocol, so that this module imports nothing of noise.py, which
     builds on it."""
 
@@ -204,9 +204,9 @@ def variance_for(d: Sequence[float], calibration: Spread | None) -> tuple[Spread
 def paired_interval(d: Sequence[float], calibration: Spread | None = None, level: float = LEVEL,
                     nominal_level: float | None = None, noise: NoiseScale | None = None) -> Interval:
     """The interval of exp(mean d) over K triplets. `nominal_level`: the level of this look's t multiplier when a
-    sequential rule holds the overall `level` (ledger/verdict/sequential.py); None for a fixed design. `noise`: the
-    candidate's within-launch noise (ledger/verdict/noise.py): the calibration is scaled by sqrt(R), with the df
-    whose t multiplier is the exact one of the scaled pivot at this look's level. A calibration with a position effect
+    sequential rule holds the overall `level` (sequential.py); None for a fixed design. `noise`: the candidate's
+    within-launch noise (noise.py): the calibration is scaled by sqrt(R), with the df whose t multiplier is the exact
+    one of the scaled pivot at this look's level. A calibration with a position effect
     (Spread.position): the interval is of mean d minus the A/A mean, its half-width t * sqrt(s^2 / K + s_cal^2 / n)
     (n: the A/A launches of that mean; exact t at K = 1 without noise scale, and pooled df otherwise)."""
     if not d:

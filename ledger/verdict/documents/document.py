@@ -1,7 +1,7 @@
 """The audit document (orch.audit/2) of one verified, complete run, its canonical bytes, and the audit's result.
 
-Pure: computed from the loaded evidence (ledger/verdict/evidence.py); written and recorded by the command
-(ledger/verdict/audit.py).
+Pure: computed from the loaded evidence (ledger/verdict/decide/evidence.py); written and recorded by the command
+(ledger/verdict/documents/audit.py).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ledger.probe_cost import probe_cost_doc
-from ledger.verdict.calibration import calibration_spreads, calibration_step_spread
-from ledger.verdict.compile_cache_doc import compile_cache_doc
-from ledger.verdict.decision import (
+from ledger.verdict.decide.calibration import calibration_spreads, calibration_step_spread
+from ledger.verdict.decide.decision import (
     baseline_effects,
     decide,
     drift_notes,
@@ -28,23 +27,24 @@ from ledger.verdict.decision import (
     window_effects,
     window_ratios,
 )
-from ledger.verdict.evidence import RunEvidence
-from ledger.verdict.exactness import Exactness, exactness
-from ledger.verdict.gpu_busy import gpu_busy_doc
-from ledger.verdict.host_report import clock_doc, quiet_host_doc
-from ledger.verdict.host_watch import busy_windows, host_watch_doc
-from ledger.verdict.interval_doc import interval_doc
-from ledger.verdict.isolation_doc import isolation_doc
-from ledger.verdict.mismatch import Mismatch
-from ledger.verdict.noise import NoiseEvidence, baseline_disagreement, baseline_outliers, triplet_arm_spread
-from ledger.verdict.recipe_check import recipe_doc
-from ledger.verdict.sequential_doc import run_rule, sequential_doc
-from ledger.verdict.stats import outlier_triplets, outlier_windows, window_spread
-from ledger.verdict.windows import Speedup, step_times
+from ledger.verdict.decide.evidence import RunEvidence
+from ledger.verdict.decide.exactness import Exactness, exactness
+from ledger.verdict.decide.gpu_busy import gpu_busy_doc
+from ledger.verdict.decide.host_watch import busy_windows, host_watch_doc
+from ledger.verdict.decide.mismatch import Mismatch
+from ledger.verdict.decide.noise import NoiseEvidence, baseline_disagreement, baseline_outliers, triplet_arm_spread
+from ledger.verdict.decide.recipe_check import recipe_doc
+from ledger.verdict.decide.sequential_doc import run_rule, sequential_doc
+from ledger.verdict.decide.stats import outlier_triplets, outlier_windows, window_spread
+from ledger.verdict.decide.windows import Speedup, step_times
+from ledger.verdict.documents.compile_cache_doc import compile_cache_doc
+from ledger.verdict.documents.host_report import clock_doc, quiet_host_doc
+from ledger.verdict.documents.interval_doc import interval_doc
+from ledger.verdict.documents.isolation_doc import isolation_doc
 from protocol.hashing import canonical_json
 from protocol.plan import ARMS, BASELINE_ROLES, KINDS, ROLES, launch_labels, replay_label, triplets
 
-AUDIT_SCHEMA = "orch.audit/2"  # /2: the paired per-triplet interval (ledger/verdict/stats.py); /1 stays as recorded
+AUDIT_SCHEMA = "orch.audit/2"  # /2: the paired per-triplet interval (decide/stats.py); /1 stays as recorded
 AUDIT_V1 = "orch.audit/1"
 # what /2 computes anew from the same evidence: a recorded /1 audit is compared with a recomputation on the rest
 STATISTICS_KEYS = ("schema", "verdict", "direction", "verdict_words", "reasons", "diagnostics", "interval",
@@ -267,7 +267,7 @@ def compute_audit(
     ev: RunEvidence, head: tuple[int, str], audited_at: str, calibration: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The audit document (orch.audit/2) of one verified, complete run; calibration: the block of
-    ledger.verdict.calibration (its spread is pooled when usable)."""
+    ledger.verdict.decide.calibration (its spread is pooled when usable)."""
     m = ev.protocol.measurement
     rule = run_rule(m, ev.run.sequential)  # repeats: auto, or the rule `orch launch --until-decided` recorded
     labels = launch_labels(ev.repeats, ev.sequential)

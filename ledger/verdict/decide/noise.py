@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ledger.verdict import dist
-from ledger.verdict.stats import OUTLIER_ALPHA, Outlier, Spread, pooled
-from ledger.verdict.windows import Speedup
+import ledger.verdict.decide.dist as dist
+from ledger.verdict.decide.stats import OUTLIER_ALPHA, Outlier, Spread, pooled
+from ledger.verdict.decide.windows import Speedup
 
 Y_FACTOR = 1.5  # E[var y] / sigma^2 for equal arms (1 + 1/2)
 V_FACTOR = 2.0  # E[var v] / sigma^2
@@ -244,7 +244,7 @@ def pool_arms(arms: Sequence[ArmSpread | None]) -> ArmSpread | None:
 
 
 def triplet_arm_spread(sp: Speedup) -> ArmSpread | None:
-    """One triplet's contrasts at the steps of the owner's windows (Speedup: ledger/verdict/windows.py)."""
+    """One triplet's contrasts at the steps of the owner's windows (Speedup: ledger/verdict/decide/windows.py)."""
     steps = {role: [s for w in sp.windows for s in getattr(w, f"{role.lower()}_steps")] for role in ("A", "C", "B")}
     return arm_spread([steps])
 

@@ -1,4 +1,4 @@
-"""The tx128 kernels kept for comparison with the probe's path (workers/digest_triton.py): the single-tensor kernel
+"""The tx128 kernels kept for comparison with the probe's path (workers/rank/digest_triton.py): the single-tensor kernel
 (the bench's bandwidth figure), the per-tensor path (a launch per tensor part) and the former two-launch batched
 path (segments + tails, tables rebuilt per call). Tests and bench_digest.py check the probe's digests against them.
 """
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workers.digest_triton import (  # jit globals
+from workers.rank.digest_triton import (  # jit globals
     _GOLD,
     _KAE0,
     _KAE1,
@@ -29,7 +29,7 @@ from workers.digest_triton import (  # jit globals
     DEFAULT_PROGRAMS_PER_SM,
     _max_programs,
 )
-from workers.tx128 import byte_view, tx128_finalize
+from workers.rank.tx128 import byte_view, tx128_finalize
 
 
 @triton.jit

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.after_import import AfterImport
+from workers.rank.after_import import AfterImport
 
 FORBIDDEN_MM = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "dot", "conv")
 INT8_OPS = ("_int_mm", "_weight_int8pack_mm", "_weight_int4pack_mm", "_scaled_mm", "_scaled_grouped_mm")

@@ -19,9 +19,11 @@ from rich.console import Console
 from ledger.cost.record import LedgerRecord
 from ledger.cost.store import Ledger
 from ledger.cost.witness import check_witnessed, record_head, repository_root
-from ledger.verdict.calibration import find_calibration
-from ledger.verdict.decision import exit_code
-from ledger.verdict.document import (
+from ledger.verdict.decide.calibration import find_calibration
+from ledger.verdict.decide.decision import exit_code
+from ledger.verdict.decide.evidence import IncompleteRunError, RunEvidence, collect_evidence
+from ledger.verdict.decide.integrity import verify_integrity
+from ledger.verdict.documents.document import (
     ADDED_LATER,
     AUDIT_UNITS,
     AUDIT_V1,
@@ -33,10 +35,8 @@ from ledger.verdict.document import (
     compute_audit,
     evidence_part,
 )
-from ledger.verdict.evidence import IncompleteRunError, RunEvidence, collect_evidence
-from ledger.verdict.integrity import verify_integrity
-from ledger.verdict.interval_doc import audit_note
-from ledger.verdict.report import plot_step_times, render_markdown, render_terminal
+from ledger.verdict.documents.interval_doc import audit_note
+from ledger.verdict.documents.report import plot_step_times, render_markdown, render_terminal
 from protocol.errors import FailedError
 from protocol.fileio import write_atomic
 from protocol.home import resolve_home
@@ -188,7 +188,7 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
 
 def audit_command(run_id: str, home: Path | None) -> dict[str, Any]:
     """`orch audit RUN_ID [--home] [--json]`: the report of one run; returns the JSON document; exit 1
-    when not exact (`ledger.verdict.decision.exit_code`, the same as `orch launch`)."""
+    when not exact (`ledger.verdict.decide.decision.exit_code`, the same as `orch launch`)."""
     console = Console(highlight=False, soft_wrap=True)
     try:
         result = audit_run(home, run_id)

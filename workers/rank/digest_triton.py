@@ -1,8 +1,8 @@
 """The probe's tx128 digest path on CUDA: one table kernel per launch group (launched while the host walks on, 16-byte
 loads), one host copy per batch, the SHA256 finalisation on the host.
 
-Integer-exact and defined by workers/tx128.py (tx128_lanes_reference); any BLOCK or grid gives the same value. The
-kernels kept for comparison (single tensor, per tensor, two launches) are in workers/digest_triton_compare.py.
+Integer-exact and defined by workers/rank/tx128.py (tx128_lanes_reference); any BLOCK or grid gives the same value. The
+kernels kept for comparison (single tensor, per tensor, two launches) are in workers/rank/digest_triton_compare.py.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-from workers.tx128 import GOLD, KAE, KAO, KBE, KBO, tensor_header
+from workers.rank.tx128 import GOLD, KAE, KAO, KBE, KBO, tensor_header
 
 DEFAULT_BLOCK = 1024  # chunks (16 B each) per loop iteration of a program: 16 KiB in flight
 DEFAULT_PROGRAMS_PER_SM = 8
 
-# jit code reads only constexpr globals: the constants of workers/tx128.py, split into scalars
+# jit code reads only constexpr globals: the constants of workers/rank/tx128.py, split into scalars
 _GOLD = tl.constexpr(GOLD)
 _KAE0, _KAE1 = tl.constexpr(KAE[0]), tl.constexpr(KAE[1])
 _KAO0, _KAO1 = tl.constexpr(KAO[0]), tl.constexpr(KAO[1])

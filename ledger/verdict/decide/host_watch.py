@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ledger.verdict.evidence import RunEvidence
+from ledger.verdict.decide.evidence import RunEvidence
 from protocol.hashing import sha256_file
-from protocol.quiet_host import HostWatchLog, WatchSample
+from protocol.host.quiet_host import HostWatchLog, WatchSample
 
 # A window is busy when, averaged over the window, foreign processes used more than CPU_SHARE_MAX of the cores of
 # the busiest rank (its pinned block; all of orch's cores when the ranks are not pinned), or when any foreign

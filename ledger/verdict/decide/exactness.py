@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.verdict.mismatch import Mismatch, Steps, by_step
-from ledger.verdict.recipe_check import model_differences, recipe_differences, structure_differences
-from ledger.verdict.trainer_numbers import first_scalar_mismatch, logged_nothing
+from ledger.verdict.decide.mismatch import Mismatch, Steps, by_step
+from ledger.verdict.decide.recipe_check import model_differences, recipe_differences, structure_differences
+from ledger.verdict.decide.trainer_numbers import first_scalar_mismatch, logged_nothing
 from protocol.plan import ROLES
 from protocol.recipe import RecipeFile
 from protocol.results import ReloadResult, StepRecord, TrainResult

@@ -289,7 +289,7 @@ def encode(value: Any) -> str:
         return code
     import torch
 
-    from workers.tx128 import local_tensor
+    from workers.rank.tx128 import local_tensor
 
     t = local_tensor(value).detach().reshape(-1)[:1].cpu().contiguous()
     raw = t.view(torch.uint8).numpy().tobytes()

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from protocol.fileio import regular_sha256
-from workers.model_shape import layer_counts
-from workers.tx128 import local_tensor
+from workers.rank.model_shape import layer_counts
+from workers.rank.tx128 import local_tensor
 
 _IMPLEMENTATION_FLAGS = ("params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable")
 

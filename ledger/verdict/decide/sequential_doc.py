@@ -12,11 +12,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ledger.verdict.calibration import block_position
-from ledger.verdict.decision import BaselineEffect, OutlierEffect, ab_check, outlier_check
-from ledger.verdict.noise import NoiseEvidence
-from ledger.verdict.sequential import METHOD, SequentialRule
-from ledger.verdict.stats import LEVEL, Interval, Spread
+from ledger.verdict.decide.calibration import block_position
+from ledger.verdict.decide.decision import BaselineEffect, OutlierEffect, ab_check, outlier_check
+from ledger.verdict.decide.noise import NoiseEvidence
+from ledger.verdict.decide.sequential import METHOD, SequentialRule
+from ledger.verdict.decide.stats import LEVEL, Interval, Spread
 from protocol.plan import DEFAULT_TARGET_HALF_WIDTH, triplets, triplets_in
 from protocol.run_record import RunRecord
 from protocol.schema import Measurement

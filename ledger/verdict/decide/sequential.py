@@ -22,9 +22,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from ledger.verdict import dist
-from ledger.verdict.noise import NoiseEvidence
-from ledger.verdict.stats import LEVEL, TARGET_HALF_WIDTH, Interval, Spread, paired_interval
+import ledger.verdict.decide.dist as dist
+from ledger.verdict.decide.noise import NoiseEvidence
+from ledger.verdict.decide.stats import LEVEL, TARGET_HALF_WIDTH, Interval, Spread, paired_interval
 
 METHOD = (
     "group-sequential repeated confidence intervals (Jennison & Turnbull), Lan-DeMets alpha spending of Pocock "
@@ -159,7 +159,7 @@ class SequentialRule:
     def interval(self, d: Sequence[float], calibration: Spread | None,
                  noise: NoiseEvidence | None = None) -> Interval:
         """The repeated confidence interval at look K = len(d); noise: the calibration scaled by the candidate's
-        within-launch noise of these K triplets (ledger/verdict/noise.py)."""
+        within-launch noise of these K triplets (ledger/verdict/decide/noise.py)."""
         scale = None if noise is None else noise.scale(len(d), calibration)
         return paired_interval(d, calibration, self.level, self.nominal_level(len(d), calibration), scale)
 

@@ -1,6 +1,7 @@
 """The tx128 digest's definition: its constants, the header it covers and the NumPy reference implementation.
 
-Both digest paths import it (workers/digest.py on CPU, the Triton kernels of workers/digest_triton.py on CUDA).
+Both digest paths import it (workers/rank/digest.py on CPU, the Triton kernels of workers/rank/digest_triton.py on
+CUDA).
 
 tx128 of a byte string of length L: zero-pad to a multiple of 16 bytes; chunk c (c = 0, 1, ...) holds
 four little-endian uint32 words w0..w3, with even pair E = (w0, w2) and odd pair O = (w1, w3). With

@@ -10,10 +10,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledger.verdict.decision import HOW_TO_BOUND, BaselineEffect, OutlierEffect, WindowEffect
-from ledger.verdict.noise import NoiseScale, as_noise
-from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.stats import Interval, Outlier, Spread, SpreadCheck
+from ledger.verdict.decide.decision import HOW_TO_BOUND, BaselineEffect, OutlierEffect, WindowEffect
+from ledger.verdict.decide.noise import NoiseScale, as_noise
+from ledger.verdict.decide.sequential import SequentialRule
+from ledger.verdict.decide.stats import Interval, Outlier, Spread, SpreadCheck
 
 
 def _fmt(x: float) -> str:
@@ -56,7 +56,7 @@ def _source_words(iv: Interval, cal_run: str | None) -> str:
 
 
 def _sequential_summary(block: Mapping[str, Any]) -> dict[str, Any]:
-    """The stop in brief (the audit's "sequential" block, ledger/verdict/sequential_doc.py, has every look)."""
+    """The stop in brief (the audit's "sequential" block, ledger/verdict/decide/sequential_doc.py, has every look)."""
     return {
         "rule": block["rule"],
         "max_triplets": block["max_triplets"],

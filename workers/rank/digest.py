@@ -1,6 +1,6 @@
 """Digests of tensors' raw bytes (never a cast): SHA256 on CPU, the tx128 Triton kernel on CUDA.
 
-Also the combined digest of a step. tx128 itself (constants, NumPy reference) is defined in workers/tx128.py.
+Also the combined digest of a step. tx128 itself (constants, NumPy reference) is defined in workers/rank/tx128.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from workers.tx128 import byte_view, local_tensor, tensor_header
+from workers.rank.tx128 import byte_view, local_tensor, tensor_header
 
 
 def sha256_bytes_digest(buf: Any, dtype: str, shape: Iterable[int], nbytes: int) -> str:
@@ -40,7 +40,7 @@ def digest_many(tensors: Mapping[str, Any]) -> dict[str, str]:
             dev = t.get_device()
             entry = batches.get(dev)
             if entry is None:
-                from workers.digest_triton import Tx128Batch
+                from workers.rank.digest_triton import Tx128Batch
 
                 entry = batches[dev] = (Tx128Batch(t.device, capacity=len(tensors)), [])
             entry[0].add(t)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from ledger.cost.record import LedgerRecord
 from ledger.cost.store import Ledger
-from ledger.verdict.sequential_doc import triplets_taken
+from ledger.verdict.decide.sequential_doc import triplets_taken
 from protocol.errors import FailedError, RefusedError, UsageError
 from protocol.fileio import read_regular
 from protocol.hashing import sha256_file

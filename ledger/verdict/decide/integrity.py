@@ -5,8 +5,8 @@ run.json and the ledger. Each problem is one line; an empty list means the evide
 from __future__ import annotations
 
 from ledger.cost.store import Ledger
-from ledger.verdict.evidence import RunEvidence
-from ledger.verdict.host_watch import host_watch_problems
+from ledger.verdict.decide.evidence import RunEvidence
+from ledger.verdict.decide.host_watch import host_watch_problems
 from manifests.core import diff_manifests, hash_tree, load_manifest
 from protocol.errors import OrchError
 from protocol.hashing import sha256_file

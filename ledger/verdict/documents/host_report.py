@@ -1,6 +1,6 @@
 """The quiet-host report of a run, shown beside the noise: per train launch, what else the host was doing.
 
-Read from each train package's result (protocol.quiet_host); observation only, names of processes only.
+Read from each train package's result (protocol.host.quiet_host); observation only, names of processes only.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from protocol.quiet_host import GpuState
+from protocol.host.quiet_host import GpuState
 from protocol.results import TrainResult
 
 # why a snapshot taken inside the package's PID namespace names no foreign process: it cannot see one

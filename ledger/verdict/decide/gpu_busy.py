@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
-from ledger.verdict.evidence import RunEvidence
-from ledger.verdict.host_watch import load_logs
-from ledger.verdict.stats import Spread, paired_interval, triplets_needed
-from protocol.quiet_host import HostWatchLog, WatchSample
+from ledger.verdict.decide.evidence import RunEvidence
+from ledger.verdict.decide.host_watch import load_logs
+from ledger.verdict.decide.stats import Spread, paired_interval, triplets_needed
+from protocol.host.quiet_host import HostWatchLog, WatchSample
 
 LAUNCH_BOUND_BELOW = 0.80  # the timed windows' GPU-busy share under which a protocol is named launch-bound
 GPU_BOUND_GOAL = 0.90  # what a GPU protocol sized for decisions should reach (docs/GUIDE.md)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.cost.record import LedgerRecord
-from ledger.verdict.stats import Position, Spread
+from ledger.verdict.decide.stats import Position, Spread
 
 CALIBRATION_SCHEMA = "orch.calibration/2"
 CALIBRATION_V1 = "orch.calibration/1"
@@ -57,7 +57,7 @@ class Calibration(BaseModel):
     window_sd: float | None = Field(None, ge=0)  # within-triplet SD between windows (log scale)
     window_df: int = Field(0, ge=0)
     # the baseline arm's within-launch SD of a measured step (log scale), from the step contrasts of every A/A
-    # launch (ledger/verdict/noise.py); None: recorded before issue 34 (the candidate's noise is then not checked)
+    # launch (noise.py); None: recorded before issue 34 (the candidate's noise is then not checked)
     step_sd: float | None = Field(None, ge=0)
     step_df: int = Field(0, ge=0)
     mean_log_speedup: float  # the A/A mean of d: near 0 unless the position in the triplet matters

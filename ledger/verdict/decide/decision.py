@@ -1,7 +1,7 @@
 """The verdict of a run (ours, DESIGN.md section 5): the owner's headline per triplet, beside the paired interval.
 
 accepted (exact, bounded, the interval excludes 1, no busy window, no outlier decides), no difference shown, not
-exact; exit codes here. The interval: ledger/verdict/stats.py (fixed design) or sequential.py (repeats: auto).
+exact; exit codes here. The interval: ledger/verdict/decide/stats.py (fixed design) or sequential.py (repeats: auto).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ledger.verdict.noise import (
+from ledger.verdict.decide.noise import (
     NoiseEvidence,
     ab_expected,
     as_noise,
@@ -18,9 +18,16 @@ from ledger.verdict.noise import (
     baseline_outliers,
     without_window,
 )
-from ledger.verdict.sequential import SequentialRule
-from ledger.verdict.stats import Interval, Outlier, Spread, outlier_triplets, paired_interval, triplet_log_speedup
-from ledger.verdict.windows import Speedup, speedup
+from ledger.verdict.decide.sequential import SequentialRule
+from ledger.verdict.decide.stats import (
+    Interval,
+    Outlier,
+    Spread,
+    outlier_triplets,
+    paired_interval,
+    triplet_log_speedup,
+)
+from ledger.verdict.decide.windows import Speedup, speedup
 from protocol.plan import Triplet
 
 ACCEPTED, NO_DIFFERENCE, NOT_EXACT = "accepted", "no difference shown", "not exact"
@@ -54,7 +61,7 @@ def window_ratios(sps: Sequence[Speedup]) -> list[list[float]]:
 
 
 def log_speedups(sps: Sequence[Speedup]) -> list[float]:
-    """d of each triplet: the mean over its windows of log(ratio_w) (ledger.verdict.stats.triplet_log_speedup)."""
+    """d of each triplet: the mean over its windows of log(ratio_w) (stats.triplet_log_speedup)."""
     return [triplet_log_speedup(r) for r in window_ratios(sps)]
 
 
