@@ -21,6 +21,7 @@ from pathlib import Path
 from orchestrator.isolation.safe_paths import (
     UnsafeEntry,
     chmod_tree_read_only,
+    fingerprint_changes,
     open_dir,
     open_dir_at,
     open_regular,
@@ -104,15 +105,7 @@ def seal_entries(folder: Path) -> dict[str, str]:
 
 
 def _entry_changes(sealed: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
-    out = []
-    for rel in sorted(set(sealed) | set(now)):
-        if rel not in now:
-            out.append(f"{rel} (removed)")
-        elif rel not in sealed:
-            out.append(f"{rel} (added{'' if now[rel] not in FOLDER_OR_SPECIAL else ': a ' + now[rel]})")
-        elif sealed[rel] != now[rel]:
-            out.append(f"{rel} (changed{'' if now[rel] not in FOLDER_OR_SPECIAL else ' into a ' + now[rel]})")
-    return out
+    return fingerprint_changes(sealed, now, lambda v: v if v in FOLDER_OR_SPECIAL else None)
 
 
 def _shown(changed: list[str]) -> str:

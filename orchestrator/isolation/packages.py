@@ -155,11 +155,12 @@ def run_package(
         left = end_stragglers(token)
     if left:
         outcome.extra["stragglers"] = left
-        _fail(outcome, f"left {len(left)} process(es) running outside its group, ended by orch: {', '.join(left)}")
+        fail_outcome(outcome, f"left {len(left)} process(es) running outside its group, ended by orch: "
+                              f"{', '.join(left)}")
     return outcome
 
 
-def _fail(outcome: PackageOutcome, note: str) -> None:
+def fail_outcome(outcome: PackageOutcome, note: str) -> None:
     """Fail an outcome (an ok one; a failed one keeps its status) with `note` first."""
     outcome.status = "failed" if outcome.status == "ok" else outcome.status
     outcome.note = f"{note}; {outcome.note}" if outcome.note else note
@@ -225,22 +226,23 @@ def _run_package(
     outcome.extra["network"] = iso.network  # namespace, or host (scan mode, srun, or the kernel refused one: why)
     if iso.survivors:
         outcome.extra["survivors"] = iso.survivors
-        _fail(outcome, f"left {len(iso.survivors)} process(es) running after its main process ended, ended by "
-                       f"orch ({iso.ending}): {', '.join(iso.survivors)}; a package's processes must end with it")
+        fail_outcome(outcome, f"left {len(iso.survivors)} process(es) running after its main process ended, ended "
+                              f"by orch ({iso.ending}): {', '.join(iso.survivors)}; a package's processes must end "
+                              "with it")
     outside = iso.written_outside(env.get(TOKEN_VAR))
     if outside:
         shown = ", ".join(outside[:5]) + (f" and {len(outside) - 5} more" if len(outside) > 5 else "")
         outcome.extra["written_outside"] = outside  # all of them (run.json); the note shows the first five
-        _fail(outcome, f"new entries outside the run directory and scratch while it ran: {shown} (scan mode cannot "
-                       "tell which process made an entry: these are this user's, still there a moment later and held "
-                       "open by no process outside the package; a package may write only its own folders, its "
-                       "TMPDIR and HOME are private)")
+        fail_outcome(outcome, f"new entries outside the run directory and scratch while it ran: {shown} (scan mode "
+                              "cannot tell which process made an entry: these are this user's, still there a moment "
+                              "later and held open by no process outside the package; a package may write only its "
+                              "own folders, its TMPDIR and HOME are private)")
     changed = iso.surface_changed()
     if changed:
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         outcome.extra["surface_changed"] = changed
-        _fail(outcome, f"changed the interpreter's startup surface: {shown}; later packages would load it: "
-                       "remove it before the next run")
+        fail_outcome(outcome, f"changed the interpreter's startup surface: {shown}; later packages would load it: "
+                              "remove it before the next run")
     return outcome
 
 

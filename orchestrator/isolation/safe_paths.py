@@ -12,16 +12,18 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from protocol.fileio import NotRegularError, entry_kind
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 1 << 20
+V = TypeVar("V")
 Fingerprint = dict[str, tuple[str, int, int, int, int]]  # rel -> (kind, inode, size, mtime_ns, ctime_ns)
 
 
@@ -250,16 +252,20 @@ def chmod_tree_read_only(dir_fd: int) -> None:
 
 
 
-def fingerprint_changes(before: Fingerprint, now: Fingerprint) -> list[str]:
-    """'rel (changed | added | removed)' for every entry whose fingerprint differs."""
+def fingerprint_changes(before: Mapping[str, V], now: Mapping[str, V],
+                        kind: Callable[[V], str | None] = lambda _v: None) -> list[str]:
+    """'rel (changed | added | removed)' for every entry whose fingerprint (or sealed digest) differs; `kind` names
+    what an entry now is where that is worth saying ('added: a link', 'changed into a folder')."""
     out = []
     for rel in sorted(set(before) | set(now)):
         if rel not in now:
             out.append(f"{rel} (removed)")
         elif rel not in before:
-            out.append(f"{rel} (added)")
+            what = kind(now[rel])
+            out.append(f"{rel} (added{'' if what is None else ': a ' + what})")
         elif before[rel] != now[rel]:
-            out.append(f"{rel} (changed)")
+            what = kind(now[rel])
+            out.append(f"{rel} (changed{'' if what is None else ' into a ' + what})")
     return out
 
 

@@ -21,6 +21,7 @@ from orchestrator.isolation.compile_cache import RunCaches
 from orchestrator.isolation.packages import (
     PackageOutcome,
     env_summary,
+    fail_outcome,
     package_env,
     probe_progress,
     run_package,
@@ -480,18 +481,13 @@ def _handle_outputs(ctx: RunContext, pkg: PlannedPackage, pkg_dir: Path, outcome
             said["trainer_outputs"] = {**seal_outputs(ctx.scratch, pkg.name), "moved_from_run_dir": len(moved)}
         special = special_entries(pkg_dir)
     except (UnsafeEntry, OSError) as err:
-        _fail_outcome(outcome, f"its folders cannot be handled safely: {err}; orch follows no link a package made")
+        fail_outcome(outcome, f"its folders cannot be handled safely: {err}; orch follows no link a package made")
         return
     if special:
         shown = ", ".join(special[:5]) + (f" and {len(special) - 5} more" if len(special) > 5 else "")
-        _fail_outcome(outcome, f"left {len(special)} entr{'y' if len(special) == 1 else 'ies'} in its run folder that "
-                               f"{'is' if len(special) == 1 else 'are'} not a file or a folder: {shown}; a package "
-                               "may leave only files there")
-
-
-def _fail_outcome(outcome: PackageOutcome, note: str) -> None:
-    outcome.note = note if outcome.status == "ok" or not outcome.note else f"{note}; {outcome.note}"
-    outcome.status = "failed" if outcome.status == "ok" else outcome.status
+        fail_outcome(outcome, f"left {len(special)} entr{'y' if len(special) == 1 else 'ies'} in its run folder that "
+                              f"{'is' if len(special) == 1 else 'are'} not a file or a folder: {shown}; a package "
+                              "may leave only files there")
 
 
 def _check_sealed(ctx: RunContext, when: str, init_digest: str | None) -> None:
