@@ -99,12 +99,15 @@ def _run(cmd: list[str], cwd: Path, s: Stream, timeout: float) -> tuple[str | No
         return None, f"no JSON (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1]}"
 
 
-# the draw is a hash of the run id and the step: every rank of a package sleeps the same (the ranks meet in every
-# step's collectives, so independent draws per rank would pace the step by the longest of them, and make the
-# candidate slower, not only noisier), each launch draws anew, and no RNG of the trainer is drawn
+# the draw is a hash of the run id, the launch (its package folder, in the trainer's --log_dir) and the step: every
+# rank of a launch sleeps the same (the ranks meet in every step's collectives, so independent draws per rank would
+# pace the step by the longest of them, and make the arm slower, not only noisier), each launch draws anew (A and B
+# of one run too: with the run id alone they slept alike, and a drawing baseline looked steady in its A/B contrast),
+# and no RNG of the trainer is drawn
 NOISY_LINE = ('        time.sleep(float(os.environ.get("R3_BENCH_SLEEP_S", "0")) * (1.0 + float(os.environ.get('
               '"R3_BENCH_SLEEP_SPREAD", "0")) * (2.0 * int(__import__("hashlib").sha256(f"{os.environ.get('
-              '\'ORCH_RUN_ID\', \'\')}:{curr_step}".encode()).hexdigest()[:8], 16) / 4294967296.0 - 1.0)))'
+              '\'ORCH_RUN_ID\', \'\')}:{training_args.log_dir}:{curr_step}".encode()).hexdigest()[:8], 16) / '
+              '4294967296.0 - 1.0)))'
               '  # bench-verdict: uniform sleep, median m, one draw per step for every rank\n')
 
 

@@ -23,8 +23,9 @@ def noisy_line() -> str:
     return str(verdict_real.NOISY_LINE)
 
 
-def _sleeps(line: str, env: dict[str, str], steps: range) -> list[float]:
-    """The seconds the inserted line asks to sleep at each step, run as the trainer runs it (inside its loop)."""
+def _sleeps(line: str, env: dict[str, str], steps: range, log_dir: str = "/h/runs/r/train-C/trainer") -> list[float]:
+    """The seconds the inserted line asks to sleep at each step, run as the trainer runs it (inside its loop, its
+    --log_dir naming the launch's package folder)."""
     slept: list[float] = []
 
     class _Time:
@@ -35,8 +36,13 @@ def _sleeps(line: str, env: dict[str, str], steps: range) -> list[float]:
     class _Os:
         environ = env
 
+    class _Args:
+        pass
+
+    args = _Args()
+    args.log_dir = log_dir  # type: ignore[attr-defined]
     code = compile("for curr_step in steps:\n    if True:\n" + line, "online_rl.py", "exec")
-    exec(code, {"time": _Time, "os": _Os, "steps": steps})
+    exec(code, {"time": _Time, "os": _Os, "steps": steps, "training_args": args})
     return slept
 
 
@@ -46,6 +52,10 @@ def test_every_rank_of_a_step_sleeps_the_same_and_a_launch_draws_anew(noisy_line
     assert rank0 == rank1 and len(set(rank0)) == 16
     other = _sleeps(noisy_line, {**env, "ORCH_RUN_ID": "20261205T000000Z-ab-0002"}, range(16))
     assert other != rank0
+    # A and B of one run draw apart (a drawing baseline, the steadier kind, is noisy in its A/B contrast too)
+    a = _sleeps(noisy_line, dict(env), range(16), "/h/runs/r/train-A/trainer")
+    b = _sleeps(noisy_line, dict(env), range(16), "/h/runs/r/train-B/trainer")
+    assert a != b and a != rank0
 
 
 def test_the_candidates_sleep_is_uniform_around_the_baselines_constant(noisy_line: str) -> None:
