@@ -27,7 +27,7 @@ from orchestrator.run.host_watch import HostWatcher
 from protocol.host.quiet_host import HOST_WATCH_FILE, HostWatchLog, WatchSample, WatchUtil
 
 
-class FakeNvml:
+class FakeGpuLib:
     """NVML as nvidia-ml-py shows it, for one or two GPUs: a ring of timestamped utilisation samples that grows with
     the wall clock (one sample every `period_us`, value `percent[index]` at the time it is taken)."""
 
@@ -87,7 +87,7 @@ class FakeNvml:
 # the library's spelling of each function (protocol/host/gpu_library.py: its lower-case prefix is never written out)
 for _name in ("Init", "Shutdown", "DeviceGetCount", "DeviceGetHandleByIndex", "DeviceGetComputeRunningProcesses",
               "DeviceGetGraphicsRunningProcesses", "DeviceGetSamples", "DeviceGetUtilizationRates"):
-    setattr(FakeNvml, "NVML".lower() + _name, getattr(FakeNvml, _name))
+    setattr(FakeGpuLib, "NVML".lower() + _name, getattr(FakeGpuLib, _name))
 
 
 def _util(index: int, busy: float, n: int = 4) -> WatchUtil:
@@ -114,14 +114,14 @@ def _steady(busy: list[float]) -> HostWatchLog:
 
 
 def test_the_first_read_sets_the_base_and_each_later_read_averages_only_the_new_samples() -> None:
-    nvml = FakeNvml(gpus=2, period_us=1000)
-    nvml.percent = [100.0, 40.0]
-    sampler = UtilSampler(nvml, [(0, 0), (1, 1)])
+    lib = FakeGpuLib(gpus=2, period_us=1000)
+    lib.percent = [100.0, 40.0]
+    sampler = UtilSampler(lib, [(0, 0), (1, 1)])
     assert sampler.read() == [] and sampler.query == "ok"  # the ring's samples from before the watch never count
     time.sleep(0.02)
     first = {u.index: u for u in sampler.read()}
     assert first[0].busy == 1.0 and first[1].busy == 0.4 and first[0].samples >= 10
-    nvml.percent = [0.0, 50.0]
+    lib.percent = [0.0, 50.0]
     time.sleep(0.02)
     second = {u.index: u for u in sampler.read()}
     assert second[0].busy < 0.2 and 0.4 <= second[1].busy <= 0.5, second  # the old 100% samples were not read again
@@ -129,9 +129,9 @@ def test_the_first_read_sets_the_base_and_each_later_read_averages_only_the_new_
 
 
 def test_without_samples_the_current_rate_stands_for_the_interval_and_says_so() -> None:
-    nvml = FakeNvml(samples=False)
-    nvml.percent = [73.0]
-    sampler = UtilSampler(nvml, [(0, 0)])
+    lib = FakeGpuLib(samples=False)
+    lib.percent = [73.0]
+    sampler = UtilSampler(lib, [(0, 0)])
     assert sampler.read() == [WatchUtil(index=0, busy=0.73, samples=1)]
     assert sampler.query == "rate"
 
@@ -217,13 +217,13 @@ def test_unread_utilisation_is_said_not_guessed() -> None:
 def test_the_host_watch_records_gpu_busy_per_interval_and_the_audit_maps_it_to_windows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    nvml = FakeNvml(period_us=5000)
-    monkeypatch.setattr(host_watch, "gpu_library", lambda: nvml)
+    lib = FakeGpuLib(period_us=5000)
+    monkeypatch.setattr(host_watch, "gpu_library", lambda: lib)
     watcher = HostWatcher(tmp_path, [0], interval_s=0.05)
     watcher.start()
 
     def steps(upto: int, start: int, percent: float, seconds: float) -> None:
-        nvml.percent = [percent]
+        lib.percent = [percent]
         with open(tmp_path / "steps.rank0.jsonl", "a") as fh:
             fh.writelines(json.dumps({"step": k}) + "\n" for k in range(start, upto))
         time.sleep(seconds)
