@@ -270,6 +270,14 @@ def _in_package(tag: str, body: str) -> Edit:
             f"        open(os.path.join(training_args.log_dir, '{tag}.txt'), 'w').write('; '.join(_seen))\n")
 
 
+def _launch_in_package(work: Work, tag: str, body: str) -> tuple[Path, Path, Launch, int, str]:
+    """A candidate launched with `body` run in train-C (_in_package), and what that code saw ('nothing' if it wrote
+    no line)."""
+    proj, home, launch, rc = _launch_candidate(work, tag, [_in_package(tag, body)])
+    seen = home / "runs" / launch.run_id() / "packages" / "train-C" / "trainer" / f"{tag}.txt"
+    return proj, home, launch, rc, seen.read_text() if seen.exists() else "nothing"
+
+
 def separate_cheats(work: Work) -> list[Row]:
     rows = [
         _failing(work, "clock1", "time.perf_counter replaced by the trainer (0.8x)", [
@@ -310,10 +318,8 @@ def _sealed_write(work: Work) -> Row:
             "with open(_f, 'a') as _h:\n"
             "    _h.write('\\nimport time\\ntime.sleep(0.01)\\n')\n"
             "_seen.append('written')")
-    proj, home, launch, rc = _launch_candidate(work, "sealed", [_in_package("sealed", body)])
+    proj, home, launch, rc, said = _launch_in_package(work, "sealed", body)
     run_id = launch.run_id()
-    seen = home / "runs" / run_id / "packages" / "train-C" / "trainer" / "sealed.txt"
-    said = seen.read_text() if seen.exists() else "nothing"
     audited = (home / "runs" / run_id / "audit.json").exists()
     arc, doc, _err = audit_json(proj, home, run_id) if audited else (1, {}, "")
     status = closes(home, run_id)
@@ -339,11 +345,9 @@ def _steps_forgery(work: Work) -> Row:
             "            _r['duration_s'] = _r['duration_s'] * 1.5\n"
             "    _f.write_text(''.join(_j.dumps(_r) + '\\n' for _r in _rows))\n"
             "    _seen.append('rewrote ' + _f.name)")
-    proj, home, launch, rc = _launch_candidate(work, "stepsforge", [_in_package("forge", body)])
+    proj, home, launch, rc, said = _launch_in_package(work, "stepsforge", body)
     run_id = launch.run_id()
     arc, doc, err = audit_json(proj, home, run_id)
-    seen = (home / "runs" / run_id / "packages" / "train-C" / "trainer" / "forge.txt")
-    said = seen.read_text() if seen.exists() else "nothing"
     c = Check()
     c.saw(f"in-package: {said}")
     c.saw(f"launch exit {rc}, audit exit {arc}: {lines(err)[-1] if err else ''}")
@@ -369,10 +373,8 @@ def _home_write(work: Work) -> Row:
             "_L(_home / 'ledger' / 'ledger.arrows').append(run_id='forged', package='forged', kind='checks',\n"
             "    status='not-run', protocol_id='forged')\n"
             "_seen.append('ledger record appended')")
-    proj, home, launch, rc = _launch_candidate(work, "homewrite", [_in_package("home", body)])
+    proj, home, launch, rc, said = _launch_in_package(work, "homewrite", body)
     run_id = launch.run_id()
-    seen = home / "runs" / run_id / "packages" / "train-C" / "trainer" / "home.txt"
-    said = seen.read_text() if seen.exists() else "nothing"
     forged = [r for r in records(home) if r["run_id"] == "forged"]
     arc, _doc, _err = audit_json(proj, home, run_id)
     c = Check()
