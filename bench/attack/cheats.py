@@ -295,7 +295,8 @@ def separate_cheats(work: Work) -> list[Row]:
     return rows
 
 
-def _impossible_or_refused(c: Check, said: str, rc: int, arc: int, doc: dict, refusal: bool, refused: str) -> None:
+def _impossible_or_refused(c: Check, said: str, rc: int, arc: int, doc: dict[str, Any], refusal: bool,
+                           refused: str) -> None:
     """A cheat that writes another package's evidence from inside train-C holds one of two ways: the write is
     impossible (the package sees that folder read-only: namespace mode, issue 49) and the run is exact and never
     accepted; or the write happened and orch refused the run, naming what was written (scan mode)."""
