@@ -5,10 +5,11 @@ the directory fsync that makes a new file's name durable, and read_regular for f
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 from pathlib import Path
+
+from protocol.hashing import sha256_fd
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -66,16 +67,13 @@ def read_regular(path: Path, limit: int | None = None) -> bytes:
 
 
 def regular_sha256(path: Path | str) -> str:
-    """SHA256 (hex) of a regular file that a package could have written, streamed in 1 MiB chunks (checkpoints are
-    large): a link, FIFO, socket or device raises NotRegularError instead of being followed or waited on."""
-    h = hashlib.sha256()
+    """SHA256 (hex) of a regular file that a package could have written (see _open_regular): a link, FIFO, socket
+    or device raises NotRegularError instead of being followed or waited on."""
     fd = _open_regular(Path(path))
     try:
-        while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
+        return sha256_fd(fd)[0]
     finally:
         os.close(fd)
-    return h.hexdigest()
 
 
 def entry_kind(mode: int) -> str:

@@ -25,18 +25,24 @@ def canonical_json(doc: Any, *, ensure_ascii: bool, allow_nan: bool = True, pret
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
 
 
-def file_sha256(path: Path | str) -> tuple[str, int]:
-    """SHA256 (hex) of a file's raw bytes and its size in bytes, read in 1 MiB chunks."""
+def sha256_fd(fd: int) -> tuple[str, int]:
+    """(SHA256 hex, size in bytes) of an open file, read from its start in 1 MiB chunks."""
     h = hashlib.sha256()
     size = 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, _CHUNK):
+        h.update(chunk)
+        size += len(chunk)
+    return h.hexdigest(), size
+
+
+def file_sha256(path: Path | str) -> tuple[str, int]:
+    """SHA256 (hex) of a file's raw bytes and its size in bytes, read in 1 MiB chunks."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        while chunk := os.read(fd, _CHUNK):
-            h.update(chunk)
-            size += len(chunk)
+        return sha256_fd(fd)
     finally:
         os.close(fd)
-    return h.hexdigest(), size
 
 
 def sha256_file(path: Path | str) -> str:

@@ -19,10 +19,10 @@ from orchestrator.isolation.safe_paths import (
     open_dir_at,
     open_regular,
     opened_dir,
-    sha256_fd,
     tree_entries,
     walk,
 )
+from protocol.hashing import sha256_fd
 
 # what may stay in a package's run folder although the trainer wrote it: nothing the hygiene scan calls a
 # checkpoint, tensor, image, trace or reward trace, and no HTML report (the trainer's evaluation pages)

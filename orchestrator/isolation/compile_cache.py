@@ -27,12 +27,11 @@ from orchestrator.isolation.safe_paths import (
     open_regular,
     opened_dir,
     read_at,
-    sha256_fd,
     walk,
 )
 from protocol.errors import FailedError
 from protocol.fileio import NotRegularError, write_atomic
-from protocol.hashing import canonical_json
+from protocol.hashing import canonical_json, sha256_fd
 from protocol.run_record import CacheUse, TunedKernel
 
 CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")

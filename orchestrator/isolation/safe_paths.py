@@ -9,7 +9,6 @@ that a package could swap between orch's check and orch's use. docs/THREAT_MODEL
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -103,17 +102,6 @@ def open_regular(dir_fd: int, name: str, shown: str) -> int:
         os.close(fd)
         raise NotRegularError(errno.EINVAL, f"a {entry_kind(mode)}, not a regular file", shown)
     return fd
-
-
-def sha256_fd(fd: int) -> tuple[str, int]:
-    """(sha256, size) of an open file, read from its start."""
-    h = hashlib.sha256()
-    size = 0
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, _CHUNK):
-        h.update(chunk)
-        size += len(chunk)
-    return h.hexdigest(), size
 
 
 def read_at(root: Path | str, rel: str, limit: int | None = None) -> bytes:
