@@ -89,7 +89,8 @@ MODULES: dict[str, Target] = {
                                                  "tests/unit/test_audit.py", "tests/unit/test_noise.py",
                                                  "tests/unit/test_sequential_ab_check.py",
                                                  "tests/unit/test_sequential_outlier_check.py",
-                                                 "tests/unit/test_decision_branches.py"), equivalent={
+                                                 "tests/unit/test_decision_branches.py",
+                                                 "tests/unit/test_decision_positions.py"), equivalent={
         "ledger.verdict.decide.decision.x__fmt__mutmut_1":
             "f'{inf:.4f}' is 'inf' too: _fmt is given an interval's ends, exp(...) or 0.0 and inf, never -inf",
         "ledger.verdict.decide.decision.x__call__mutmut_7":
