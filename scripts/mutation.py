@@ -65,7 +65,8 @@ MODULES: dict[str, Target] = {
     }),
     # stats.py was rewritten for the paired verdict (issue 26, b90d406 / 6a1824b): the equivalents named for the
     # unpaired interval (_betacf, _betainc, t_cdf, speedup_interval, the old triplets_needed) are gone with it
-    "ledger/verdict/decide/stats.py": Target(("tests/unit/test_stats.py", "tests/unit/test_noise.py"), equivalent={
+    "ledger/verdict/decide/stats.py": Target(("tests/unit/test_stats.py", "tests/unit/test_noise.py",
+                                              "tests/unit/test_verdict_positions.py"), equivalent={
         "ledger.verdict.decide.stats.x_triplets_needed__mutmut_4":
             "sd < 0 instead of <= 0: at sd = 0 the loop returns the first K with df >= 1 (half-width 0 <= goal): 1 "
             "with a calibration_df >= 1 and 2 below it, as the early return",

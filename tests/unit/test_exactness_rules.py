@@ -314,3 +314,15 @@ def test_a_rank_that_only_one_side_has_is_compared() -> None:
     assert replay_mismatch(watch, {}, train, {}, [], 0, []) == Mismatch(
         "final", None, 1, "w", {"train-C": "f", "watch-C": None},
         "final digest of w differs (train-C=f, watch-C=absent)")
+
+
+def test_an_arm_without_a_reload_is_skipped_and_the_arms_after_it_are_still_checked() -> None:
+    # an A/A launch of `orch calibrate` runs no reload (issue 51): A has none here, and C's reload still fails C
+    trains, reloads = _three({"w": "1"})
+    del reloads["A"]
+    reloads["C"] = ReloadResult(arm="C", world_size=1, ranks=[ReloadRank(rank=0, checkpoint_sha256="k",
+                                                                         combined="fc2", digests={"w": "1"})])
+    first, ok = final_and_reload(trains, reloads, ROLES)
+    assert first == Mismatch("reload", None, 0, None, {"C": "fc", "reload C": "fc2"},
+                             "final combined differs (C=fc, reload C=fc2)")
+    assert ok == {"C": False, "B": True}
