@@ -84,6 +84,8 @@ def test_a_baseline_launch_that_compiled_what_a_shortened_prime_did_not_reach_ke
         "compile time; raise measurement.prime_steps, or remove it so that the prime runs every step")
     assert decide(True, _iv(0.9, 1.1), unprimed=[said])[2].endswith("covers 1: no speed difference is shown")
     assert decide(False, _iv(1.2, 1.8), unprimed=[said])[0] == "not exact"  # exactness is judged first
+    two = decide(True, _iv(1.2, 1.8), unprimed=["train-A compiled", "train-B tuned"])[2]
+    assert "excludes 1, but train-A compiled; train-B tuned: their steps may hold compile time" in two
 
 
 def test_one_triplet_without_a_calibration_cannot_be_bounded_and_says_what_to_run() -> None:
