@@ -82,7 +82,7 @@ MODULES: dict[str, Target] = {
         "ledger.verdict.decide.stats.x_triplets_needed__mutmut_47":
             "(z * sd / goal) * 2 instead of ** 2: for x = z * sd / goal >= 2 a smaller start, still a lower bound, "
             "from which the loop steps up to the same K; for x < 2 the start is max(201, ceil(2x) <= 4) = 201 alike",
-        "ledger.verdict.decide.stats.x_paired_interval__mutmut_70":
+        "ledger.verdict.decide.stats.x_paired_interval__mutmut_94":
             "cal_df for every source (`or True`): the other source, the run's own SD, has df = K - 1, so spread.df - "
             "(K - 1) is 0 there as well",
     }),
@@ -181,7 +181,7 @@ MODULES: dict[str, Target] = {
             ("ledger.verdict.documents.audit.x_unseal_score__mutmut_33",
              "ledger.verdict.documents.audit.x_unseal_score__mutmut_30"),
             "bytes.decode without 'utf-8', or with 'UTF-8': the default codec is UTF-8, names are case-insensitive"),
-        "ledger.verdict.documents.audit.x_audit_run__mutmut_141":
+        "ledger.verdict.documents.audit.x_audit_run__mutmut_156":
             "the audit records of every run searched for this audit's digest, not only this run's: audit.json holds "
             "its run_id, so another run's audit record never has this digest",
         "ledger.verdict.documents.audit.x_audit_command__mutmut_2":

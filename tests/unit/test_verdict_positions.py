@@ -134,3 +134,16 @@ def test_a_calibration_of_another_cpu_kernel_or_gpus_is_not_used(tmp_path: Path)
     make_run(tmp_path, "run1")
     block = audit_run(tmp_path, "run1").document["calibration"]
     assert block["found"] is False and "host fingerprint differs (cpu_model)" in block["words"]
+
+
+def test_the_position_effect_of_any_calibration_with_a_df_and_a_launch_is_subtracted() -> None:
+    """The boundaries: a calibration of df 1 and a mean over 1 launch still correct d; df 0 (no spread) or a mean of 0
+    launches (recorded before positions were) leave d as it is, and nothing is divided by 0."""
+    one = paired_interval([0.1], Spread(0.05, 1, Position(0.1, 0.0, 1)))
+    assert one.estimate == pytest.approx(1.0, abs=1e-15)
+    assert math.log(one.high) == pytest.approx(float(dist.t_ppf(0.975, 1)) * 0.05 * math.sqrt(2.0), rel=1e-12)
+    none = paired_interval([0.1], Spread(0.05, 4, Position(0.1, 0.0, 0)))
+    assert none.estimate == pytest.approx(math.exp(0.1), rel=1e-15)
+    assert math.log(none.high / none.estimate) == pytest.approx(T4 * 0.05, rel=1e-12)  # nothing carried
+    flat = paired_interval([0.1, 0.3], Spread(0.05, 0, Position(0.1, 0.0, 5)))  # df 0: the run's own spread
+    assert flat.estimate == pytest.approx(math.exp(0.2), rel=1e-15) and flat.variance_source == "run"
