@@ -197,7 +197,8 @@ MODULES: dict[str, Target] = {
     "ledger/verdict/decide/evidence.py": Target(
         ("tests/unit/test_evidence_rules.py", "tests/unit/test_audit_evidence.py", "tests/unit/test_integrity.py",
          "tests/unit/test_run_record.py", "tests/unit/test_recipe.py", "tests/unit/test_calibrate.py",
-         "tests/unit/test_evidence_paths.py"), equivalent={
+         "tests/unit/test_evidence_paths.py", "tests/unit/test_audit.py", "tests/unit/test_audit_rules.py"),
+        equivalent={
         **dict.fromkeys(
             [f"ledger.verdict.decide.evidence.x__package_problems__mutmut_{n}" for n in (8, 9, 13, 14)],
             "the count of a package's open records starting at 1, counting by 2 or by -1, or kept at 1: it is only "
