@@ -90,6 +90,7 @@ class RunSpec:
     calibrated: bool = False  # a usable A/A calibration of the protocol (SD 0.05, df 4) recorded before the run
     calibration_of: bool = False  # run.json names the protocol it calibrates: an A/A launch of `orch calibrate`
     ends_after_triplets: bool = False  # the plan stops after the last reload (no watch-C, no score)
+    trailing_reload: bool | None = None  # with ends_after_triplets: the reload after the last launch (before issue 51)
 
     def times(self, label: str) -> list[float]:
         """Step durations of a launch: its own entry, else its arm letter's (A1 -> A)."""
@@ -249,7 +250,8 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
         }
     packages: list[dict[str, Any]] = []
     reached = True
-    for name in package_names(spec.repeats, prime=spec.primed, calibration=spec.ends_after_triplets):
+    for name in package_names(spec.repeats, prime=spec.primed, calibration=spec.ends_after_triplets,
+                              trailing_reload=spec.trailing_reload):
         kind = "replay" if name == "watch-C" else name.split("-")[0]
         label = name.split("-")[1] if "-" in name else None
         arm = arm_of(label) if label else None
@@ -493,6 +495,23 @@ def test_an_aa_launch_is_audited_with_the_packages_its_plan_ran(tmp_path: Path, 
     assert "A/A launch of `orch calibrate` for protocol synthetic" in md  # the report says what the run is
     assert ("its plan ends after the triplet (no watched replay, no DEV score)" in md) is ends_after_triplets
     assert not audit_run(tmp_path, "run1").written  # recomputed equal
+
+
+def test_an_aa_launch_recorded_with_its_last_reload_is_read_with_it(tmp_path: Path) -> None:
+    """An A/A launch recorded before issue 51 ran a reload after its last timed launch: it is audited with that
+    reload, which is compared like the others (its final digests equal train-B's)."""
+    spec = RunSpec(calibration_of=True, ends_after_triplets=True, trailing_reload=True, candidate_switches={})
+    run_dir = make_run(tmp_path, spec=spec)
+    names = [p["name"] for p in json.loads((run_dir / "run.json").read_text())["packages"]]
+    assert names[-2:] == ["train-B", "reload-B"]
+    doc = audit_run(tmp_path, "run1").document
+    assert doc["exact"] is True, doc["reasons"]
+    assert doc["cost"]["total_gpu_seconds"] == pytest.approx(6 * 4.0 + 1.0)  # checks, 3 trains, 3 reloads
+    assert doc["exactness"]["reload_equal"] == {"A": True, "C": True, "B": True}
+    differs = RunSpec(calibration_of=True, ends_after_triplets=True, trailing_reload=True, candidate_switches={},
+                      reload_differs="B")
+    make_run(tmp_path, "run2", differs)
+    assert audit_run(tmp_path, "run2").document["exact"] is False  # that reload is judged, not skipped
 
 
 def test_only_an_aa_launch_may_end_after_its_triplet(tmp_path: Path) -> None:
