@@ -393,3 +393,17 @@ def test_an_audit_recorded_before_paired_statistics_is_shown_compared_only_where
     (run_dir / "audit.json").write_bytes(canonical_bytes({**doc, "interval": v1["interval"]}))
     with pytest.raises(FailedError, match="differs from a recomputation in interval;"):
         audit_run(tmp_path, "run1")
+
+
+def test_an_audit_recorded_under_earlier_statistics_rules_is_named_so_not_as_a_v1_audit(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path)
+    audit_run(tmp_path, "run1")
+    doc = json.loads((run_dir / "audit.json").read_bytes())
+    earlier = {**doc, "statistics_rules": "issue-34", "reasons": ["recorded under the rules of issue 34"]}
+    (run_dir / "audit.json").write_bytes(canonical_bytes(earlier))
+    again = audit_run(tmp_path, "run1")
+    assert not again.written and again.document == earlier
+    assert again.notes == [
+        "audit.json was recorded under statistics rules before issue-52: a recomputation equals it on every part but "
+        "the statistics (verdict, interval, per-triplet figures, calibration, reasons, diagnostics), which are "
+        "shown as recorded"]
