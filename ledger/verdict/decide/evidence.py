@@ -26,7 +26,7 @@ from protocol.plan import AFTER_TRIPLETS, launch_labels, package_names, replay_l
 from protocol.recipe import RUN_COPY as RECIPE_RUN_COPY
 from protocol.recipe import LoadedRecipe, parse_recipe, v1_recipe
 from protocol.results import ChecksResult, ReloadResult, ScoreResult, StepRecord, TrainResult
-from protocol.run_record import OLD_RUN_SCHEMAS, RUN_SCHEMA, CacheUse, RunRecord
+from protocol.run_record import OLD_RUN_SCHEMAS, RUN_SCHEMA, RunRecord
 from protocol.schema import Protocol
 
 PACKAGES = package_names(1)  # the owner's run; with measurement.repeats K the plan lists package_names(K)
@@ -219,14 +219,15 @@ def compile_cache_manifest_problems(run_dir: Path, run: RunRecord | None) -> lis
     prime = None if run is None else run.package("prime")
     sealed = None if prime is None else prime.compile_cache
     kept = None if run is None else run.compile_cache
-    if sealed is None and kept is not None and kept.reused:  # a kept cache loaded instead of a prime (issue 51)
-        sealed = CacheUse(baseline_files=kept.files, baseline_tuned=kept.tuned, taken=0, taken_tuned=0, made=0,
-                          made_tuned=0, changed=0, baseline_tuned_sha256=kept.tuned_sha256,
-                          tuned_sha256=kept.tuned_sha256, own_kernels=[], sealed_entries=kept.entries,
-                          manifest_sha256=kept.manifest_sha256)
-    if sealed is None or sealed.manifest_sha256 is None:
+    if sealed is not None:
+        digest, entries = sealed.manifest_sha256, sealed.sealed_entries
+    elif kept is not None and kept.reused:  # a kept cache loaded instead of a prime (issue 51)
+        digest, entries = kept.manifest_sha256, kept.entries
+    else:
         return []
-    if kept is not None and kept.manifest_sha256 != sealed.manifest_sha256:
+    if digest is None:
+        return []
+    if kept is not None and kept.manifest_sha256 != digest:
         return ["run.json: the compile cache it says every package loaded is not the one its prime sealed"]
     rel = "compile-cache.baseline.json"
     try:
@@ -235,15 +236,15 @@ def compile_cache_manifest_problems(run_dir: Path, run: RunRecord | None) -> lis
         return [f"{rel}: missing (the prime sealed the baseline's compile cache)"]
     except OSError as err:
         return [f"{rel}: unreadable ({err.strerror})"]
-    if hashlib.sha256(raw).hexdigest() != sealed.manifest_sha256:
+    if hashlib.sha256(raw).hexdigest() != digest:
         return [f"{rel}: its sha256 is not the one the prime recorded in run.json"]
     try:
         doc = json.loads(raw)
         count = len(doc["files"]) + len(doc["folders"])
     except (ValueError, KeyError, TypeError):
         return [f"{rel}: malformed"]
-    if sealed.sealed_entries is not None and count != sealed.sealed_entries:
-        return [f"{rel}: lists {count} entries, the prime sealed {sealed.sealed_entries}"]
+    if entries is not None and count != entries:
+        return [f"{rel}: lists {count} entries, the prime sealed {entries}"]
     return []
 
 
