@@ -212,6 +212,10 @@ MODULES: dict[str, Target] = {
             "the value a missing piece starts with (protocol_sha '' as None or 'XXXX', n_steps 0 as 1 without a "
             "protocol): each is kept only when that piece is there, and without it the run is refused before the "
             "value is used or returned"),
+        "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_235":
+            "`continue` -> `break` past a launch whose reload is not in the plan: only an A/A launch drops a reload, "
+            "and only its trailing one (protocol.plan), the reload of the last label of launch_labels, so the loop "
+            "has no iteration left to skip",
         "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_277":
             "watch_steps starting as None instead of {}: it is replaced by the replay's steps wherever a watched "
             "replay exists; without one (an A/A calibration run, not refused) exactness reads it only when `watch is "
