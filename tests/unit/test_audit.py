@@ -91,14 +91,18 @@ class RunSpec:
     calibration_of: bool = False  # run.json names the protocol it calibrates: an A/A launch of `orch calibrate`
     ends_after_triplets: bool = False  # the plan stops after the last reload (no watch-C, no score)
     trailing_reload: bool | None = None  # with ends_after_triplets: the reload after the last launch (before issue 51)
+    calibration_max_age_days: float | None = None  # measurement.calibration_max_age_days (None: the default, 7)
 
     def times(self, label: str) -> list[float]:
         """Step durations of a launch: its own entry, else its arm letter's (A1 -> A)."""
         return self.durations.get(label) or self.durations[label[0]]
 
 
-def _protocol(repeats: int = 1) -> Protocol:
-    measurement = {"measurement": {"repeats": repeats}} if repeats != 1 else {}
+def _protocol(repeats: int = 1, max_age_days: float | None = None) -> Protocol:
+    fields: dict[str, Any] = {"repeats": repeats} if repeats != 1 else {}
+    if max_age_days is not None:
+        fields["calibration_max_age_days"] = max_age_days
+    measurement = {"measurement": fields} if fields else {}
     return Protocol.model_validate(
         {
             "schema": "orch.protocol/1",
@@ -210,8 +214,8 @@ def record_calibration(home: Path, run_id: str, protocol_id: str, host: dict[str
     return run_dir
 
 
-def synthetic_protocol_id(repeats: int = 1) -> str:
-    return _sha(canonical_json(_protocol(repeats)))
+def synthetic_protocol_id(repeats: int = 1, max_age_days: float | None = None) -> str:
+    return _sha(canonical_json(_protocol(repeats, max_age_days)))
 
 
 def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> Path:
@@ -221,7 +225,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
     h.ledger_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(h.ledger_path)
     run_dir = h.run_dir(run_id)
-    protocol = _protocol(spec.repeats)
+    protocol = _protocol(spec.repeats, spec.calibration_max_age_days)
     proto_bytes = canonical_json(protocol)
     common = {"host": HOST, "protocol_id": _sha(proto_bytes)}
     if spec.calibrated:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_audit import make_run, record_calibration
+from test_audit import RunSpec, make_run, record_calibration, synthetic_protocol_id
 from test_calibrate import RECORDED_HOST, _synthetic_protocol_id
 
 from ledger.verdict.decide import dist
@@ -126,6 +126,16 @@ def test_an_expired_calibration_is_not_used_and_the_verdict_says_why(tmp_path: P
     assert doc["verdict"] == "no difference shown" and doc["interval"]["sd"] is None
     assert any("recorded 12.0 days before this run, more than measurement.calibration_max_age_days (7)" in r
                for r in doc["reasons"])
+
+
+def test_the_protocols_own_maximum_age_decides_which_calibration_has_expired(tmp_path: Path) -> None:
+    """measurement.calibration_max_age_days = 30: a calibration 12 days old is used (the default, 7, would not)."""
+    pid = synthetic_protocol_id(max_age_days=30)
+    record_calibration(tmp_path, "cal-old", pid, RECORDED_HOST, recorded_at="2024-12-20T00:00:00Z")  # 12 days
+    make_run(tmp_path, "run1", RunSpec(calibration_max_age_days=30))
+    doc = audit_run(tmp_path, "run1").document
+    assert doc["calibration"]["found"] is True and doc["calibration"]["age_days"] == pytest.approx(12.0), doc["reasons"]
+    assert doc["interval"]["variance_source"] == "calibration"
 
 
 def test_a_calibration_of_another_cpu_kernel_or_gpus_is_not_used(tmp_path: Path) -> None:
