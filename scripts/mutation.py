@@ -168,7 +168,8 @@ MODULES: dict[str, Target] = {
     # test_audit.py and test_witness.py reach audit_run too, through whole audits (each plots, some audit 2-4 runs):
     # with them a run of the 355 mutants took over 30 minutes; test_audit_rules.py pins each rule of this module
     "ledger/verdict/documents/audit.py": Target(
-        ("tests/unit/test_audit_rules.py", "tests/unit/test_audit_evidence.py", "tests/unit/test_calibrate.py"),
+        ("tests/unit/test_audit_rules.py", "tests/unit/test_audit_evidence.py", "tests/unit/test_calibrate.py",
+         "tests/unit/test_verdict_positions.py"),
         equivalent={
         "ledger.verdict.documents.audit.x__append_audit_record__mutmut_20":
             "arm=None left out of ledger.append: a ledger record's arm defaults to None",
