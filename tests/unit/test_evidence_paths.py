@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+from test_exactness_rules import _summary as rank_summary
+from test_exactness_rules import _train as train_result
 
 from ledger.verdict.decide.evidence import compile_cache_manifest_problems, read_steps
-from protocol.results import ObservedRecipe, RankSummary, TrainResult
+from protocol.results import TrainResult
 from protocol.run_record import CacheUse, KeptCache, PackageEntry, RunRecord
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "home" / "runs"
@@ -20,11 +22,8 @@ MANIFEST = "compile-cache.baseline.json"
 
 
 def _train(ranks: int) -> TrainResult:
-    recipe = ObservedRecipe(optimizer="AdamW", lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    return TrainResult(arm="A", world_size=ranks, steps=0, digest_steps=[], device="cpu", observed_recipe=recipe,
-                       ranks=[RankSummary(rank=r, steps_file=f"steps.rank{r}.jsonl", steps_sha256="0" * 64, steps=0,
-                                          final_combined="fc", final_digests={}, checkpoint_sha256="k")
-                              for r in range(ranks)], stopped_cleanly=True)  # fmt: skip
+    """A train of `ranks` ranks whose step files are steps.rank<r>.jsonl (read_steps is given the step count)."""
+    return train_result("A", [rank_summary(r, {}) for r in range(ranks)])
 
 
 def test_a_missing_steps_file_or_a_folder_is_missing_and_the_next_rank_is_still_read(tmp_path: Path) -> None:
