@@ -193,12 +193,13 @@ MODULES: dict[str, Target] = {
     }),
     # the audit's whole-run tests (test_audit.py, test_audit_hardening.py) reach every function here too, at 1-2 s
     # each for every surviving mutant; the rules are pinned one by one in test_evidence_rules.py, the recipe copy's
-    # checks in test_recipe.py and the calibration run's evidence in test_calibrate.py; a sequential run's evidence
-    # only end to end (test_sequential_e2e.py)
+    # checks in test_recipe.py and the calibration run's evidence in test_calibrate.py; the packages a recorded run is
+    # read with (sequential, primed, A/A, trailing reload, recipe copy) in test_evidence_plan.py
     "ledger/verdict/decide/evidence.py": Target(
-        ("tests/unit/test_evidence_rules.py", "tests/unit/test_audit_evidence.py", "tests/unit/test_integrity.py",
-         "tests/unit/test_run_record.py", "tests/unit/test_recipe.py", "tests/unit/test_calibrate.py",
-         "tests/unit/test_evidence_paths.py", "tests/unit/test_audit.py", "tests/unit/test_audit_rules.py"),
+        ("tests/unit/test_evidence_rules.py", "tests/unit/test_evidence_plan.py", "tests/unit/test_audit_evidence.py",
+         "tests/unit/test_integrity.py", "tests/unit/test_run_record.py", "tests/unit/test_recipe.py",
+         "tests/unit/test_calibrate.py", "tests/unit/test_evidence_paths.py", "tests/unit/test_audit.py",
+         "tests/unit/test_audit_rules.py"),
         equivalent={
         **dict.fromkeys(
             [f"ledger.verdict.decide.evidence.x__package_problems__mutmut_{n}" for n in (8, 9, 13, 14)],
@@ -213,6 +214,13 @@ MODULES: dict[str, Target] = {
             "the value a missing piece starts with (protocol_sha '' as None or 'XXXX', n_steps 0 as 1 without a "
             "protocol): each is kept only when that piece is there, and without it the run is refused before the "
             "value is used or returned"),
+        "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_97":
+            "the trailing reload's name read as a fixed design's (sequential None): it is read only for an A/A launch "
+            "of `orch calibrate`, whose protocol is always a fixed design of one triplet (orchestrator/run/"
+            "calibrate.py sets repeats 1 and drops repeats: auto's rule), so sequential is False there either way",
+        "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_98":
+            "the trailing reload's name read without the prime (prime None): it is the plan's last name, which the "
+            "prime, the plan's second, never is",
         "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_235":
             "`continue` -> `break` past a launch whose reload is not in the plan: only an A/A launch drops a reload, "
             "and only its trailing one (protocol.plan), the reload of the last label of launch_labels, so the loop "

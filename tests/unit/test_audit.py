@@ -28,6 +28,7 @@ from manifests.core import hash_tree
 from protocol.errors import FailedError
 from protocol.home import resolve_home
 from protocol.plan import arm_of, package_names, replay_label
+from protocol.recipe import RUN_COPY as RECIPE_RUN_COPY
 from protocol.recipe import UPSTREAM_RECIPE
 from protocol.results import (
     ChecksResult,
@@ -92,22 +93,32 @@ class RunSpec:
     ends_after_triplets: bool = False  # the plan stops after the last reload (no watch-C, no score)
     trailing_reload: bool | None = None  # with ends_after_triplets: the reload after the last launch (before issue 51)
     calibration_max_age_days: float | None = None  # measurement.calibration_max_age_days (None: the default, 7)
+    # a sequential run of `repeats` triplets: "protocol" (repeats: auto) or "--until-decided" (a fixed protocol of one
+    # triplet launched with the flag); run.json records the rule either way, and labels are numbered from A1
+    sequential: str | None = None
+    ledger_omits: tuple[str, ...] = ()  # packages run.json lists whose ledger records are missing
+    run_json_omits: tuple[str, ...] = ()  # packages the ledger records that run.json leaves out
+    watch_arm: str | None = None  # the arm watch-C's result names (default: the launch it replays)
+    recipe_file: bytes | None = None  # an orch.protocol/2 run whose frozen recipe file (its run copy) is these bytes
 
     def times(self, label: str) -> list[float]:
         """Step durations of a launch: its own entry, else its arm letter's (A1 -> A)."""
         return self.durations.get(label) or self.durations[label[0]]
 
 
-def _protocol(repeats: int = 1, max_age_days: float | None = None) -> Protocol:
+def _protocol(repeats: int | str = 1, max_age_days: float | None = None, recipe_file: bytes | None = None) -> Protocol:
     fields: dict[str, Any] = {"repeats": repeats} if repeats != 1 else {}
     if max_age_days is not None:
         fields["calibration_max_age_days"] = max_age_days
     measurement = {"measurement": fields} if fields else {}
+    recipe: dict[str, Any] = {"schema": "orch.protocol/1", "recipe": dict(UPSTREAM_RECIPE)}
+    if recipe_file is not None:
+        recipe = {"schema": "orch.protocol/2", "recipe_file": {"path": "recipes/synthetic.yaml",
+                                                               "sha256": _sha(recipe_file)}}
     return Protocol.model_validate(
         {
-            "schema": "orch.protocol/1",
+            **recipe,
             "name": "synthetic",
-            "recipe": dict(UPSTREAM_RECIPE),
             "precision": "fp32",
             "sources": {"root": "src", "include": ["train/**/*.py"]},
             "arms": {
@@ -225,13 +236,17 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
     h.ledger_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(h.ledger_path)
     run_dir = h.run_dir(run_id)
-    protocol = _protocol(spec.repeats, spec.calibration_max_age_days)
+    auto = spec.sequential == "protocol"
+    protocol = _protocol("auto" if auto else spec.repeats if spec.sequential is None else 1,
+                         spec.calibration_max_age_days, spec.recipe_file)
     proto_bytes = canonical_json(protocol)
     common = {"host": HOST, "protocol_id": _sha(proto_bytes)}
     if spec.calibrated:
         record_calibration(home, f"cal-{run_id}", _sha(proto_bytes))
     (run_dir / "packages").mkdir(parents=True)
     (run_dir / "protocol.json").write_bytes(proto_bytes)
+    if spec.recipe_file is not None:
+        (run_dir / RECIPE_RUN_COPY).write_bytes(spec.recipe_file)
     arms: dict[str, Any] = {}
     for arm in ("baseline", "candidate"):
         tree = run_dir / "sealed" / arm
@@ -252,14 +267,16 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             "under_evaluation": False,
             "note": None,
         }
-    packages: list[dict[str, Any]] = []
+    listed: list[dict[str, Any]] = []  # run.json's packages
     reached = True
-    for name in package_names(spec.repeats, prime=spec.primed, calibration=spec.ends_after_triplets,
-                              trailing_reload=spec.trailing_reload):
+    for name in package_names(spec.repeats, spec.sequential is not None, prime=spec.primed,
+                              calibration=spec.ends_after_triplets, trailing_reload=spec.trailing_reload):
         kind = "replay" if name == "watch-C" else name.split("-")[0]
         label = name.split("-")[1] if "-" in name else None
         arm = arm_of(label) if label else None
         pkg_dir = run_dir / "packages" / name
+        ledger = Ledger(h.ledger_path) if name not in spec.ledger_omits else _NoLedger()  # type: ignore[assignment]
+        packages = listed if name not in spec.run_json_omits else []
         if not reached:
             ledger.append(
                 **common, run_id=run_id, package=name, kind=kind, arm=arm, status="not-run", note="not reached"
@@ -322,12 +339,22 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             "host": HOST_FINGERPRINT,
             "arms": arms,
             "lock": {"kind": "cpu-slot", "devices": [0, 1], "wait_s": 0.0},
-            "packages": packages,
+            "packages": listed,
+            **({"sequential": {"asked": spec.sequential, "max_triplets": max(spec.repeats, 2),
+                               "target_half_width": 0.05 if auto else None, "level": 0.95,
+                               "triplets": spec.repeats, "stop": "maximum"}} if spec.sequential else {}),
             **({"calibration_of": {"protocol_id": _sha(proto_bytes), "protocol_name": protocol.name}}
                if spec.calibration_of else {}),
         },
     )
     return run_dir
+
+
+class _NoLedger:
+    """Where make_run's records of a package in RunSpec.ledger_omits go: nowhere."""
+
+    def append(self, **_: Any) -> None:
+        return None
 
 
 def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> str:
@@ -346,7 +373,7 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
         return _sha(data)
     kind, label = name.split("-")
     if kind == "watch":
-        label = replay_label(spec.repeats)  # the first triplet's candidate launch, replayed
+        label = replay_label(spec.repeats, spec.sequential is not None)  # the first triplet's candidate launch
     if kind in ("train", "watch"):
         watch = kind == "watch"
         summaries = []
@@ -378,7 +405,7 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
         return _result(
             pkg_dir / "result.json",
             TrainResult(
-                arm=label,
+                arm=spec.watch_arm if watch and spec.watch_arm else label,
                 world_size=spec.ranks,
                 steps=16,
                 digest_steps=list(range(14)),
