@@ -10,10 +10,17 @@ import json
 from pathlib import Path
 
 import pytest
+from test_audit import RunSpec, make_run
 from test_exactness_rules import _summary as rank_summary
 from test_exactness_rules import _train as train_result
 
-from ledger.verdict.decide.evidence import compile_cache_manifest_problems, read_steps
+from ledger.verdict.decide.evidence import (
+    IncompleteRunError,
+    collect_evidence,
+    compile_cache_manifest_problems,
+    read_steps,
+)
+from protocol.home import resolve_home
 from protocol.results import TrainResult
 from protocol.run_record import CacheUse, KeptCache, PackageEntry, RunRecord
 
@@ -138,3 +145,20 @@ def test_an_empty_manifest_counts_zero(tmp_path: Path, entries: int) -> None:
     sha = _manifest(tmp_path, files=0, folders=0)
     got = compile_cache_manifest_problems(tmp_path, _with_prime(_sealed(sha, entries)))
     assert got == ([] if entries == 0 else [f"{MANIFEST}: lists 0 entries, the prime sealed 1"])
+
+
+def test_a_whole_runs_evidence_reads_its_primes_manifest_back_from_its_own_folder(tmp_path: Path) -> None:
+    """collect_evidence refuses a primed run whose sealed manifest is not in its run folder, and takes it once it is."""
+    run_dir = make_run(tmp_path, "run1", RunSpec(primed=True))
+    run = RunRecord.model_validate_json((run_dir / "run.json").read_bytes())
+    manifest = tmp_path / "manifest.json"
+    sha = _manifest(tmp_path)
+    (tmp_path / MANIFEST).rename(manifest)
+    packages = [p.model_copy(update={"compile_cache": _sealed(sha, 3)}) if p.name == "prime" else p
+                for p in run.packages]
+    (run_dir / "run.json").write_text(run.updated(packages=packages).model_dump_json(by_alias=True))
+    with pytest.raises(IncompleteRunError) as err:
+        collect_evidence(resolve_home(tmp_path), "run1")
+    assert err.value.problems == [f"{MANIFEST}: missing (the prime sealed the baseline's compile cache)"]
+    manifest.rename(run_dir / MANIFEST)
+    assert collect_evidence(resolve_home(tmp_path), "run1").run.package("prime").compile_cache == _sealed(sha, 3)
