@@ -15,7 +15,7 @@ import pytest
 from ledger.verdict.documents.compile_cache_doc import compile_cache_doc, diagnosis
 from orchestrator.isolation.compile_cache import MANIFEST, RunCaches, inventory, kernel_name, tuned_digest, tuned_pick
 from protocol.errors import FailedError
-from protocol.run_record import CacheUse, PackageEntry, RunRecord
+from protocol.run_record import CacheUse, KeptCache, PackageEntry, RunRecord
 
 KERNEL = "import triton\n@triton.jit\ndef triton_red_fused_sum_0(in_ptr, XBLOCK):\n    pass\n"
 
@@ -336,3 +336,41 @@ def test_the_audit_reads_the_manifest_back(tmp_path: Path) -> None:
         "compile-cache.baseline.json: unreadable (a link, not a regular file)"]
     old = run.updated(packages=[_entry("prime", "prime", None, use.model_copy(update={"manifest_sha256": None}))])
     assert compile_cache_manifest_problems(run_dir, old) == []  # recorded before the digest: nothing to compare
+
+
+def test_the_audit_names_the_kept_cache_a_run_loaded_instead_of_a_prime_and_the_one_a_prime_kept() -> None:
+    """A run that loaded a kept cache ran no prime: the audit says which cache, which run sealed it and when, what its
+    prime cost there, and that every entry was checked; it never reports a prime of 0 GPU-s (issue 51)."""
+    from ledger.verdict.documents.report import compile_cache_lines
+
+    golden = Path(__file__).resolve().parents[1] / "golden" / "home" / "runs"
+    run = RunRecord.model_validate_json(next(golden.glob("*/run.json")).read_bytes())
+    kept = KeptCache(key="k" * 64, name="baseline-kkkk-r0", reused=True, sealed_by="r0",
+                     sealed_at="2026-12-07T08:24:16Z", manifest_sha256="m" * 64, entries=7, files=5, tuned=2,
+                     tuned_sha256="d0" * 32, prime_steps=3, launch_steps=16, prime_gpu_seconds=284.7, checked_s=0.12)
+    trainers = [_entry("checks", "checks", None, None), _entry("train-A", "train", "A", _use("d0" * 32)),
+                _entry("train-C", "train", "C", _use("d0" * 32)), _entry("train-B", "train", "B", _use("d0" * 32))]
+    doc = compile_cache_doc(run.updated(packages=trainers, compile_cache=kept), {"train-A": 9.0}, exact=True)
+    assert doc is not None and doc["prime_gpu_seconds"] == 0.0 and doc["loaded"]["sealed_by"] == "r0"
+    lines = compile_cache_lines({"compile_cache": doc})
+    assert lines[:2] == [
+        "compile cache: no prime; loaded the kept cache baseline-kkkk-r0, sealed by run r0 at 2026-12-07T08:24:16Z "
+        "(its prime ran 3 step(s), 284.7 GPU-s paid in that run): 5 file(s), 2 tuned pick(s) (sha256 d0d0d0d0d0d0); "
+        "7 entries checked against its manifest in 0.1 s",
+        "compile cache: 3 of 3 trainer launch(es) ran the baseline's picks"]
+    older = kept.model_copy(update={"prime_steps": None, "prime_gpu_seconds": None, "checked_s": None})
+    doc = compile_cache_doc(run.updated(packages=trainers, compile_cache=older), {}, exact=True)
+    assert compile_cache_lines({"compile_cache": doc})[0] == (
+        "compile cache: no prime; loaded the kept cache baseline-kkkk-r0, sealed by run r0 at 2026-12-07T08:24:16Z: 5 "
+        "file(s), 2 tuned pick(s) (sha256 d0d0d0d0d0d0); 7 entries checked against its manifest")
+    # the run that primed and kept its cache: the prime's line, then where it was kept and why this run primed
+    sealer = kept.model_copy(update={"reused": False, "sealed_by": run.run_id, "checked_s": None,
+                                     "reason": "no kept compile cache of key kkkk (the first run of this baseline)"})
+    primed = [trainers[0], _entry("prime", "prime", None, _use("d0" * 32)), *trainers[1:]]
+    doc = compile_cache_doc(run.updated(packages=primed, compile_cache=sealer), {"prime": 30.0, "train-A": 10.0},
+                            exact=True)
+    assert compile_cache_lines({"compile_cache": doc})[:2] == [
+        "compile cache: the prime sealed 5 file(s), 2 tuned pick(s) (sha256 d0d0d0d0d0d0) in 30.0 GPU-s (75.0% of the "
+        "run)",
+        "compile cache: kept as baseline-kkkk-r0; later runs of its key load it; a fresh prime: no kept compile cache "
+        "of key kkkk (the first run of this baseline)"]

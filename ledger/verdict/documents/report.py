@@ -142,11 +142,24 @@ def compile_cache_lines(doc: Mapping[str, Any]) -> list[str]:
                 "compiled and tuned nothing"]
     base = cc["baseline"]
     trainers = cc["same_baseline_picks"] + cc["differing_baseline_picks"]
-    lines = [f"compile cache: the prime sealed {base['files']} file(s), {base['tuned']} tuned pick(s) "
-             f"(sha256 {base['tuned_sha256'][:12]}) in {cc['prime_gpu_seconds']:.1f} GPU-s "
-             f"({100 * cc['prime_share']:.1f}% of the run)"
-             + (f"; the prime ran {cc['prime_steps']} of the steps (measurement.prime_steps)" if "prime_steps" in cc
-                else "")]
+    picks = f"{base['files']} file(s), {base['tuned']} tuned pick(s) (sha256 {base['tuned_sha256'][:12]})"
+    loaded = cc.get("loaded")
+    if loaded and loaded["reused"]:  # no prime in this run: a kept cache sealed by an earlier one (issue 51)
+        sealing, checked = loaded.get("sealing_prime_gpu_seconds"), loaded.get("checked_s")
+        prime = ([f"its prime ran {cc['prime_steps']} step(s)"] if cc.get("prime_steps") else []) + (
+            [f"{sealing:.1f} GPU-s paid in that run"] if sealing is not None else [])
+        lines = [f"compile cache: no prime; loaded the kept cache {loaded['cache']}, sealed by run "
+                 f"{loaded['sealed_by']} at {loaded['sealed_at']}" + (f" ({', '.join(prime)})" if prime else "")
+                 + f": {picks}; {loaded['entries']} entries checked against its manifest"
+                 + (f" in {checked:.1f} s" if checked is not None else "")]
+    else:
+        lines = [f"compile cache: the prime sealed {picks} in {cc['prime_gpu_seconds']:.1f} GPU-s "
+                 f"({100 * cc['prime_share']:.1f}% of the run)"
+                 + (f"; the prime ran {cc['prime_steps']} of the steps (measurement.prime_steps)" if "prime_steps" in cc
+                    else "")]
+        if loaded:
+            lines.append(f"compile cache: kept as {loaded['cache']}; later runs of its key load it"
+                         + (f"; a fresh prime: {loaded['reason']}" if loaded.get("reason") else ""))
     same = cc["same_baseline_picks"]
     lines.append(f"compile cache: {len(same)} of {len(trainers)} trainer launch(es) ran the baseline's picks"
                  + (f"; different: {', '.join(cc['differing_baseline_picks'])}" if cc["differing_baseline_picks"]
