@@ -234,7 +234,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
     spec = spec or RunSpec()
     h = resolve_home(home)
     h.ledger_dir.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(h.ledger_path)
+    real_ledger = Ledger(h.ledger_path)
     run_dir = h.run_dir(run_id)
     auto = spec.sequential == "protocol"
     protocol = _protocol("auto" if auto else spec.repeats if spec.sequential is None else 1,
@@ -275,7 +275,7 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
         label = name.split("-")[1] if "-" in name else None
         arm = arm_of(label) if label else None
         pkg_dir = run_dir / "packages" / name
-        ledger = Ledger(h.ledger_path) if name not in spec.ledger_omits else _NoLedger()  # type: ignore[assignment]
+        ledger = real_ledger if name not in spec.ledger_omits else _NoLedger()
         packages = listed if name not in spec.run_json_omits else []
         if not reached:
             ledger.append(

@@ -114,6 +114,12 @@ def test_a_pick_is_its_configuration_without_its_timings(tmp_path: Path) -> None
     assert kernel_name(tmp_path, "zz/missing.best_config") == "missing"  # no source beside it: the file's stem
 
 
+def _golden_run() -> RunRecord:
+    """The golden home's run.json, the base the audit-block tests vary."""
+    golden = Path(__file__).resolve().parents[1] / "golden" / "home" / "runs"
+    return RunRecord.model_validate_json(next(golden.glob("*/run.json")).read_bytes())
+
+
 def _entry(name: str, kind: str, label: str | None, use: CacheUse | None) -> PackageEntry:
     arm = None if label is None else ("candidate" if label.startswith("C") else "baseline")
     return PackageEntry(name=name, kind=kind, arm_label=label, arm=arm, env={}, status="ok",  # type: ignore[arg-type]
@@ -130,8 +136,7 @@ def _use(tuned: str, own: list[dict[str, object]] | None = None, made: int = 0) 
 def test_the_audit_block_and_its_diagnosis(tmp_path: Path) -> None:
     own = [{"kernel": "triton_red_fused_sum_1", "file": "f", "pick": "XBLOCK 32", "baseline_pick": "XBLOCK 64",
             "rewritten": False}]
-    run = RunRecord.model_validate_json((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(
-        "*/run.json").__next__().read_bytes())
+    run = _golden_run()
     packages = [_entry("checks", "checks", None, None), _entry("prime", "prime", None, _use("d0")),
                 _entry("train-A", "train", "A", _use("d0")), _entry("train-C", "train", "C", _use("d0", own, 1)),
                 _entry("train-B", "train", "B", _use("d0")), _entry("watch-C", "replay", "C", _use("d1"))]
@@ -188,8 +193,7 @@ def test_compile_none_passes_an_empty_folder_and_refuses_one_that_compiled(tmp_p
 
 
 def test_the_audit_block_of_a_compile_none_run_names_the_packages_checked(tmp_path: Path) -> None:
-    run = RunRecord.model_validate_json((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(
-        "*/run.json").__next__().read_bytes())
+    run = _golden_run()
     run = run.updated(packages=[_entry("checks", "checks", None, None), _entry("train-A", "train", "A", None)])
     doc = compile_cache_doc(run, {"train-A": 3.0}, True, "none")
     assert doc == {"mode": "none", "checked": ["checks", "train-A"], "prime_gpu_seconds": 0.0, "prime_share": 0.0,
@@ -205,8 +209,7 @@ def test_a_shortened_prime_names_every_baseline_launch_that_compiled_what_it_did
     baseline launch that compiled or tuned anything of its own (the candidate's own kernels are not named there)."""
     own = [{"kernel": "triton_red_fused_sum_1", "file": "f", "pick": "XBLOCK 32", "baseline_pick": None,
             "rewritten": False}]
-    run = RunRecord.model_validate_json((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(
-        "*/run.json").__next__().read_bytes())
+    run = _golden_run()
     packages = [_entry("checks", "checks", None, None), _entry("prime", "prime", None, _use("d0")),
                 _entry("train-A", "train", "A", _use("d0", made=2)),
                 _entry("train-C", "train", "C", _use("d0", own, 1)),
@@ -320,8 +323,7 @@ def test_the_audit_reads_the_manifest_back(tmp_path: Path) -> None:
 
     caches = _primed(tmp_path)
     use = caches.seal_baseline()
-    run = RunRecord.model_validate_json((Path(__file__).resolve().parents[1] / "golden" / "home" / "runs").glob(
-        "*/run.json").__next__().read_bytes())
+    run = _golden_run()
     run = run.updated(packages=[_entry("prime", "prime", None, use)])
     run_dir = caches.manifest_path.parent
     assert compile_cache_manifest_problems(run_dir, run) == []
@@ -343,8 +345,7 @@ def test_the_audit_names_the_kept_cache_a_run_loaded_instead_of_a_prime_and_the_
     prime cost there, and that every entry was checked; it never reports a prime of 0 GPU-s (issue 51)."""
     from ledger.verdict.documents.report import compile_cache_lines
 
-    golden = Path(__file__).resolve().parents[1] / "golden" / "home" / "runs"
-    run = RunRecord.model_validate_json(next(golden.glob("*/run.json")).read_bytes())
+    run = _golden_run()
     kept = KeptCache(key="k" * 64, name="baseline-kkkk-r0", reused=True, sealed_by="r0",
                      sealed_at="2026-12-07T08:24:16Z", manifest_sha256="m" * 64, entries=7, files=5, tuned=2,
                      tuned_sha256="d0" * 32, prime_steps=3, launch_steps=16, prime_gpu_seconds=284.7, checked_s=0.12)
