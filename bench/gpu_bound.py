@@ -7,7 +7,12 @@ calibrated baseline step (R3_BENCH_GPU_WORK, an arm switch of a copy of the trai
 
 Prints one table; writes the figures (JSON) and the run records (runs/ and ledger/, no scratch) under --out.
 
-Usage: python bench/gpu_bound.py [--device cuda|cpu] [--budget-s 480] [--plain-triplets 2] [--small] [--out DIR]
+Order: the first plain triplet(s) size what follows; after the null and the 5% decision, --floor-after more plain
+triplets join the floor (so a short device budget decides first), then the 2% and the candidate. --deadline-file: a
+file holding a Unix time; when present it replaces the deadline, so a later device call can move it.
+
+Usage: python bench/gpu_bound.py [--device cuda|cpu] [--budget-s 480] [--plain-triplets 2] [--floor-after 0]
+       [--deadline-file F] [--small] [--out DIR]
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -24,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from bench_floor import BOUND_NULL, orch_aa, plain_floor, protocol_copy, table
+from bench_floor import BOUND_NULL, orch_aa, plain_floor, protocol_copy, summary, table
 from bench_null import GIT, baseline_step_s, env, orch, project
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,6 +139,15 @@ def row(kind: str, audit: dict[str, Any], wall: float, code: int, planned: float
     }  # fmt: skip
 
 
+def merge_floor(first: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Two batches of plain triplets of one workload as one floor."""
+    trips = first["trips"] + more["trips"]
+    launches = first["launches"] + [{**x, "triplet": x["triplet"] + len(first["trips"])} for x in more["launches"]]
+    busy = [x["gpu_busy"] for x in launches if x["gpu_busy"] is not None]
+    return {**summary(trips), "trips": trips, "launches": launches,
+            "gpu_busy_mean": statistics.mean(busy) if busy else None}  # fmt: skip
+
+
 def decisions_table(rows: list[dict[str, Any]]) -> str:
     out = ["kind | K | planned | speedup [95%] | half-width | verdict | max drift | GPU-busy | wall s"]
     for r in rows:
@@ -151,6 +166,8 @@ def main() -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     ap.add_argument("--budget-s", type=float, default=480.0, help="no step starts that would end after this")
     ap.add_argument("--plain-triplets", type=int, default=2)
+    ap.add_argument("--floor-after", type=int, default=0, help="plain triplets added after the 5%% decision")
+    ap.add_argument("--deadline-file", type=Path, default=None, help="a Unix time that replaces the deadline")
     ap.add_argument("--calibration-repeats", type=int, default=3)
     ap.add_argument("--max-repeats", type=int, default=4, help="the 2%% slowdown's sequential stop")
     ap.add_argument("--small", action="store_true", help="r3-mini's CPU protocols, shorter rollouts: a dry run")
@@ -167,6 +184,11 @@ def main() -> int:
         (opts.out / "gpu_bound.json").write_text(json.dumps(figures, indent=1) + "\n")
 
     def left() -> float:
+        if opts.deadline_file is not None and opts.deadline_file.is_file():
+            try:
+                return float(opts.deadline_file.read_text().strip()) - time.time()
+            except ValueError:
+                pass
         return deadline - time.monotonic()
 
     with tempfile.TemporaryDirectory(prefix="orch-gpu-bound-") as tmp:
@@ -181,7 +203,7 @@ def main() -> int:
         print(f"one {MM_SIZE}^2 fp32 product: {figures['product_s'] * 1000:.3f} ms", flush=True)
         # 1. GPU-busy and the floor: plain launches, no orch (they also size what follows)
         plain = plain_floor(proj, null, opts.plain_triplets, opts.device, Path(tmp) / "plain",
-                            deadline=deadline - 0.6 * opts.budget_s)  # fmt: skip
+                            deadline=time.monotonic() + left() - 0.6 * opts.budget_s)  # fmt: skip
         figures["plain"] = plain
         save()
         # 2. orch calibrate: 3 A/A launches (orch's own noise against the floor; pooled into every audit below)
@@ -212,6 +234,12 @@ def main() -> int:
                                                      ("slowdown 2% sequential", 0.02, opts.max_repeats),
                                                      ("candidate", None, 1)]  # fmt: skip
         for kind, frac, triplets in plan:
+            if kind.endswith("sequential") and opts.floor_after > 0:
+                more = plain_floor(proj, null, opts.floor_after, opts.device, Path(tmp) / "plain",
+                                   deadline=time.monotonic() + left() - per_triplet * (1 + REPLAY))  # fmt: skip
+                figures["plain"] = plain = merge_floor(plain, more)
+                save()
+                print(table(plain, aa), flush=True)
             # a launch runs its triplet, then the watched replay of C and the scorer, which an A/A launch leaves out
             need = per_triplet * ((1 if kind.endswith("sequential") else triplets) + REPLAY) * 1.1
             if need > left():
