@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 BOUND = "r3_mini_cuda1_bound.yaml"
 WORK_VAR = "R3_BENCH_GPU_WORK"
 MM_SIZE = 2048
-REPLAY = 0.7  # a launch's watched replay and scorer, in A/A triplets (an A/A launch has neither)
+SCORE_S = 45.0  # the DEV scorer of the bound size, seconds (an A/A launch has none to measure it by)
+MARGIN = 1.05
 SETUP_ANCHOR = "    for curr_step in range(train_step, training_args.total_steps):\n"
 SETUP = (
     f'    bench_work = int(os.environ.get("{WORK_VAR}", "0"))  # gpu-bound bench: known extra GPU work, no bits\n'
@@ -122,6 +123,22 @@ def launch(proj: Path, home: Path, protocol: Path, *extra: str) -> tuple[int, di
     except (IndexError, ValueError, KeyError):
         pass
     return proc.returncode, audit, (proc.stdout[-800:] + proc.stderr[-1500:]), wall
+
+
+def package_walls(home: Path) -> dict[str, float]:
+    """Mean wall seconds of one package of each kind recorded in the home's ledger (`orch ledger --by kind`)."""
+    out = subprocess.run(orch("ledger", "--home", str(home), "--by", "kind", "--json"), env=env(), capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    groups = json.loads(out.stdout)["groups"]
+    return {g["kind"]: g["wall_s"] / g["packages"] for g in groups if g["packages"]}
+
+
+def launch_need(per_aa: float, walls: dict[str, float], triplets: int) -> float:
+    """Seconds a K = `triplets` launch should take, from what the calibration's A/A launches took: one A/A launch
+    (checks, the triplet, the reloads between its launches), then the trailing reload, the watched replay (a train
+    launch) and the scorer, and 3 train launches and 3 reloads for each further triplet."""
+    train, reload = walls.get("train", 0.0), walls.get("reload", 0.0)
+    return MARGIN * (per_aa + reload + train + SCORE_S + (triplets - 1) * 3 * (train + reload))
 
 
 def row(kind: str, audit: dict[str, Any], wall: float, code: int, planned: float | None) -> dict[str, Any]:
@@ -226,7 +243,9 @@ def main() -> int:
         if "error" in aa:
             print(f"orch calibrate failed (exit {aa['exit_code']}):\n{aa['error']}", flush=True)
             return 1
-        per_triplet = (time.monotonic() - t0) / fit
+        per_aa = (time.monotonic() - t0) / fit
+        walls = package_walls(home)
+        figures["package_walls_s"] = walls
         cal_audit = json.loads((home / "runs" / aa["run_ids"][-1] / "audit.json").read_text())
         step = baseline_step_s(cal_audit)
         figures["baseline_step_s"] = step
@@ -235,13 +254,17 @@ def main() -> int:
                                                      ("candidate", None, 1)]  # fmt: skip
         for kind, frac, triplets in plan:
             if kind.endswith("sequential") and opts.floor_after > 0:
+                # the floor's triplets keep time for the next decision only where both fit
+                plain_s = max(x["wall_s"] for x in plain["launches"])
+                keep = launch_need(per_aa, walls, 1)
+                keep = keep if keep + 3.5 * plain_s <= left() else 0.0
                 more = plain_floor(proj, null, opts.floor_after, opts.device, Path(tmp) / "plain",
-                                   deadline=time.monotonic() + left() - per_triplet * (1 + REPLAY))  # fmt: skip
+                                   deadline=time.monotonic() + left() - keep, launch_s=plain_s)  # fmt: skip
                 figures["plain"] = plain = merge_floor(plain, more)
                 save()
                 print(table(plain, aa), flush=True)
             # a launch runs its triplet, then the watched replay of C and the scorer, which an A/A launch leaves out
-            need = per_triplet * ((1 if kind.endswith("sequential") else triplets) + REPLAY) * 1.1
+            need = launch_need(per_aa, walls, 1 if kind.endswith("sequential") else triplets)
             if need > left():
                 figures["skipped"].append(f"{kind}: needs about {need:.0f} s, {left():.0f} s left")
                 print(f"skipped {kind}: needs about {need:.0f} s, {left():.0f} s left", flush=True)
@@ -260,7 +283,8 @@ def main() -> int:
                 figures[f"products_{kind}"] = products
                 if kind.endswith("sequential"):
                     # the sequential stop may take up to max_repeats triplets: as many as the time left allows
-                    fit = max(1, min(opts.max_repeats, int(left() / (per_triplet * 1.1) - REPLAY)))
+                    fits = [k for k in range(1, opts.max_repeats + 1) if launch_need(per_aa, walls, k) <= left()]
+                    fit = max(fits, default=1)
                     extra = ("--until-decided", "--max-repeats", str(fit))
             code, audit, tail, wall = launch(proj, home, protocol, *extra)
             print(f"orch launch {kind}: exit {code}, {wall:.0f} s", flush=True)
