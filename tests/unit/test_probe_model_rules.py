@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +279,35 @@ keys:
     assert recipe_differences(unfrozen, recipe.values(), "C", recipe) == [
         "arm C: freeze_embeddings is frozen true but no frozen embeddings was observed (frozen: [])"]
     assert warmup_steps([1e-4, 1e-4], 1e-4) == 0 and warmup_steps([0.0, 5e-5], 1e-4) is None  # constant; never reached
+
+
+def test_a_checkpoint_is_written_without_zip_crcs_and_torchs_setting_is_restored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file's SHA256 is the checkpoint's integrity record; the zip records' CRC32 is not computed (most of a large
+    save), unless asked, and torch's process-wide setting is what it was afterwards, even when the save fails."""
+    w = torch.arange(6.0)
+    for crc in (False, True):
+        name, sha = save_checkpoint({"param/w": w}, tmp_path / str(crc), 0, 1, zip_crc32=crc)
+        path = tmp_path / str(crc) / name
+        assert sha == hashlib.sha256(path.read_bytes()).hexdigest()
+        with zipfile.ZipFile(path) as z:
+            assert all((i.CRC != 0) == crc for i in z.infolist() if i.file_size)
+        assert torch.equal(torch.load(path, weights_only=True)["params"]["w"], w)
+        assert torch.serialization.get_crc32_options() is True
+    torch.serialization.set_crc32_options(False)  # a trainer that turned it off finds it off after the save
+    try:
+        save_checkpoint({"param/w": w}, tmp_path / "kept", 0, 1, zip_crc32=True)
+        assert torch.serialization.get_crc32_options() is False
+        seen = []
+
+        def full_disk(obj: Any, f: Any) -> None:
+            seen.append(torch.serialization.get_crc32_options())
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(torch, "save", full_disk)
+        with pytest.raises(OSError, match="No space"):
+            save_checkpoint({"param/w": w}, tmp_path / "bad", 0, 1, zip_crc32=True)
+        assert seen == [True] and torch.serialization.get_crc32_options() is False
+    finally:
+        torch.serialization.set_crc32_options(True)

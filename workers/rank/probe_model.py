@@ -4,9 +4,11 @@ as the trainer built it, the tensors a step's digest covers, and the checkpoint 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,8 +148,14 @@ def named_tensors(root: Any, param_names: dict[int, str], optimizer: Any) -> dic
     return out
 
 
-def save_checkpoint(tensors: dict[str, Any], ckpt_dir: Path, rank: int, world_size: int) -> tuple[str, str]:
-    """This rank's local shards of parameters and optimizer state (orch.ckpt/1); (file name, its SHA256)."""
+def save_checkpoint(tensors: dict[str, Any], ckpt_dir: Path, rank: int, world_size: int,
+                    zip_crc32: bool = False) -> tuple[str, str]:  # fmt: skip
+    """This rank's local shards of parameters and optimizer state (orch.ckpt/1); (file name, its SHA256).
+
+    Written without the zip records' CRC32 (torch.serialization.set_crc32_options, restored after) unless
+    `zip_crc32`: the file's SHA256 is what orch records and checks, and computing the CRC of every record was most of
+    a large checkpoint's save (bench/bench_checkpoint.py). torch.load reads it as before; a zip tool's CRC test fails.
+    """
     import torch
 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -180,6 +188,26 @@ def save_checkpoint(tensors: dict[str, Any], ckpt_dir: Path, rank: int, world_si
     }
     path = ckpt_dir / f"rank{rank}.pt"
     tmp = path.with_suffix(".pt.tmp")
-    torch.save(doc, tmp)
+    with _zip_crc32(zip_crc32):
+        torch.save(doc, tmp)
     os.replace(tmp, path)
     return path.name, regular_sha256(path)
+
+
+@contextlib.contextmanager
+def _zip_crc32(on: bool) -> Iterator[None]:
+    """torch.save computes each zip record's CRC32 or not, inside the block only (torch.serialization's
+    set_crc32_options; a torch without it: as it always does)."""
+    import torch.serialization as serialization
+
+    get = getattr(serialization, "get_crc32_options", None)
+    set_ = getattr(serialization, "set_crc32_options", None)
+    if get is None or set_ is None:
+        yield
+        return
+    before = get()
+    set_(on)
+    try:
+        yield
+    finally:
+        set_(before)
