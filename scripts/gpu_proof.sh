@@ -2,8 +2,8 @@
 # Issue 51's GPU evidence on one GPU, as one background job that outlives a device call (the job runs from a copy in
 # /tmp): upstream R3's rehearsal cold (the prime stops when compiling stops and its cache is kept in the home), then a
 # second rehearsal in the same home that loads the kept cache (no prime; REHEARSALS=1 runs the cold one only),
-# then, with CALIBRATE=K, K A/A launches of
-# the second rehearsal's protocol on the kept cache (no prime, no reload after the last launch); with MINI=P, bench
+# then, with CALIBRATE=K, `orch rehearse --calibrate K`: K A/A launches of the rehearsal on the kept cache (no prime,
+# no reload after the last launch; REHEARSALS=0: the first A/A launch primes cold and keeps it); with MINI=P, bench
 # proof of r3-mini protocol P (two launches: cold, kept). Each run's GPU-seconds per package, its proof overhead
 # beyond the timed A, C, B and its share (`orch ledger overhead`), the exactness lines of each audit, figures in
 # proof.json, all in bundle.tgz under $OUT.
@@ -51,17 +51,16 @@ job)
   done
   python3 -m orchestrator.cli.orch cache ls --home "$H"
   if [ "${CALIBRATE:-0}" -ge 2 ]; then
-    # the second rehearsal's derived protocol, with its loopback judge up again on the same ports
-    P=$(ls -d "$H"/rehearsals/*/ | tail -n 1)protocol.yaml
-    PORTS=$(python3 -c "import yaml,sys; print(','.join(e.rpartition(':')[2] for e in yaml.safe_load(open(sys.argv[1]))['launcher']['endpoints']))" "$P")
-    python3 -m workers.rehearsal.judge --ports "$PORTS" --ready "$W/judge.ready.json" --counts "$W/judge.counts.json" \
-      > "$W/judge.log" 2>&1 &
-    JUDGE=$!
-    until [ -f "$W/judge.ready.json" ] || ! kill -0 $JUDGE 2>/dev/null; do sleep 1; done
+    # orch calibrate of the rehearsal's derived protocol, its judge up for every A/A launch; with REHEARSALS=0 the
+    # first A/A launch primes (cold) and keeps the cache, the later ones load it
     t0=$(date +%s)
-    python3 -m orchestrator.cli.orch calibrate "$P" --repeats "$CALIBRATE" --home "$H" > "$W/calibrate.log" 2>&1
+    python3 -m orchestrator.cli.orch rehearse protocol/r3_bagel7b_8xh100.yaml --upstream .up --gpus 1 --home "$H" \
+      --calibrate "$CALIBRATE" > "$W/calibrate.log" 2>&1
     echo "calibrate exit $? after $(( $(date +%s) - t0 )) s"; grep -E "^compile cache:|calibration recorded" "$W/calibrate.log"
-    kill $JUDGE 2>/dev/null
+    for RUN in $(python3 -c "import json,sys; print(' '.join(json.load(open(sys.argv[1]))['calibration_run_ids'] or []))" \
+        "$(ls -d "$H"/rehearsals/*/ | tail -n 1)rehearsal.json" 2>/dev/null); do
+      python3 -m orchestrator.cli.orch ledger overhead "$RUN" --home "$H"
+    done
   fi
   python3 bench/bench_proof.py --home "$H" --out "$W/proof.json"
   tar -czf "$W/rehearsal_home.tgz" -C "$H" runs ledger 2>/dev/null; ls -l "$W/rehearsal_home.tgz"

@@ -245,6 +245,7 @@ def launch(
     epilog=examples(
         "orch rehearse protocol/r3_bagel7b_8xh100.yaml --upstream ../R3 --gpus 1",
         "orch rehearse protocol/r3_bagel7b_8xh100.yaml --upstream ../R3 --json | python -m json.tool",
+        "orch rehearse protocol/r3_bagel7b_8xh100.yaml --upstream ../R3 --calibrate 3",
     ),
 )
 def rehearse(
@@ -259,21 +260,27 @@ def rehearse(
         Path | None, typer.Option("--compile-cache", help="make the run's compile caches (the prime's sealed "
                                                           "baseline cache) in this folder and keep them after the run")
     ] = None,
+    calibrate_repeats: Annotated[
+        int | None, typer.Option("--calibrate", min=1, max=32, help="calibrate the rehearsal instead of launching it: "
+                                 "K A/A launches (orch calibrate), at least 2")
+    ] = None,
 ) -> None:
     """Rehearse before you spend eight GPUs: tiny inputs, loopback judge, the protocol's packages, the audit."""
-    report(lambda: rehearse_command(protocol, upstream, gpus, home, lock_timeout, compile_cache), json_out)
+    report(lambda: rehearse_command(protocol, upstream, gpus, home, lock_timeout, compile_cache, calibrate_repeats),
+           json_out)
 
 
-def rehearse_command(protocol: Path, upstream: Path, gpus: int, home: Path | None,
-                     lock_timeout: float | None, compile_cache: Path | None) -> dict[str, Any]:
-    """`orch rehearse`: the run id on stdout (stderr with --json), then the launch document and the judge."""
+def rehearse_command(protocol: Path, upstream: Path, gpus: int, home: Path | None, lock_timeout: float | None,
+                     compile_cache: Path | None, calibrate_repeats: int | None = None) -> dict[str, Any]:
+    """`orch rehearse`: the run id on stdout (stderr with --json), then the launch document and the judge (with
+    --calibrate: the last A/A launch's, and the calibration)."""
     from orchestrator.run.launch import RunFailedError, RunInterruptedError
     from orchestrator.run.progress import plain_say
     from orchestrator.run.rehearse import rehearse as rehearse_run
 
     try:
         result = rehearse_run(protocol, upstream, gpus, home, say=plain_say, lock_timeout=lock_timeout,
-                              compile_cache=compile_cache)
+                              compile_cache=compile_cache, calibrate_repeats=calibrate_repeats)
     except (RunFailedError, RunInterruptedError) as err:
         typer.echo(err.result.run_id)
         err.document = err.result.as_json()
@@ -281,7 +288,10 @@ def rehearse_command(protocol: Path, upstream: Path, gpus: int, home: Path | Non
     if result.launch is None:
         raise FailedError("rehearsal ended without a launch; see the messages above")
     typer.echo(result.launch.run_id)
-    return {**result.launch.as_json(), "rehearsal": str(result.work.name), "judge": result.judge}
+    doc = {**result.launch.as_json(), "rehearsal": str(result.work.name), "judge": result.judge}
+    if result.calibration is not None:
+        doc["calibration"] = result.calibration.model_dump(mode="json", by_alias=True)
+    return doc
 
 
 @app.command(

@@ -35,11 +35,11 @@ from protocol.schema import LoadedProtocol, Protocol, baseline_workload_id, load
 DEFAULT_REPEATS = 5  # A/A launches: df 4 for the spread between launches (t multiplier 2.78 at K = 1 pooled)
 
 
-def launches_asked(repeats: int | None) -> int:
+def launches_asked(repeats: int | None, flag: str = "--repeats") -> int:
     k = DEFAULT_REPEATS if repeats is None else repeats
     if k < 2:
-        raise UsageError(f"--repeats {k}: an A/A calibration needs at least 2 launches to measure the spread between "
-                         f"launches; give --repeats 2 or more (default {DEFAULT_REPEATS})")
+        raise UsageError(f"{flag} {k}: an A/A calibration needs at least 2 launches to measure the spread between "
+                         f"launches; give {flag} 2 or more (default {DEFAULT_REPEATS})")
     return k
 
 

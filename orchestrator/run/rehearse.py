@@ -1,6 +1,8 @@
 """`orch rehearse PROTOCOL --upstream DIR`: the protocol on the unmodified upstream trainer at tiny size, audited.
 
 Generates tiny seeded inputs, starts the loopback judge, derives a null rehearsal protocol, launches and audits it.
+With `--calibrate K` the derived protocol is calibrated instead of launched (`orch calibrate`: K A/A launches, the
+judge up for all of them): the spread between launches and the GPU cost of the upstream trainer on this host.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any
 
 import yaml
 
+from ledger.verdict.decide.calibration import Calibration
 from manifests.core import diff_manifests, hash_tree, load_manifest
+from orchestrator.run.calibrate import calibrate, launches_asked
 from orchestrator.run.launch import LaunchResult, launch
 from protocol.errors import FailedError, RefusedError
 from protocol.home import resolve_home
@@ -42,6 +46,7 @@ class Rehearsal:
     inputs: RehearsalInputs
     launch: LaunchResult | None = None
     judge: dict[str, Any] = field(default_factory=dict)
+    calibration: Calibration | None = None
 
 
 def _free_ports(n: int) -> list[int]:
@@ -191,11 +196,14 @@ def make_inputs(upstream: Path, out: Path, size_args: Sequence[str] = ()) -> Reh
 def rehearse(
     protocol_path: Path, upstream: Path, gpus: int = 1, home_dir: Path | None = None,
     say: Callable[[str], None] = print, size_args: Sequence[str] = (), lock_timeout: float | None = None,
-    compile_cache: Path | None = None,
+    compile_cache: Path | None = None, calibrate_repeats: int | None = None,
 ) -> Rehearsal:
-    """Inputs -> judge -> derived protocol -> launch (checks, A, C, B, reloads, score) -> audit."""
+    """Inputs -> judge -> derived protocol -> launch (checks, A, C, B, reloads, score) -> audit; with
+    calibrate_repeats K: `orch calibrate` of the derived protocol instead of the launch (K A/A launches, audited)."""
     if gpus < 1:
         raise RefusedError(f"--gpus {gpus}: give at least 1")
+    if calibrate_repeats is not None:
+        launches_asked(calibrate_repeats, "--calibrate")  # fewer than 2 is refused before anything is made
     upstream = upstream.resolve()
     if not (upstream / "train" / "online_rl.py").is_file():
         raise RefusedError(f"{upstream.name}: no train/online_rl.py; pass the upstream R3 source tree as --upstream")
@@ -215,11 +223,17 @@ def rehearse(
     judge = _start_judge(work, ports)
     say(f"judge: 127.0.0.1 ports {','.join(map(str, ports))}")
     try:
-        result.launch = launch(path, home_dir=home.root, say=say, lock_timeout=lock_timeout)
+        if calibrate_repeats is None:
+            result.launch = launch(path, home_dir=home.root, say=say, lock_timeout=lock_timeout)
+        else:
+            result.launch, result.calibration = calibrate(path, calibrate_repeats, home.root, say=say,
+                                                          lock_timeout=lock_timeout)  # fmt: skip
     finally:
         result.judge = _stop_judge(judge, work)
+        cal = result.calibration
         (work / "rehearsal.json").write_text(json.dumps(
             {"schema": "orch.rehearsal/1", "protocol": path.name, "upstream_root": root, "gpus": gpus,
              "run_id": result.launch.run_id if result.launch else None, "judge": result.judge,
+             "calibration_run_ids": None if cal is None else cal.run_ids,
              "model": inputs.model.model_dump()}, indent=1, sort_keys=True) + "\n")
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -117,3 +118,53 @@ def test_rehearse_refuses_a_tree_that_is_not_upstream_in_one_line(tmp_path: Path
                                  str(tmp_path / "h")])
     assert result.exit_code == 3
     assert "no train/online_rl.py" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_calibrate_runs_orch_calibrate_on_the_derived_protocol_with_the_judge_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`orch rehearse --calibrate K`: the derived protocol goes to `orch calibrate` (K A/A launches) instead of one
+    launch, while the loopback judge serves; the rehearsal's record names the calibration's runs."""
+    from types import SimpleNamespace
+
+    from orchestrator.run import rehearse as mod
+
+    up, protocol = _fake_upstream(tmp_path)
+    judge_up: list[bool] = []
+    seen: dict[str, object] = {}
+
+    def inputs(upstream: Path, out: Path, size_args: object = ()) -> RehearsalInputs:
+        for rel in ("model/llm_config.json", "model/vit_config.json", "model/ae.safetensors", "data/train.jsonl",
+                    "data/val.jsonl"):
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_text("{}")
+        return _inputs()
+
+    def calibrate(path: Path, k: int, home: Path, say: object, lock_timeout: object) -> tuple[object, object]:
+        seen.update(path=path, k=k, home=home, judge=list(judge_up))
+        return SimpleNamespace(run_id="r3"), SimpleNamespace(run_ids=["r1", "r2", "r3"])
+
+    def no_launch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a calibrating rehearsal launched")
+
+    monkeypatch.setattr(mod, "make_inputs", inputs)
+    monkeypatch.setattr(mod, "_start_judge", lambda work, ports: judge_up.append(True))
+    monkeypatch.setattr(mod, "_stop_judge", lambda proc, work: judge_up.append(False) or {"stopped": True})
+    monkeypatch.setattr(mod, "calibrate", calibrate)
+    monkeypatch.setattr(mod, "launch", no_launch)
+    home = tmp_path / "home"
+    result = mod.rehearse(protocol, up, 1, home, say=lambda _: None, calibrate_repeats=3)
+    assert seen == {"path": result.work / "protocol.yaml", "k": 3, "home": home, "judge": [True]}
+    assert judge_up == [True, False] and result.judge == {"stopped": True}
+    record = json.loads((result.work / "rehearsal.json").read_text())
+    assert record["run_id"] == "r3" and record["calibration_run_ids"] == ["r1", "r2", "r3"]
+
+
+def test_calibrate_with_fewer_than_two_launches_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    up, protocol = _fake_upstream(tmp_path)
+    home = tmp_path / "home"
+    out = runner.invoke(app, ["rehearse", str(protocol), "--upstream", str(up), "--home", str(home),
+                              "--calibrate", "1"])  # fmt: skip
+    assert out.exit_code == 2, out.output
+    assert "--calibrate 1: an A/A calibration needs at least 2 launches" in out.output
+    assert not (home / "rehearsals").exists()
