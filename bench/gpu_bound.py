@@ -11,8 +11,11 @@ Order: the first plain triplet(s) size what follows; after the null and the 5% d
 triplets join the floor (so a short device budget decides first), then the 2% and the candidate. --deadline-file: a
 file holding a Unix time; when present it replaces the deadline, so a later device call can move it.
 
+--plain-triplets 0 runs no plain launch first (--aa-launch-s then sizes the calibration); --decisions picks which K = 1
+decisions run (a later device call on another card needs its own calibration first).
+
 Usage: python bench/gpu_bound.py [--device cuda|cpu] [--budget-s 480] [--plain-triplets 2] [--floor-after 0]
-       [--deadline-file F] [--small] [--out DIR]
+       [--deadline-file F] [--aa-launch-s 320] [--decisions null,5pct,2pct,candidate] [--small] [--out DIR]
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ WORK_VAR = "R3_BENCH_GPU_WORK"
 MM_SIZE = 2048
 SCORE_S = 45.0  # the DEV scorer of the bound size, seconds (an A/A launch has none to measure it by)
 MARGIN = 1.05
+AA_PER_PLAIN = 2.6  # an A/A launch's wall time over its three plain launches' (H100, e6776f1: 306 s / 117 s)
+DECISIONS = ("null", "5pct", "2pct", "candidate")
 SETUP_ANCHOR = "    for curr_step in range(train_step, training_args.total_steps):\n"
 SETUP = (
     f'    bench_work = int(os.environ.get("{WORK_VAR}", "0"))  # gpu-bound bench: known extra GPU work, no bits\n'
@@ -185,11 +190,17 @@ def main() -> int:
     ap.add_argument("--plain-triplets", type=int, default=2)
     ap.add_argument("--floor-after", type=int, default=0, help="plain triplets added after the 5%% decision")
     ap.add_argument("--deadline-file", type=Path, default=None, help="a Unix time that replaces the deadline")
+    ap.add_argument("--aa-launch-s", type=float, default=320.0, help="seconds of one A/A launch, with no plain ones")
+    ap.add_argument("--decisions", default=",".join(DECISIONS), help="which K = 1 decisions, in this order: "
+                    + ",".join(DECISIONS))  # fmt: skip
     ap.add_argument("--calibration-repeats", type=int, default=3)
     ap.add_argument("--max-repeats", type=int, default=4, help="the 2%% slowdown's sequential stop")
     ap.add_argument("--small", action="store_true", help="r3-mini's CPU protocols, shorter rollouts: a dry run")
     ap.add_argument("--out", type=Path, default=Path("gpu_bound_out"))
     opts = ap.parse_args()
+    unknown = sorted(set(opts.decisions.split(",")) - set(DECISIONS))
+    if unknown:
+        ap.error(f"--decisions: {', '.join(unknown)} is not one of {', '.join(DECISIONS)}")
     deadline = time.monotonic() + opts.budget_s
     opts.out.mkdir(parents=True, exist_ok=True)
     null_name, cand_name = (BOUND_NULL, BOUND) if opts.device == "cuda" else ("r3_mini_null.yaml", "r3_mini.yaml")
@@ -218,18 +229,23 @@ def main() -> int:
         null = protocol_copy(proj, null_name, opts.small)
         figures["product_s"] = product_s(opts.device)
         print(f"one {MM_SIZE}^2 fp32 product: {figures['product_s'] * 1000:.3f} ms", flush=True)
-        # 1. GPU-busy and the floor: plain launches, no orch (they also size what follows)
-        plain = plain_floor(proj, null, opts.plain_triplets, opts.device, Path(tmp) / "plain",
-                            deadline=time.monotonic() + left() - 0.6 * opts.budget_s)  # fmt: skip
+        # 1. GPU-busy and the floor: plain launches, no orch (they also size what follows); none with 0
+        plain: dict[str, Any] = {"triplets": 0, "trips": [], "launches": []}
+        if opts.plain_triplets > 0:
+            plain = plain_floor(proj, null, opts.plain_triplets, opts.device, Path(tmp) / "plain",
+                                deadline=time.monotonic() + left() - 0.6 * opts.budget_s)  # fmt: skip
         figures["plain"] = plain
         save()
-        # 2. orch calibrate: 3 A/A launches (orch's own noise against the floor; pooled into every audit below)
-        launch_s = max((x["wall_s"] for x in plain.get("launches", [])), default=60.0)
-        # orch's checks once, then A, C, B per A/A launch: as many A/A launches as fit (at least 2, for an SD)
-        fit = min(opts.calibration_repeats, int((left() - 90.0) / (3 * launch_s * 1.25)))
+        # 2. orch calibrate: 3 A/A launches (orch's own noise against the floor; pooled into every audit below), as
+        # many as fit (at least 2, for an SD). One A/A launch (checks, A, C, B, the reloads between them) took 2.6x
+        # its three plain launches on an H100 (docs/validation/gpu_bound_h100x1_e6776f1.json); without plain
+        # launches, --aa-launch-s says what one takes
+        plain_s = max((x["wall_s"] for x in plain["launches"]), default=None)
+        aa_s = opts.aa_launch_s if plain_s is None else AA_PER_PLAIN * 3 * plain_s
+        fit = min(opts.calibration_repeats, int(left() / aa_s))
         if fit < 2:
-            figures["skipped"].append(f"orch calibrate: 2 A/A launches need about {2 * 3 * launch_s * 1.25 + 90:.0f}"
-                                      f" s, {left():.0f} s left")
+            figures["skipped"].append(f"orch calibrate: 2 A/A launches need about {2 * aa_s:.0f} s, {left():.0f} s "
+                                      "left")
             save()
             print(f"skipped orch calibrate and every decision: {figures['skipped'][-1]}")
             print(table(plain, {}))
@@ -252,10 +268,12 @@ def main() -> int:
         plan: list[tuple[str, float | None, int]] = [("null", None, 1), ("slowdown 5%", 0.05, 1),
                                                      ("slowdown 2% sequential", 0.02, opts.max_repeats),
                                                      ("candidate", None, 1)]  # fmt: skip
-        for kind, frac, triplets in plan:
-            if kind.endswith("sequential") and opts.floor_after > 0:
+        wanted = set(opts.decisions.split(","))
+        for (kind, frac, triplets), key in zip(plan, DECISIONS, strict=True):
+            if key not in wanted:
+                continue
+            if kind.endswith("sequential") and opts.floor_after > 0 and plain_s is not None:
                 # the floor's triplets keep time for the next decision only where both fit
-                plain_s = max(x["wall_s"] for x in plain["launches"])
                 keep = launch_need(per_aa, walls, 1)
                 keep = keep if keep + 3.5 * plain_s <= left() else 0.0
                 more = plain_floor(proj, null, opts.floor_after, opts.device, Path(tmp) / "plain",

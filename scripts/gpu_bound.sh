@@ -6,7 +6,8 @@
 #   bash scripts/gpu_bound.sh            (from the repository root; .whl/ carried: pydantic and its needs, see README)
 # DEADLINE_S: seconds from this script's start by which the last step must end (default 500: the call's 600 s limit
 # leaves room for the copy-out); PLAIN_TRIPLETS (2), CAL_REPEATS (3), MAX_REPEATS (4), FLOOR_AFTER (0: plain triplets
-# added after the 5% decision), DEADLINE_FILE (a Unix time that a later call may write to move the deadline). Figures and the run records
+# added after the 5% decision), DEADLINE_FILE (a Unix time that a later call may write to move the deadline),
+# DECISIONS (null,5pct,2pct,candidate: which K = 1 decisions), AA_LAUNCH_S (320: one A/A launch, with no plain one). Figures and the run records
 # (runs/ and ledger/ as one .tgz, no scratch) land in $OUT/gpu_bound/.
 set -u
 T0=$(date +%s)
@@ -27,6 +28,7 @@ echo "budget for the experiment: ${BUDGET} s"
 python3 bench/gpu_bound.py --device cuda --budget-s "$BUDGET" --plain-triplets "${PLAIN_TRIPLETS:-2}" \
   --calibration-repeats "${CAL_REPEATS:-3}" --max-repeats "${MAX_REPEATS:-4}" --out "$OUT/gpu_bound" \
   --floor-after "${FLOOR_AFTER:-0}" ${DEADLINE_FILE:+--deadline-file "$DEADLINE_FILE"} \
+  --decisions "${DECISIONS:-null,5pct,2pct,candidate}" --aa-launch-s "${AA_LAUNCH_S:-320}" \
   2>&1 | tee "$OUT/gpu_bound/log.txt"
 rc=${PIPESTATUS[0]}
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader
