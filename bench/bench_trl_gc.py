@@ -7,8 +7,10 @@ Each run's step times come from a TrainerCallback (perf_counter around each opti
 wrapping GRPOTrainer.__init__ from outside the script; the time of GRPOTrainer._generate_and_score_completions
 (generation, rewards, the reference model's forward) is taken the same way, so that a step splits into generation
 and training. On CUDA the device is synchronized at those marks. The figure per run is the median of steps 10-15
-(the owner's measured windows). Runs alternate on, off, on, off...; per size the table gives each arm's median over
-runs, the spread of the run medians between fresh launches (CV: what `orch calibrate` measures between A/A launches),
+(the owner's measured windows); on CUDA also the GPU-busy share of those steps (NVML sampled from the bench's own
+process, as orch's host watch samples it; the device syncs at the step marks cost a little of it). Runs alternate
+on, off, on, off...; per size the table gives each arm's median over runs, the spread of the run medians between
+fresh launches (CV: what `orch calibrate` measures between A/A launches), the GPU-busy share,
 the generation share of a step, and the ratio on/off (> 1: the candidate is faster).
 
 Why sizes: on one H100 the shipped GPU recipe (16 layers x 1536, 256 completions of 16 tokens) gave A/A launches
@@ -29,11 +31,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # orch's NVML sampler and GPU-busy reader (the bench's own folder is already there)
+    sys.path.insert(0, str(REPO))
 SCRIPT = REPO / "examples" / "trl_grpo"
 MEASURED = slice(10, 16)  # steps 10-15: the protocol's three timed windows of 2
 
@@ -59,6 +64,9 @@ class StepTimer(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         steps.append(now() - self.t0)
+        if os.environ.get("RANK", "0") == "0":
+            with open(os.environ["BENCH_PROGRESS"], "a") as f:
+                f.write("%d\\n" % len(steps))
 
 init = trl.GRPOTrainer.__init__
 generate = trl.GRPOTrainer._generate_and_score_completions
@@ -107,6 +115,7 @@ class Size:
 class Run:
     step_s: float  # median of steps 10-15
     generation_s: float  # median over the same steps of the time in generation and scoring
+    gpu_busy: float | None = None  # share of steps 10-15 the GPU was busy (NVML, outside the ranks); None on CPU
 
 
 def command(wrapper: Path, out: Path, gc: bool, size: Size, opts: argparse.Namespace) -> list[str]:
@@ -135,15 +144,47 @@ def one_run(work: Path, gc: bool, size: Size, opts: argparse.Namespace, n: int) 
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if opts.device == "cuda":
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    progress = work / f"progress{n}.txt"
+    env["BENCH_PROGRESS"] = str(progress)
     cmd = command(wrapper, work / f"out{n}", gc, size, opts)
-    done = subprocess.run(cmd, cwd=SCRIPT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    code, stderr, busy = _sampled(cmd, env, progress, opts.device)
     if not times.is_file():
-        raise SystemExit(f"run {n} ({size}, gradient_checkpointing={gc}) failed, exit {done.returncode}:\n"
-                         f"{done.stderr[-3000:]}")
+        raise SystemExit(f"run {n} ({size}, gradient_checkpointing={gc}) failed, exit {code}:\n{stderr[-3000:]}")
     got = json.loads(times.read_text())
     if len(got["steps"]) < MEASURED.stop:
         raise SystemExit(f"run {n} ({size}) recorded {len(got['steps'])} steps, fewer than {MEASURED.stop}")
-    return Run(statistics.median(got["steps"][MEASURED]), statistics.median(got["generation"][MEASURED]))
+    return Run(statistics.median(got["steps"][MEASURED]), statistics.median(got["generation"][MEASURED]), busy)
+
+
+def _sampled(cmd: list[str], env: dict[str, str], progress: Path, device: str,
+             interval: float = 0.1) -> tuple[int, str, float | None]:  # fmt: skip
+    """Run `cmd` to its end while the GPU's utilisation is sampled from here (NVML, as orch's host watch reads it),
+    each sample tagged with the steps rank 0 had finished; (exit code, stderr, GPU-busy of steps 10-15)."""
+    from bench_floor import Sampler
+
+    from ledger.verdict.decide.gpu_busy import launch_busy
+    from orchestrator.run.gpu_busy import UtilSampler
+    from protocol.host.quiet_host import WatchSample
+
+    sampler = Sampler(device)
+    util = UtilSampler(sampler.lib, sampler.handles) if sampler.lib is not None else None
+    samples: list[WatchSample] = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, cwd=SCRIPT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        while proc.poll() is None and time.monotonic() - t0 < 900:
+            done = progress.read_bytes().count(b"\n") if progress.is_file() else 0
+            samples.append(WatchSample(t_s=round(time.monotonic() - t0, 4), steps_done=done,
+                                       gpu_util=util.read() if util is not None else []))  # fmt: skip
+            time.sleep(interval)
+        if proc.poll() is None:
+            proc.kill()
+        code = proc.wait()
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    log = sampler.log(samples, interval)
+    busy = None if log is None else launch_busy(log, MEASURED.stop, MEASURED.start, 2)["timed"]
+    return code, stderr, busy
 
 
 def cv(values: list[float]) -> float:
@@ -157,8 +198,10 @@ def summary(size: Size, runs: dict[str, list[Run]]) -> dict[str, Any]:
                            "batch": size.batch}
     for arm, arm_runs in runs.items():
         steps = [r.step_s for r in arm_runs]
+        busy = [r.gpu_busy for r in arm_runs if r.gpu_busy is not None]
         row[arm] = {"s_per_step": steps, "median": statistics.median(steps), "cv": cv(steps),
-                    "generation_share": statistics.median(r.generation_s / r.step_s for r in arm_runs)}
+                    "generation_share": statistics.median(r.generation_s / r.step_s for r in arm_runs),
+                    "gpu_busy": busy, "gpu_busy_median": statistics.median(busy) if busy else None}
     row["ratio_on_off"] = row["on"]["median"] / row["off"]["median"]
     row["every_off_faster"] = max(row["off"]["s_per_step"]) < min(row["on"]["s_per_step"])
     return row
@@ -188,18 +231,21 @@ def main() -> int:
                 for arm, gc in (("on", True), ("off", False)):
                     runs[arm].append(one_run(Path(tmp), gc, size, opts, next(numbers)))
                     got = runs[arm][-1]
+                    busy = "" if got.gpu_busy is None else f", GPU-busy {got.gpu_busy:.0%}"
                     print(f"{size} run {i + 1} gradient checkpointing {arm}: {got.step_s:.4f} s/step "
-                          f"(generation {got.generation_s:.4f} s)", flush=True)
+                          f"(generation {got.generation_s:.4f} s{busy})", flush=True)
             rows.append(summary(size, runs))
     where = f"{opts.nproc} {'GPU' if cuda else 'CPU'} rank(s)"
     print(f"\nTRL GRPO on {where}, {opts.num_generations} generations of at most {opts.completion_length} tokens; "
           f"median s/step of steps 10-15, {opts.runs} fresh runs per arm")
-    print("size (layers x hidden x completions) | arm | run medians s/step | median | CV between runs | generation")
+    print("size (layers x hidden x completions) | arm | run medians s/step | median | CV between runs | generation "
+          "| GPU-busy (steps 10-15)")
     for row in rows:
         for arm, label in (("on", "on (baseline)"), ("off", "off (candidate)")):
             a = row[arm]
+            busy = "-" if a["gpu_busy_median"] is None else f"{a['gpu_busy_median']:.0%}"
             print(f"{row['size']} | {label} | {' / '.join(f'{x:.4f}' for x in a['s_per_step'])} | "
-                  f"{a['median']:.4f} | {a['cv']:.1%} | {a['generation_share']:.0%}")
+                  f"{a['median']:.4f} | {a['cv']:.1%} | {a['generation_share']:.0%} | {busy}")
         print(f"{row['size']} | ratio on/off {row['ratio_on_off']:.3f}x | every candidate run faster than every "
               f"baseline run: {row['every_off_faster']}")
     if opts.out is not None:
