@@ -104,6 +104,9 @@ class RunContext:
     # each kept checkpoint's entries (kind, inode, size, mtime, ctime) once its train package passed: checked
     # before and after every later package (orchestrator/isolation/safe_paths.stat_fingerprint)
     checkpoints: dict[str, dict[str, tuple[str, int, int, int, int]]] = field(default_factory=dict)
+    # the shared initial state's (mode, inode, size, mtime, ctime) once the checks made it: compared before and
+    # after every package, and its SHA256 after every package too (_check_sealed)
+    init_stat: tuple[int, int, int, int, int] | None = None
 
     @property
     def shape(self) -> tuple[int, bool]:
@@ -388,6 +391,7 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if outcome.status == "ok" and pkg.kind == "checks":
             init = ctx.scratch / "init.safetensors"
             init_digest = sha256_file(init) if init.is_file() else None
+            ctx.init_stat = init_fingerprint(init)
             _announce_version_changes(ctx, outcome.result, progress.say)
         result_digest = outcome.result_sha256
         if pkg.kind == "score" and outcome.status == "ok":
@@ -490,9 +494,21 @@ def _handle_outputs(ctx: RunContext, pkg: PlannedPackage, pkg_dir: Path, outcome
                               "may leave only files there")
 
 
-def _check_sealed(ctx: RunContext, when: str, init_digest: str | None) -> None:
+def init_fingerprint(path: Path) -> tuple[int, int, int, int, int] | None:
+    """(mode, inode, size, mtime, ctime) of the shared initial state, the entry itself (a link is not followed);
+    None when there is none. Any write, chmod or replacement changes the ctime, which no process can set back."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _check_sealed(ctx: RunContext, when: str, init_digest: str | None, content: bool = True) -> None:
     """Every arm's sealed copy, the sealed baseline compile cache, every kept checkpoint and the shared initial
-    state are as sealed: FailedError naming what changed."""
+    state are as sealed: FailedError naming what changed. The initial state by its fingerprint, and with `content`
+    by its SHA256 too (after a package; between packages the fingerprint, as for checkpoints: rehashing a model's
+    weights before every package cost seconds each)."""
     for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy
         check_seal(ctx.sealed[arm])
     assert ctx.caches is not None
@@ -503,7 +519,10 @@ def _check_sealed(ctx: RunContext, when: str, init_digest: str | None) -> None:
             shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
             raise FailedError(f"the checkpoint of {label} changed {when}: {shown}; it is sealed once its train "
                               "package passed, and its reload and the scorer read it")
-    if init_digest is not None and sha256_file(ctx.scratch / "init.safetensors") != init_digest:
+    if init_digest is None:
+        return
+    init = ctx.scratch / "init.safetensors"
+    if init_fingerprint(init) != ctx.init_stat or (content and sha256_file(init) != init_digest):
         raise FailedError(f"the shared initial state changed {when}")
 
 
@@ -511,7 +530,7 @@ def _sealed_unchanged(ctx: RunContext, cache: Path, init_digest: str | None) -> 
     """Before a package starts: None, or why it must not (what changed since the last package ended, and its own
     fresh compile-cache copy against the seal)."""
     try:
-        _check_sealed(ctx, "between packages", init_digest)
+        _check_sealed(ctx, "between packages", init_digest, content=False)
         assert ctx.caches is not None
         ctx.caches.check_copy(cache)
     except FailedError as err:
