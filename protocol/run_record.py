@@ -72,6 +72,9 @@ class LockRecord(_Strict):
     kind: str  # gpu | cpu-slot | slurm
     devices: list[int]
     wait_s: float
+    # seconds the lock was held, from the grant to the end of the plan and the scratch's removal; recorded when the
+    # plan ends (None: a run recorded before it was, a Slurm allocation, or a run still holding the lock)
+    held_s: float | None = None
 
 
 class TrainerOutputs(_Strict):

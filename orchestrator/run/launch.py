@@ -298,12 +298,15 @@ def run_under_lock(
             grant = lock(ctx, lock_timeout, lock_dir, say)
             with grant:
                 held(ctx, grant, say)
-                seal(ctx)
-                with progress:
-                    try:
-                        status, statuses = run_plan(ctx, progress)
-                    finally:
-                        _clean_scratch(ctx.scratch)
+                try:
+                    seal(ctx)
+                    with progress:
+                        try:
+                            status, statuses = run_plan(ctx, progress)
+                        finally:
+                            _clean_scratch(ctx.scratch)
+                finally:
+                    _record_held(ctx, grant)
     except KeyboardInterrupt:
         for pkg in ctx.plan:  # an interrupt outside a package (e.g. while sealing): close every record
             if pkg.name not in ctx.closed and ctx.grant is not None:
@@ -316,6 +319,17 @@ def run_under_lock(
                     ctx.record(pkg, "failed" if pkg.name in ctx.opened else "not-run", note=os_error_line(err))
         return RunEnd("failed", statuses, err)
     return RunEnd(status, statuses)
+
+
+def _record_held(ctx: RunContext, grant: gpu_lock.Grant | slurm.Allocation) -> None:
+    """How long the lock was held (the packages, and orch's seals, checks and cleanup between them), in run.json's
+    lock record: the audit accounts the GPU-seconds held outside any package. A Slurm allocation has no such clock."""
+    held_s = getattr(grant, "held_s", None)
+    if held_s is None or ctx.run.lock is None:
+        return
+    ctx.update_run(lock=ctx.run.lock.model_copy(update={"held_s": round(held_s(), 6)}))
+    with contextlib.suppress(OSError):  # a full disk: close_run writes run.json again, and says so
+        ctx.write_run_json()
 
 
 def close_run(ctx: RunContext, end: RunEnd) -> None:

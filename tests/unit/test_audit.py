@@ -100,6 +100,7 @@ class RunSpec:
     run_json_omits: tuple[str, ...] = ()  # packages the ledger records that run.json leaves out
     watch_arm: str | None = None  # the arm watch-C's result names (default: the launch it replays)
     recipe_file: bytes | None = None  # an orch.protocol/2 run whose frozen recipe file (its run copy) is these bytes
+    lock_held_s: float | None = None  # run.json's lock record: how long the lock was held (None: before it was)
 
     def times(self, label: str) -> list[float]:
         """Step durations of a launch: its own entry, else its arm letter's (A1 -> A)."""
@@ -338,7 +339,8 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             "status": "complete" if reached else "interrupted",
             "host": HOST_FINGERPRINT,
             "arms": arms,
-            "lock": {"kind": "cpu-slot", "devices": [0, 1], "wait_s": 0.0},
+            "lock": {"kind": "cpu-slot", "devices": [0, 1], "wait_s": 0.0,
+                     **({"held_s": spec.lock_held_s} if spec.lock_held_s is not None else {})},
             "packages": listed,
             **({"sequential": {"asked": spec.sequential, "max_triplets": max(spec.repeats, 2),
                                "target_half_width": 0.05 if auto else None, "level": 0.95,
@@ -455,6 +457,7 @@ def test_complete_exact_run_is_accepted_written_recorded_then_unsealed(tmp_path:
     assert doc["attribution"]["differs"] == ["sources", "switches"]
     assert doc["cost"]["total_gpu_seconds"] == pytest.approx(7 * 4.0 + 2 * 1.0)  # watch-C is accounted too
     assert doc["cost"]["gpu_seconds"]["watch-C"] == pytest.approx(4.0)
+    assert "lock_held_s" not in doc["cost"]  # a run recorded before the lock's hold was: its audit is unchanged
     pc = doc["probe_cost"]  # 1 ms of probe work per boundary; C's rank 1 has the shortest steps (97 ms)
     assert [(r["launch"], r["rank"]) for r in pc["rows"]] == [("A", 0), ("A", 1), ("B", 0), ("B", 1), ("C", 0),
                                                                 ("C", 1)]  # fmt: skip
@@ -806,3 +809,18 @@ def test_the_audit_names_its_frozen_recipe_file_in_json_markdown_and_terminal(tm
     out = StringIO()
     render_terminal(result, Console(file=out, width=400, color_system=None))
     assert f"  {line}" in out.getvalue().splitlines()
+
+
+def test_the_lock_hold_is_accounted_with_what_no_package_ran_in(tmp_path: Path) -> None:
+    """run.json's lock record says how long the lock was held; the audit gives its device-seconds and the part
+    between packages (orch's seals, checks, cleanup), in the JSON, the console and audit.md."""
+    run_dir = make_run(tmp_path, spec=RunSpec(calibrated=True, lock_held_s=25.0))
+    result = audit_run(tmp_path, "run1")
+    cost = result.document["cost"]
+    assert cost["total_gpu_seconds"] == pytest.approx(30.0)  # 7 packages of 4.0 on 2 slots, checks and score 1.0
+    assert cost["lock_held_s"] == 25.0 and cost["lock_held_gpu_seconds"] == pytest.approx(50.0)
+    assert cost["between_packages_gpu_seconds"] == pytest.approx(20.0)
+    line = "lock: held 25.0 s, 50.0 device-seconds, of which 20.0 (40.0%) between packages"
+    assert line in (run_dir / "audit.md").read_text()
+    proc = _orch("audit", "run1", "--home", str(tmp_path), cwd=tmp_path)
+    assert line in " ".join(proc.stdout.split())  # the console may fold the line

@@ -64,7 +64,8 @@ AUDIT_UNITS = {
     "speedup.windows[].ratio|drift|cv|noise, speedup.headline": "unitless",
     "memory.ranks[].*, memory.max_delta_*": "bytes",
     "cost.gpu_seconds, cost.total_gpu_seconds": "GPU-seconds",
-    "cost.wall_s, cost.total_wall_s, cost.lock_wait_s": "s",
+    "cost.lock_held_gpu_seconds, cost.between_packages_gpu_seconds": "device-seconds (GPU-seconds on a GPU lock)",
+    "cost.wall_s, cost.total_wall_s, cost.lock_wait_s, cost.lock_held_s": "s",
     "probe_cost.rows[].*.fractions|median|max|digest_median|rest_median": "unitless: probe s / step s",
     "probe_cost.rows[].*.probe_s_median": "s",
 }
@@ -204,13 +205,21 @@ def _memory_doc(ev: RunEvidence, roles: Mapping[str, str]) -> dict[str, Any]:
 def _cost_doc(ev: RunEvidence) -> dict[str, Any]:
     by_package = {name: float(ev.closes[name].gpu_seconds or 0.0) for name in ev.names}
     wall = {name: float(ev.closes[name].wall_s or 0.0) for name in ev.names}
-    return {
+    lock = ev.run.lock
+    doc: dict[str, Any] = {
         "gpu_seconds": by_package,
         "total_gpu_seconds": sum(by_package.values()),
         "wall_s": wall,
         "total_wall_s": sum(wall.values()),
-        "lock_wait_s": None if ev.run.lock is None else ev.run.lock.wait_s,
+        "lock_wait_s": None if lock is None else lock.wait_s,
     }
+    if lock is not None and lock.held_s is not None:  # absent from runs recorded before the hold was (unchanged)
+        # the lock's devices held from the grant to the plan's end, and the part no package ran in (orch's seals,
+        # checks and cleanup between packages)
+        held = lock.held_s * len(lock.devices)
+        doc.update(lock_held_s=lock.held_s, lock_held_gpu_seconds=held,
+                   between_packages_gpu_seconds=max(0.0, held - doc["total_gpu_seconds"]))
+    return doc
 
 
 def _commands(ev: RunEvidence) -> dict[str, list[str]]:

@@ -275,6 +275,8 @@ def render_terminal(result: AuditResult, console: Console) -> None:
         + f"); ledger head size {doc['ledger_head']['size']} root {doc['ledger_head']['root'][:16]}",
         markup=False,
     )
+    if cost.get("lock_held_gpu_seconds"):  # absent from audits recorded before the hold was
+        console.print(lock_line(cost), markup=False)
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in sorted(doc["versions"].items())), markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
@@ -294,6 +296,13 @@ def render_terminal(result: AuditResult, console: Console) -> None:
             )
         else:
             console.print(f"DEV score: {score.detail}", markup=False)
+
+
+def lock_line(cost: dict[str, Any]) -> str:
+    """The lock's hold: its device-seconds and the part no package ran in."""
+    between, held = cost["between_packages_gpu_seconds"], cost["lock_held_gpu_seconds"]
+    return (f"lock: held {cost['lock_held_s']:.1f} s, {held:.1f} device-seconds, of which {between:.1f} "
+            f"({between / held:.1%}) between packages (orch's seals, checks and cleanup: held, no package running)")
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -368,6 +377,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
             + [["total", f"{cost['total_gpu_seconds']:.1f}", f"{cost['total_wall_s']:.1f}"]],
         ),
         "",
+        *([f"- {lock_line(cost)}", ""] if cost.get("lock_held_gpu_seconds") else []),
         f"Ledger head at audit time: size {doc['ledger_head']['size']}, root `{doc['ledger_head']['root']}`.",
         "",
         "## Versions",
