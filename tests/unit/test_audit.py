@@ -812,15 +812,18 @@ def test_the_audit_names_its_frozen_recipe_file_in_json_markdown_and_terminal(tm
 
 
 def test_the_lock_hold_is_accounted_with_what_no_package_ran_in(tmp_path: Path) -> None:
-    """run.json's lock record says how long the lock was held; the audit gives its device-seconds and the part
-    between packages (orch's seals, checks, cleanup), in the JSON, the console and audit.md."""
+    """run.json's lock record says how long the lock was held; the audit gives the part no package ran in (orch's
+    seals, checks, cleanup), in seconds and in GPU-seconds at the packages' GPUs, in the JSON, the console and
+    audit.md."""
     run_dir = make_run(tmp_path, spec=RunSpec(calibrated=True, lock_held_s=25.0))
     result = audit_run(tmp_path, "run1")
     cost = result.document["cost"]
-    assert cost["total_gpu_seconds"] == pytest.approx(30.0)  # 7 packages of 4.0 on 2 slots, checks and score 1.0
-    assert cost["lock_held_s"] == 25.0 and cost["lock_held_gpu_seconds"] == pytest.approx(50.0)
-    assert cost["between_packages_gpu_seconds"] == pytest.approx(20.0)
-    line = "lock: held 25.0 s, 50.0 device-seconds, of which 20.0 (40.0%) between packages"
+    assert cost["total_wall_s"] == pytest.approx(18.0)  # 9 packages of 2.0 s
+    assert cost["lock_held_s"] == 25.0 and cost["between_packages_s"] == pytest.approx(7.0)
+    assert cost["lock_held_gpu_seconds"] == pytest.approx(50.0)  # charged at 2 GPUs, as the trains were
+    assert cost["between_packages_gpu_seconds"] == pytest.approx(14.0)
+    line = ("lock: held 25.0 s, 7.0 s of it (28.0%) between packages (orch's seals, checks and cleanup, no package "
+            "running); 50.0 GPU-seconds held, 14.0 of them beyond the packages'")
     assert line in (run_dir / "audit.md").read_text()
     proc = _orch("audit", "run1", "--home", str(tmp_path), cwd=tmp_path)
     assert line in " ".join(proc.stdout.split())  # the console may fold the line

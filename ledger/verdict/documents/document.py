@@ -64,8 +64,8 @@ AUDIT_UNITS = {
     "speedup.windows[].ratio|drift|cv|noise, speedup.headline": "unitless",
     "memory.ranks[].*, memory.max_delta_*": "bytes",
     "cost.gpu_seconds, cost.total_gpu_seconds": "GPU-seconds",
-    "cost.lock_held_gpu_seconds, cost.between_packages_gpu_seconds": "device-seconds (GPU-seconds on a GPU lock)",
-    "cost.wall_s, cost.total_wall_s, cost.lock_wait_s, cost.lock_held_s": "s",
+    "cost.lock_held_gpu_seconds, cost.between_packages_gpu_seconds": "GPU-seconds",
+    "cost.wall_s, cost.total_wall_s, cost.lock_wait_s, cost.lock_held_s, cost.between_packages_s": "s",
     "probe_cost.rows[].*.fractions|median|max|digest_median|rest_median": "unitless: probe s / step s",
     "probe_cost.rows[].*.probe_s_median": "s",
 }
@@ -214,11 +214,12 @@ def _cost_doc(ev: RunEvidence) -> dict[str, Any]:
         "lock_wait_s": None if lock is None else lock.wait_s,
     }
     if lock is not None and lock.held_s is not None:  # absent from runs recorded before the hold was (unchanged)
-        # the lock's devices held from the grant to the plan's end, and the part no package ran in (orch's seals,
-        # checks and cleanup between packages)
-        held = lock.held_s * len(lock.devices)
-        doc.update(lock_held_s=lock.held_s, lock_held_gpu_seconds=held,
-                   between_packages_gpu_seconds=max(0.0, held - doc["total_gpu_seconds"]))
+        # the lock held from the grant to the plan's end, the part no package ran in (orch's seals, checks and
+        # cleanup between packages), and both in GPU-seconds at the GPUs each package was charged for (0 on CPU)
+        gpus = max((int(ev.closes[name].gpus or 0) for name in ev.names), default=0)
+        between = max(0.0, lock.held_s - doc["total_wall_s"])
+        doc.update(lock_held_s=lock.held_s, between_packages_s=between, lock_held_gpu_seconds=lock.held_s * gpus,
+                   between_packages_gpu_seconds=between * gpus)
     return doc
 
 

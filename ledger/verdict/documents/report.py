@@ -275,7 +275,7 @@ def render_terminal(result: AuditResult, console: Console) -> None:
         + f"); ledger head size {doc['ledger_head']['size']} root {doc['ledger_head']['root'][:16]}",
         markup=False,
     )
-    if cost.get("lock_held_gpu_seconds"):  # absent from audits recorded before the hold was
+    if "lock_held_s" in cost:  # absent from audits recorded before the hold was
         console.print(lock_line(cost), markup=False)
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in sorted(doc["versions"].items())), markup=False)
     for note in result.notes:
@@ -299,10 +299,12 @@ def render_terminal(result: AuditResult, console: Console) -> None:
 
 
 def lock_line(cost: dict[str, Any]) -> str:
-    """The lock's hold: its device-seconds and the part no package ran in."""
-    between, held = cost["between_packages_gpu_seconds"], cost["lock_held_gpu_seconds"]
-    return (f"lock: held {cost['lock_held_s']:.1f} s, {held:.1f} device-seconds, of which {between:.1f} "
-            f"({between / held:.1%}) between packages (orch's seals, checks and cleanup: held, no package running)")
+    """The lock's hold, and the part of it no package ran in (in GPU-seconds too, on GPUs)."""
+    held, between = cost["lock_held_s"], cost["between_packages_s"]
+    gpu = (f"; {cost['lock_held_gpu_seconds']:.1f} GPU-seconds held, {cost['between_packages_gpu_seconds']:.1f} "
+           "of them beyond the packages'" if cost["lock_held_gpu_seconds"] else "")
+    return (f"lock: held {held:.1f} s, {between:.1f} s of it ({between / held if held else 0.0:.1%}) between packages "
+            f"(orch's seals, checks and cleanup, no package running){gpu}")
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -377,7 +379,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
             + [["total", f"{cost['total_gpu_seconds']:.1f}", f"{cost['total_wall_s']:.1f}"]],
         ),
         "",
-        *([f"- {lock_line(cost)}", ""] if cost.get("lock_held_gpu_seconds") else []),
+        *([f"- {lock_line(cost)}", ""] if "lock_held_s" in cost else []),
         f"Ledger head at audit time: size {doc['ledger_head']['size']}, root `{doc['ledger_head']['root']}`.",
         "",
         "## Versions",
