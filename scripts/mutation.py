@@ -437,7 +437,7 @@ MODULES: dict[str, Target] = {
         "workers.rank.probe_model.x_discover__mutmut_21":
             "each covered parameter counted 2 instead of 1: the counts are only compared with each other and with 0, "
             "so the same root",
-        "workers.rank.probe_model.x_save_checkpoint__mutmut_96":
+        "workers.rank.probe_model.x_save_checkpoint__mutmut_97":
             "the temporary file named '.PT.TMP' instead of '.pt.tmp': written and replaced under the same name",
         "workers.rank.probe_model.x_collapse__mutmut_17":
             "named_parameters(recurse=None): only its truth is read, as with False",

@@ -287,8 +287,9 @@ def test_a_checkpoint_is_written_without_zip_crcs_and_torchs_setting_is_restored
     """The file's SHA256 is the checkpoint's integrity record; the zip records' CRC32 is not computed (most of a large
     save), unless asked, and torch's process-wide setting is what it was afterwards, even when the save fails."""
     w = torch.arange(6.0)
-    for crc in (False, True):
-        name, sha = save_checkpoint({"param/w": w}, tmp_path / str(crc), 0, 1, zip_crc32=crc)
+    for crc in (False, True):  # without the argument: no CRC
+        asked = {"zip_crc32": True} if crc else {}
+        name, sha = save_checkpoint({"param/w": w}, tmp_path / str(crc), 0, 1, **asked)
         path = tmp_path / str(crc) / name
         assert sha == hashlib.sha256(path.read_bytes()).hexdigest()
         with zipfile.ZipFile(path) as z:
