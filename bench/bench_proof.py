@@ -47,6 +47,11 @@ def per_run(home: Path) -> list[dict[str, Any]]:
         cc = doc.get("compile_cache") or {}
         row["compile_cache"] = {k: cc.get(k) for k in ("reused", "sealed_by", "prime_steps", "entries", "reason")}
         row["calibration"] = doc.get("calibration_of") is not None
+        # the lock's hold and the part of it no package ran in (orch's seals, checks, cleanup; runs since 8698e8f)
+        held = (doc.get("lock") or {}).get("held_s")
+        ran = sum(float(p.get("wall_s") or 0.0) for p in doc.get("packages") or [])
+        row["lock_held_s"] = held
+        row["between_packages_s"] = None if held is None else round(max(0.0, held - ran), 3)
         if audit.is_file():
             a = json.loads(audit.read_text())
             row["exact"] = a.get("exact")
@@ -69,10 +74,12 @@ def main() -> int:
         launched = launches(opts.protocol.resolve(), home, opts.runs)
     rows = per_run(home)
     for line, row in zip(overhead_lines(rows), [*rows, None], strict=True):
+        hold = "" if row is None or row["lock_held_s"] is None else (
+            f", lock held {row['lock_held_s']:.1f} s, {row['between_packages_s']:.1f} s of it between packages")
         extra = "" if row is None else (
             f" [{'A/A ' if row['calibration'] else ''}cache "
             f"{'loaded from ' + str(row['compile_cache']['sealed_by']) if row['compile_cache']['reused'] else 'primed'}"
-            f"{'' if row.get('exact') is None else ', exact' if row['exact'] else ', NOT exact'}]")
+            f"{'' if row.get('exact') is None else ', exact' if row['exact'] else ', NOT exact'}{hold}]")
         print(line + extra)
     doc = {"schema": "orch.bench-proof/1", "protocol": None if opts.protocol is None else opts.protocol.name,
            "launches": launched, "runs": rows, "total": overhead_total(rows)}
