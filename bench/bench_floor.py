@@ -182,6 +182,11 @@ def plain_floor(proj: Path, protocol: Path, triplets: int, device: str, work: Pa
             print(f"plain {t} {arm}: windows ms {[round(x * 1000, 2) for x in res['windows_s']]}, GPU-busy {busy}, "
                   f"{res['wall_s']} s", flush=True)
         trips.append(triplet_figures(*row))
+    return floor_doc(trips, launches)
+
+
+def floor_doc(trips: list[dict[str, float]], launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """The floor's figures: the triplets' summary, each launch, and the mean GPU-busy of those that read it."""
     busy = [x["gpu_busy"] for x in launches if x["gpu_busy"] is not None]
     return {**summary(trips), "trips": trips, "launches": launches,
             "gpu_busy_mean": statistics.mean(busy) if busy else None}  # fmt: skip

@@ -47,15 +47,14 @@ def per_run(home: Path) -> list[dict[str, Any]]:
         cc = doc.get("compile_cache") or {}
         row["compile_cache"] = {k: cc.get(k) for k in ("reused", "sealed_by", "prime_steps", "entries", "reason")}
         row["calibration"] = doc.get("calibration_of") is not None
-        # the lock's hold and the part of it no package ran in (orch's seals, checks, cleanup; runs since 8698e8f)
-        held = (doc.get("lock") or {}).get("held_s")
-        ran = sum(float(p.get("wall_s") or 0.0) for p in doc.get("packages") or [])
-        row["lock_held_s"] = held
-        row["between_packages_s"] = None if held is None else round(max(0.0, held - ran), 3)
+        row["lock_held_s"] = row["between_packages_s"] = None
         if audit.is_file():
             a = json.loads(audit.read_text())
             row["exact"] = a.get("exact")
             row["verdict"] = a.get("verdict")
+            # the lock's hold and the part of it no package ran in, as the audit gives them (runs since 8698e8f)
+            row["lock_held_s"] = a["cost"].get("lock_held_s")
+            row["between_packages_s"] = a["cost"].get("between_packages_s")
     return rows
 
 

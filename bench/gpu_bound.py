@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from bench_floor import BOUND_NULL, orch_aa, plain_floor, protocol_copy, summary, table
+from bench_floor import BOUND_NULL, floor_doc, orch_aa, plain_floor, protocol_copy, table
 from bench_null import GIT, baseline_step_s, env, orch, project
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,11 +162,8 @@ def row(kind: str, audit: dict[str, Any], wall: float, code: int, planned: float
 
 def merge_floor(first: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     """Two batches of plain triplets of one workload as one floor."""
-    trips = first["trips"] + more["trips"]
     launches = first["launches"] + [{**x, "triplet": x["triplet"] + len(first["trips"])} for x in more["launches"]]
-    busy = [x["gpu_busy"] for x in launches if x["gpu_busy"] is not None]
-    return {**summary(trips), "trips": trips, "launches": launches,
-            "gpu_busy_mean": statistics.mean(busy) if busy else None}  # fmt: skip
+    return floor_doc(first["trips"] + more["trips"], launches)
 
 
 def decisions_table(rows: list[dict[str, Any]]) -> str:

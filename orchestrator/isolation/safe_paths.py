@@ -168,6 +168,16 @@ def stat_fingerprint(root: Path | str) -> Fingerprint:
     return {e.rel: (e.kind, e.ino, e.size, e.mtime_ns, e.ctime_ns) for e in tree_entries(root)}
 
 
+def file_fingerprint(path: Path | str) -> tuple[int, int, int, int, int] | None:
+    """(mode, inode, size, mtime, ctime) of one entry itself (a link is not followed), as stat_fingerprint for a
+    tree, with the mode in full so that a chmod shows even within one clock tick; None when there is none."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def make_dirs(dir_fd: int, rel: str, fresh_last: bool = False) -> int:
     """mkdir -p of rel below an open folder, never through a link; returns the last folder's descriptor. With
     `fresh_last`, the last folder must not exist yet (UnsafeEntry names it otherwise)."""

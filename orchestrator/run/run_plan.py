@@ -27,7 +27,13 @@ from orchestrator.isolation.packages import (
     run_package,
     utc_now,
 )
-from orchestrator.isolation.safe_paths import UnsafeEntry, fingerprint_changes, seal_checkpoint, stat_fingerprint
+from orchestrator.isolation.safe_paths import (
+    UnsafeEntry,
+    file_fingerprint,
+    fingerprint_changes,
+    seal_checkpoint,
+    stat_fingerprint,
+)
 from orchestrator.isolation.sealing import SealedArm, check_seal, unseal_for_removal
 from orchestrator.lock import gpu_lock
 from orchestrator.run.host_watch import HostWatcher, package_devices
@@ -391,7 +397,7 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         if outcome.status == "ok" and pkg.kind == "checks":
             init = ctx.scratch / "init.safetensors"
             init_digest = sha256_file(init) if init.is_file() else None
-            ctx.init_stat = init_fingerprint(init)
+            ctx.init_stat = file_fingerprint(init)
             _announce_version_changes(ctx, outcome.result, progress.say)
         result_digest = outcome.result_sha256
         if pkg.kind == "score" and outcome.status == "ok":
@@ -494,16 +500,6 @@ def _handle_outputs(ctx: RunContext, pkg: PlannedPackage, pkg_dir: Path, outcome
                               "may leave only files there")
 
 
-def init_fingerprint(path: Path) -> tuple[int, int, int, int, int] | None:
-    """(mode, inode, size, mtime, ctime) of the shared initial state, the entry itself (a link is not followed);
-    None when there is none. Any write, chmod or replacement changes the ctime, which no process can set back."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
 def _check_sealed(ctx: RunContext, when: str, init_digest: str | None, content: bool = True) -> None:
     """Every arm's sealed copy, the sealed baseline compile cache, every kept checkpoint and the shared initial
     state are as sealed: FailedError naming what changed. The initial state by its fingerprint, and with `content`
@@ -522,7 +518,7 @@ def _check_sealed(ctx: RunContext, when: str, init_digest: str | None, content: 
     if init_digest is None:
         return
     init = ctx.scratch / "init.safetensors"
-    if init_fingerprint(init) != ctx.init_stat or (content and sha256_file(init) != init_digest):
+    if file_fingerprint(init) != ctx.init_stat or (content and sha256_file(init) != init_digest):
         raise FailedError(f"the shared initial state changed {when}")
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.run.run_plan import _check_sealed, _sealed_unchanged, init_fingerprint
+from orchestrator.isolation.safe_paths import file_fingerprint as init_fingerprint
+from orchestrator.run.run_plan import _check_sealed, _sealed_unchanged
 from protocol.errors import FailedError
 from protocol.hashing import sha256_file
 

@@ -153,8 +153,9 @@ def save_checkpoint(tensors: dict[str, Any], ckpt_dir: Path, rank: int, world_si
     """This rank's local shards of parameters and optimizer state (orch.ckpt/1); (file name, its SHA256).
 
     Written without the zip records' CRC32 (torch.serialization.set_crc32_options, restored after) unless
-    `zip_crc32`: the file's SHA256 is what orch records and checks, and computing the CRC of every record was most of
-    a large checkpoint's save (bench/bench_checkpoint.py). torch.load reads it as before; a zip tool's CRC test fails.
+    `zip_crc32`: the file's SHA256 is what orch records and checks, and computing the CRC of every record was about a
+    quarter of a large checkpoint's save (bench/bench_checkpoint.py). torch.load reads it as before; a zip tool's CRC
+    test fails.
     """
     import torch
 
