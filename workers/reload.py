@@ -6,6 +6,7 @@ Usage: python -m workers.reload --spec package.json -> result.json (orch.reload/
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,13 @@ def reload_rank(path: Path, device: str) -> tuple[ReloadRank, int]:
 
     if device == "cuda":
         torch.cuda.set_device(0)
-    doc = torch.load(path, map_location="cpu", weights_only=True)
-    digests = digest_many(checkpoint_tensors(doc, device))
-    rank = ReloadRank(
-        rank=int(doc["rank"]), checkpoint_sha256=regular_sha256(path), combined=combined_digest(digests),
-        digests=digests,
-    )  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:  # the file's SHA256 is read beside the load (seconds of a large checkpoint)
+        sha = pool.submit(regular_sha256, path)
+        doc = torch.load(path, map_location="cpu", weights_only=True)
+        digests = digest_many(checkpoint_tensors(doc, device))
+        rank = ReloadRank(
+            rank=int(doc["rank"]), checkpoint_sha256=sha.result(), combined=combined_digest(digests), digests=digests,
+        )  # fmt: skip
     return rank, int(doc["world_size"])
 
 
