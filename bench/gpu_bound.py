@@ -187,7 +187,7 @@ def main() -> int:
     ap.add_argument("--floor-after", type=int, default=0, help="plain triplets added after the 5%% decision")
     ap.add_argument("--deadline-file", type=Path, default=None, help="a Unix time that replaces the deadline")
     ap.add_argument("--aa-launch-s", type=float, default=320.0, help="seconds of one A/A launch, with no plain ones")
-    ap.add_argument("--decisions", default=",".join(DECISIONS), help="which K = 1 decisions, in this order: "
+    ap.add_argument("--decisions", default=",".join(DECISIONS), help="K = 1 decisions, run in the order given, of: "
                     + ",".join(DECISIONS))  # fmt: skip
     ap.add_argument("--calibration-repeats", type=int, default=3)
     ap.add_argument("--max-repeats", type=int, default=4, help="the 2%% slowdown's sequential stop")
@@ -261,13 +261,11 @@ def main() -> int:
         cal_audit = json.loads((home / "runs" / aa["run_ids"][-1] / "audit.json").read_text())
         step = baseline_step_s(cal_audit)
         figures["baseline_step_s"] = step
-        plan: list[tuple[str, float | None, int]] = [("null", None, 1), ("slowdown 5%", 0.05, 1),
-                                                     ("slowdown 2% sequential", 0.02, opts.max_repeats),
-                                                     ("candidate", None, 1)]  # fmt: skip
-        wanted = set(opts.decisions.split(","))
-        for (kind, frac, triplets), key in zip(plan, DECISIONS, strict=True):
-            if key not in wanted:
-                continue
+        plan: dict[str, tuple[str, float | None, int]] = {
+            "null": ("null", None, 1), "5pct": ("slowdown 5%", 0.05, 1),
+            "2pct": ("slowdown 2% sequential", 0.02, opts.max_repeats), "candidate": ("candidate", None, 1)}
+        for key in dict.fromkeys(opts.decisions.split(",")):  # in the order asked
+            kind, frac, triplets = plan[key]
             if kind.endswith("sequential") and opts.floor_after > 0 and plain_s is not None:
                 # the floor's triplets keep time for the next decision only where both fit
                 keep = launch_need(per_aa, walls, 1)

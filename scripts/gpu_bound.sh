@@ -7,7 +7,7 @@
 # DEADLINE_S: seconds from this script's start by which the last step must end (default 500: the call's 600 s limit
 # leaves room for the copy-out); PLAIN_TRIPLETS (2), CAL_REPEATS (3), MAX_REPEATS (4), FLOOR_AFTER (0: plain triplets
 # added after the 5% decision), DEADLINE_FILE (a Unix time that a later call may write to move the deadline),
-# DECISIONS (null,5pct,2pct,candidate: which K = 1 decisions), AA_LAUNCH_S (320: one A/A launch, with no plain one). Figures and the run records
+# DECISIONS (null,5pct,2pct,candidate: which K = 1 decisions, in that order), AA_LAUNCH_S (320: one A/A launch, with no plain one). Figures and the run records
 # (runs/ and ledger/ as one .tgz, no scratch) land in $OUT/gpu_bound/.
 set -u
 T0=$(date +%s)
