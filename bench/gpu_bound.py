@@ -50,9 +50,14 @@ SETUP = (
     "    bench_b = torch.empty_like(bench_a) if bench_a is not None else None\n"
 )
 WORK_ANCHOR = "        scheduler.step()\n"
+# the host waits for the products, so they add their own time to the step: without the wait they filled the GPU's
+# idle gaps of the next step (89% busy), and the extra time of a window ranged 0.04-0.32 s against the 0.13 s planned
+# (docs/validation/gpu_bound_h100x1_1193f02.json), a candidate noisier than the baseline by its own construction
 WORK = (
     "        for _ in range(bench_work):  # fp32 products of private tensors: results unused, no RNG drawn\n"
     "            torch.mm(bench_a, bench_a, out=bench_b)\n"
+    "        if bench_work and bench_a.is_cuda:\n"
+    "            torch.cuda.synchronize()\n"
 )
 MM_TIMER = f"""
 import sys, time, torch
