@@ -113,9 +113,9 @@ def busy_words(block: Mapping[str, Any]) -> str:
     exp = block["expected"]
     width = ("" if exp["k1_half_width"] is None else
              f"; this host's calibration (SD {exp['calibration_sd']:.4f}, df {exp['calibration_df']:g}) gives a K = 1 "
-             f"interval of +-{exp['k1_half_width']:.1%}"
+             f"interval of +-{exp['k1_half_width']:.1%} for a candidate whose steps are as steady as the baseline's"
              + ("" if exp["triplets_for_target"] is None else
-                f", +-{TARGET:.0%} at K = {exp['triplets_for_target']}"))  # fmt: skip
+                f" (+-{TARGET:.0%} needs K = {exp['triplets_for_target']})"))  # fmt: skip
     if not block["launch_bound"]:
         short = block["timed_busy"] < block["goal"]
         goal = f" (below the {block['goal']:.0%} goal of a protocol sized for decisions)" if short else ""
