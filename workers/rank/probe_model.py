@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import os
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.fileio import regular_sha256
 from workers.rank.model_shape import layer_counts
 from workers.rank.tx128 import local_tensor
 
@@ -156,24 +155,11 @@ def save_checkpoint(tensors: dict[str, Any], ckpt_dir: Path, rank: int, world_si
     Written without the zip records' CRC32 (torch.serialization.set_crc32_options, restored after) unless
     `zip_crc32`: the file's SHA256 is what orch records and checks, and computing the CRC of every record was about a
     quarter of a large checkpoint's save (bench/bench_checkpoint.py). torch.load reads it as before; a zip tool's CRC
-    test fails. The SHA256 is taken as the bytes are written (_HashingSink), not by reading the file back.
+    test fails.
     """
     import torch
 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    doc = checkpoint_doc(tensors, rank, world_size)
-    path = ckpt_dir / f"rank{rank}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    with zip_crc32_set(zip_crc32), tmp.open("wb") as fh, ThreadPoolExecutor(1) as pool:
-        sink = _HashingSink(fh, pool)
-        torch.save(doc, sink)
-        fh.flush()
-    os.replace(tmp, path)
-    return path.name, sink.hexdigest()
-
-
-def checkpoint_doc(tensors: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
-    """The orch.ckpt/1 document of this rank's named tensors: each local shard copied to the CPU."""
     params: dict[str, Any] = {}
     meta: dict[str, Any] = {}
     optim: dict[str, dict[str, Any]] = {}
@@ -192,7 +178,7 @@ def checkpoint_doc(tensors: dict[str, Any], rank: int, world_size: int) -> dict[
         else:
             fqn, _, key = rest.rpartition("/")
             optim.setdefault(fqn, {})[key] = local.to("cpu", copy=True)
-    return {
+    doc = {
         "schema": "orch.ckpt/1",
         "rank": rank,
         "world_size": world_size,
@@ -201,40 +187,16 @@ def checkpoint_doc(tensors: dict[str, Any], rank: int, world_size: int) -> dict[
         "optim": optim,
         "devices": devices,
     }
-
-
-class _HashingSink:
-    """The file torch.save writes the checkpoint to, hashing it as it goes: a buffer of at least `parallel` bytes (a
-    tensor's storage) is hashed in the pool's thread while it is written (hashlib and file writes release the GIL),
-    and torch.save gets control back only when both are done, so the buffer is never read after it may change. The
-    file is never read back: on a 10 GB checkpoint that second pass was seconds of each save."""
-
-    def __init__(self, fh: Any, pool: ThreadPoolExecutor, parallel: int = 1 << 20) -> None:
-        self._fh, self._pool, self._parallel = fh, pool, parallel
-        self._sha = hashlib.sha256()
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        if view.nbytes < self._parallel:
-            self._sha.update(view)
-            self._fh.write(view)
-            return view.nbytes
-        hashed = self._pool.submit(self._sha.update, view)
-        try:
-            self._fh.write(view)
-        finally:
-            hashed.result()
-        return view.nbytes
-
-    def flush(self) -> None:
-        self._fh.flush()
-
-    def hexdigest(self) -> str:
-        return self._sha.hexdigest()
+    path = ckpt_dir / f"rank{rank}.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    with _zip_crc32(zip_crc32):
+        torch.save(doc, tmp)
+    os.replace(tmp, path)
+    return path.name, regular_sha256(path)
 
 
 @contextlib.contextmanager
-def zip_crc32_set(on: bool) -> Iterator[None]:
+def _zip_crc32(on: bool) -> Iterator[None]:
     """torch.save computes each zip record's CRC32 or not, inside the block only (torch.serialization's
     set_crc32_options; a torch without it: as it always does)."""
     import torch.serialization as serialization
