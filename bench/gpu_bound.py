@@ -142,6 +142,18 @@ def package_walls(home: Path) -> dict[str, float]:
     return {g["kind"]: g["wall_s"] / g["packages"] for g in groups if g["packages"]}
 
 
+def checks_commands(home: Path) -> dict[str, list[float]]:
+    """Each checks command's wall seconds (prepare, diagnostics, static graph), one per run of the home, in run order:
+    where a checks package's time goes."""
+    out: dict[str, list[float]] = {}
+    for result in sorted((home / "runs").glob("*/packages/checks/result.json")):
+        doc = json.loads(result.read_text())
+        for d in [*doc.get("prepare", []), *doc.get("diagnostics", [])]:
+            if d.get("wall_s") is not None:
+                out.setdefault(d["name"], []).append(d["wall_s"])
+    return out
+
+
 def launch_need(per_aa: float, walls: dict[str, float], triplets: int) -> float:
     """Seconds a K = `triplets` launch should take, from what the calibration's A/A launches took: one A/A launch
     (checks, the triplet, the reloads between its launches), then the trailing reload, the watched replay (a train
@@ -311,6 +323,8 @@ def main() -> int:
             else:
                 rows.append(row(kind, audit, wall, code, planned))
             save()
+        figures["checks_commands_s"] = checks_commands(home)
+        save()
         with tarfile.open(opts.out / "gpu_bound_home.tgz", "w:gz") as tar:  # the run records, no scratch
             for part in ("runs", "ledger"):
                 if (home / part).exists():

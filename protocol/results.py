@@ -179,6 +179,7 @@ class Diagnostic(_Strict):
     output_sha256: str
     expected_sha256: str | None = None
     detail: str = ""
+    wall_s: float | None = None  # the command's wall time (results before it: none)
 
 
 class ChecksResult(_Strict):

@@ -12,6 +12,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from protocol.package import CommandSpec, PackageSpec
@@ -71,8 +72,10 @@ def versions() -> dict[str, str]:
 
 def run_command(spec: PackageSpec, cmd: CommandSpec) -> Diagnostic:
     """Runs one command in the sealed copy; ok = exit 0 and, when a digest is recorded, stdout matches it."""
+    started = time.monotonic()
     proc = subprocess.run(cmd.argv, cwd=spec.sealed_dir, capture_output=True, stdin=subprocess.DEVNULL, check=False,
                           env=trainer_env())
+    wall = round(time.monotonic() - started, 3)
     digest = hashlib.sha256(proc.stdout).hexdigest()
     ok = proc.returncode == 0 and (cmd.expect_sha256 is None or digest == cmd.expect_sha256)
     detail = ""
@@ -82,7 +85,7 @@ def run_command(spec: PackageSpec, cmd: CommandSpec) -> Diagnostic:
         detail = f"stdout sha256 {digest} differs from the recorded {cmd.expect_sha256}"
     return Diagnostic(
         name=cmd.name, command=cmd.argv, ok=ok, exit_code=proc.returncode, output_sha256=digest,
-        expected_sha256=cmd.expect_sha256, detail=detail,
+        expected_sha256=cmd.expect_sha256, detail=detail, wall_s=wall,
     )  # fmt: skip
 
 
@@ -114,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     if failed or not result.precision_ok:
         why = ", ".join(failed) if failed else result.precision_detail
         fail(f"checks: failed: {why}; see {spec.result_path}")
-    print(f"checks: {len(result.prepare)} prepare, {len(result.diagnostics)} diagnostics ok, {result.precision_detail}")
+    ran = [*result.prepare, *result.diagnostics]
+    took = ", ".join(f"{d.name} {d.wall_s:.1f} s" for d in ran if d.wall_s is not None)
+    print(f"checks: {len(result.prepare)} prepare, {len(result.diagnostics)} diagnostics ok, {result.precision_detail}"
+          + (f" ({took})" if took else ""))
     return 0
 
 

@@ -123,6 +123,9 @@ def test_checks(tmp_path: Path) -> None:
     res = ChecksResult.model_validate_json((tmp_path / "checks" / "result.json").read_text())
     assert res.precision_ok and [d.ok for d in [*res.prepare, *res.diagnostics]] == [True, True, True]
     assert (tmp_path / "made").exists() and res.versions["torch"] and "triton" in res.versions
+    took = [d.wall_s for d in [*res.prepare, *res.diagnostics]]  # each command's wall time, printed in the line
+    assert all(t is not None and 0 < t < 120 for t in took), took
+    assert "(init " in proc.stdout and ", graph " in proc.stdout
     bad = write_spec(
         tmp_path, "checks", "checks", precision="fp16", sealed_dir=str(tmp_path),
         static_graph={"name": "graph", "argv": [py, "-c", "print('bar')"], "expect_sha256": expect},
