@@ -38,7 +38,7 @@ class NotRegularError(OSError):
     """A path a package could write is a link, FIFO, socket or device where orch expects a regular file."""
 
 
-def _open_regular(path: Path) -> int:
+def open_regular(path: Path) -> int:
     """A descriptor on a regular file a package could have written: the last component is never followed (a link is
     refused) and it is opened non-blocking and fstat-checked before a byte is read (a FIFO or a device is refused,
     never waited on)."""
@@ -56,9 +56,9 @@ def _open_regular(path: Path) -> int:
 
 
 def read_regular(path: Path, limit: int | None = None) -> bytes:
-    """The bytes of a regular file that a package could have written (see _open_regular). `limit`: read at most that
+    """The bytes of a regular file that a package could have written (see open_regular). `limit`: read at most that
     many bytes."""
-    fd = _open_regular(path)
+    fd = open_regular(path)
     try:
         with os.fdopen(os.dup(fd), "rb") as fh:
             return fh.read() if limit is None else fh.read(limit)
@@ -67,9 +67,9 @@ def read_regular(path: Path, limit: int | None = None) -> bytes:
 
 
 def regular_sha256(path: Path | str) -> str:
-    """SHA256 (hex) of a regular file that a package could have written (see _open_regular): a link, FIFO, socket
+    """SHA256 (hex) of a regular file that a package could have written (see open_regular): a link, FIFO, socket
     or device raises NotRegularError instead of being followed or waited on."""
-    fd = _open_regular(Path(path))
+    fd = open_regular(Path(path))
     try:
         return sha256_fd(fd)[0]
     finally:

@@ -26,11 +26,11 @@ def canonical_json(doc: Any, *, ensure_ascii: bool, allow_nan: bool = True, pret
 
 
 def sha256_fd(fd: int) -> tuple[str, int]:
-    """(SHA256 hex, size in bytes) of an open file, read from its start in 1 MiB chunks."""
+    """(SHA256 hex, size in bytes) of an open file, read from its start in 1 MiB chunks by offset (pread): the
+    descriptor's own position is left where it was, so another reader of the same descriptor is not disturbed."""
     h = hashlib.sha256()
     size = 0
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, _CHUNK):
+    while chunk := os.pread(fd, _CHUNK, size):
         h.update(chunk)
         size += len(chunk)
     return h.hexdigest(), size

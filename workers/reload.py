@@ -5,12 +5,14 @@ Usage: python -m workers.reload --spec package.json -> result.json (orch.reload/
 
 from __future__ import annotations
 
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from protocol.fileio import regular_sha256
+from protocol.fileio import open_regular
+from protocol.hashing import sha256_fd
 from protocol.package import PackageSpec
 from protocol.results import ReloadRank, ReloadResult
 from workers.common import WorkerFailed, run_entry_point
@@ -42,12 +44,15 @@ def reload_rank(path: Path, device: str) -> tuple[ReloadRank, int]:
 
     if device == "cuda":
         torch.cuda.set_device(0)
-    with ThreadPoolExecutor(1) as pool:  # the file's SHA256 is read beside the load (seconds of a large checkpoint)
-        sha = pool.submit(regular_sha256, path)
-        doc = torch.load(path, map_location="cpu", weights_only=True)
+    # one descriptor of a regular file (a link or FIFO is refused, never followed or waited on): the SHA256 is read from
+    # it by offset in a second thread while torch.load reads it (seconds of a large checkpoint), so both are of one file
+    with os.fdopen(open_regular(path), "rb") as fh, ThreadPoolExecutor(1) as pool:
+        sha = pool.submit(sha256_fd, fh.fileno())
+        doc = torch.load(fh, map_location="cpu", weights_only=True)
         digests = digest_many(checkpoint_tensors(doc, device))
         rank = ReloadRank(
-            rank=int(doc["rank"]), checkpoint_sha256=sha.result(), combined=combined_digest(digests), digests=digests,
+            rank=int(doc["rank"]), checkpoint_sha256=sha.result()[0], combined=combined_digest(digests),
+            digests=digests,
         )  # fmt: skip
     return rank, int(doc["world_size"])
 

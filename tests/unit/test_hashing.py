@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.hashing import canonical_json, file_sha256, sha256_file
+from protocol.hashing import canonical_json, file_sha256, sha256_fd, sha256_file
 
 DOC = {"b": [1, 2.5], "a": "é"}
 
@@ -41,3 +41,19 @@ def test_a_file_over_several_read_chunks_hashes_whole(tmp_path: Path) -> None:
     data = bytes(range(256)) * (3 * 4096 + 1)  # 3 MiB + 256 bytes: four 1 MiB reads, the last one short
     (tmp_path / "big").write_bytes(data)
     assert file_sha256(tmp_path / "big") == (hashlib.sha256(data).hexdigest(), len(data))
+
+
+def test_a_descriptors_hash_is_of_the_whole_file_and_leaves_its_position(tmp_path: Path) -> None:
+    """sha256_fd reads by offset: from the start whatever the position, which it leaves where it was (the reload
+    hashes the descriptor torch.load is reading)."""
+    import os
+
+    data = bytes(range(256)) * 9000  # over two read chunks
+    (tmp_path / "f").write_bytes(data)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        os.lseek(fd, 1234, os.SEEK_SET)
+        assert sha256_fd(fd) == (hashlib.sha256(data).hexdigest(), len(data))
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 1234
+    finally:
+        os.close(fd)

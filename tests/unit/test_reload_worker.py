@@ -32,3 +32,12 @@ def test_a_link_in_the_checkpoints_place_is_refused(tmp_path: Path) -> None:
     (tmp_path / "ckpt" / name).symlink_to(tmp_path / "real" / name)
     with pytest.raises(NotRegularError):
         reload_rank(tmp_path / "ckpt" / name, "cpu")
+
+
+def test_a_fifo_in_the_checkpoints_place_is_refused_not_waited_on(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "ckpt").mkdir()
+    os.mkfifo(tmp_path / "ckpt" / "rank0.pt")
+    with pytest.raises(NotRegularError, match="FIFO"):
+        reload_rank(tmp_path / "ckpt" / "rank0.pt", "cpu")
