@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from ledger.cost.store import Ledger
 from ledger.verdict.decide.calibration import CALIBRATION_FILE, Calibration, fingerprint
-from ledger.verdict.decide.noise import aa_step_spread
+from ledger.verdict.decide.noise import aa_step_profile, aa_step_spread
 from ledger.verdict.decide.stats import Spread, paired_interval, pooled, triplets_needed
 from orchestrator.run.launch import LaunchResult, launch
 from protocol.errors import FailedError, UsageError
@@ -76,6 +76,7 @@ def calibrate(
     steps: list[Spread] = []  # the baseline's within-launch step spread, each launch's (issue 34)
     us: list[float] = []  # each launch's A/B log ratio u (issue 52)
     levels: list[list[float]] = []  # each launch's launch-position levels (issue 52)
+    profiles: list[tuple[tuple[int, ...], list[float]]] = []  # each launch's baseline step profile
     for i in range(1, k + 1):
         say(f"A/A launch {i} of {k}")
         result = launch(protocol_path, home_dir, say=say, lock_timeout=lock_timeout, lock_dir=lock_dir, loaded=aa,
@@ -98,6 +99,9 @@ def calibrate(
         step = aa_step_spread(audit.get("speedup") or {})
         if step is not None:
             steps.append(step)
+        profile = aa_step_profile(audit.get("speedup") or {})
+        if profile is not None:
+            profiles.append(profile)
         u, level = launch_positions(audit.get("speedup") or {})
         us.append(u)
         levels.append(level)
@@ -108,6 +112,7 @@ def calibrate(
     window = pooled(*windows) if windows else None
     step = pooled(*steps) if steps else None
     own = paired_interval(d)
+    profile_steps, step_profile = mean_profile(profiles, len(results))
     launch_hosts = [audit_host(r) for r in results]
     host = launch_hosts[-1]
     hosts = {h["host_hash"] for h in launch_hosts}
@@ -121,6 +126,7 @@ def calibrate(
         headlines=headlines, log_speedups=d, sd=spread.sd, df=spread.df,
         window_sd=None if window is None else window.sd, window_df=0 if window is None else int(window.df),
         step_sd=None if step is None else step.sd, step_df=0 if step is None else int(step.df),
+        profile_steps=profile_steps, step_profile=step_profile,
         mean_log_speedup=math.fsum(d) / len(d), ab_log_ratios=us, position_levels=levels,
         estimate=own.estimate, low=own.low if own.bounded else None,
         high=None if math.isinf(own.high) else own.high, level=own.level,
@@ -151,6 +157,15 @@ def calibrate(
         say("warning: the A/A interval excludes 1: identical arms read as different on this host (a position or "
             "warm-up effect); later verdicts subtract it, its variance carried, so their intervals widen")
     return result, cal
+
+
+def mean_profile(profiles: list[tuple[tuple[int, ...], list[float]]],
+                 launches: int) -> tuple[list[int] | None, list[float] | None]:
+    """The A/A launches' step profiles averaged step by step; (None, None) unless every launch gave one for the same
+    steps."""
+    if len(profiles) != launches or len({steps for steps, _ in profiles}) != 1:
+        return None, None
+    return list(profiles[0][0]), [math.fsum(col) / len(col) for col in zip(*(p for _, p in profiles), strict=True)]
 
 
 def launch_positions(speedup_doc: dict[str, Any]) -> tuple[float, list[float]]:

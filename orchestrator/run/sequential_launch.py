@@ -16,12 +16,12 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from ledger.cost.store import Ledger
-from ledger.verdict.decide.calibration import calibration_step_spread, find_calibration
+from ledger.verdict.decide.calibration import calibration_step_profile, calibration_step_spread, find_calibration
 from ledger.verdict.decide.evidence import read_steps
 from ledger.verdict.decide.noise import ArmSpread, NoiseEvidence, baseline_disagreement, triplet_arm_spread
 from ledger.verdict.decide.sequential import SequentialRule
 from ledger.verdict.decide.sequential_doc import Look, asked_record, calibration_spread, look, run_rule
-from ledger.verdict.decide.stats import Spread, triplet_log_speedup
+from ledger.verdict.decide.stats import Spread, StepProfile, triplet_log_speedup
 from ledger.verdict.decide.windows import speedup, step_times
 from protocol.errors import FailedError
 from protocol.home import Home
@@ -59,6 +59,7 @@ class SequentialState:
     d: list[float] = field(default_factory=list)
     calibration: Spread | None = None
     calibration_step: Spread | None = None  # the calibration's baseline step spread (the noise check, issue 34)
+    profile: StepProfile | None = None  # the calibration's baseline step profile (noise.py)
     arms: list[ArmSpread | None] = field(default_factory=list)  # each triplet's step contrasts
     ab: list[float] = field(default_factory=list)  # each triplet's A/B contrast u (the A/B launch check, issue 34)
     calibration_words: str | None = None  # None until the first look looked the calibration up
@@ -80,9 +81,11 @@ def begin(ctx: RunContext, until_decided: int | None, say: Callable[[str], None]
     say(f"sequential ({by}): triplets are added one at a time until the rule stops, at most {rule.max_triplets}")
 
 
-def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> tuple[float, ArmSpread | None, float]:
+def triplet_d(run_dir: Path, m: Measurement, t: Triplet,
+              profile: StepProfile | None = None) -> tuple[float, ArmSpread | None, float]:
     """d of one recorded triplet: the mean log of its window ratios, from its train packages' step lines; its arms'
-    step contrasts and its A/B contrast u (ledger/verdict/decide/noise.py), as the audit reads them."""
+    step contrasts (about the calibration's step profile when given) and its A/B contrast u
+    (ledger/verdict/decide/noise.py), as the audit reads them."""
     times: dict[str, list[float]] = {}
     for role, label in t.labels.items():
         rel = f"packages/train-{label}"
@@ -96,7 +99,8 @@ def triplet_d(run_dir: Path, m: Measurement, t: Triplet) -> tuple[float, ArmSpre
             raise FailedError(f"the sequential look cannot read {rel}: {problems[0]}")
         times[role] = step_times(steps, m.steps)
     sp = speedup(times, steps=m.steps, warmup=m.warmup, window=m.window, drift_bound=m.drift_bound)
-    return triplet_log_speedup([w.ratio for w in sp.windows]), triplet_arm_spread(sp), baseline_disagreement(sp)
+    return (triplet_log_speedup([w.ratio for w in sp.windows]), triplet_arm_spread(sp, profile),
+            baseline_disagreement(sp))
 
 
 def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
@@ -109,6 +113,7 @@ def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
                                              ctx.loaded.protocol.measurement.calibration_max_age_days)
     state.calibration = calibration_spread(block)
     state.calibration_step = calibration_step_spread(block)
+    state.profile = calibration_step_profile(block)
     if state.calibration is not None:
         state.record = state.record.model_copy(update={"calibration_run": block.get("run_id")})
         state.calibration_words = (f"pooled with the A/A calibration of run {block.get('run_id')} (triplet SD "
@@ -128,13 +133,13 @@ def after_triplet(ctx: RunContext) -> Look | None:
     assert state is not None
     m = ctx.loaded.protocol.measurement
     k = state.planned
-    d, arms, ab = triplet_d(ctx.run_dir, m, triplets(k, sequential=True)[k - 1])
+    if state.calibration_words is None:  # first: the calibration's step profile shapes each triplet's contrasts
+        _find_calibration(ctx, state)
+        state.said.append(f"sequential rule: {state.rule.words}; the looks' spread is {state.calibration_words}")
+    d, arms, ab = triplet_d(ctx.run_dir, m, triplets(k, sequential=True)[k - 1], state.profile)
     state.d.append(d)
     state.arms.append(arms)
     state.ab.append(ab)
-    if state.calibration_words is None:
-        _find_calibration(ctx, state)
-        state.said.append(f"sequential rule: {state.rule.words}; the looks' spread is {state.calibration_words}")
     one = look(state.rule, state.d, state.calibration, NoiseEvidence(tuple(state.arms), state.calibration_step),
                state.ab)
     if one is None:

@@ -83,6 +83,10 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
     # narrows it below the calibration's own interval), with the equivalent df of that statistic
     noise = iv2["noise"]
     assert cal.step_sd is not None and iv2["df"] == noise["equivalent_df"] and 0 < iv2["df"]
+    # ... and its step profile (issue 50): the candidate's contrasts are taken about a line in it, one df fewer
+    assert cal.profile_steps is not None and cal.step_profile is not None
+    assert len(cal.step_profile) == len(cal.profile_steps) >= 3
+    assert noise["profile_fitted"] is True and noise["df"][0] == len(cal.profile_steps) - 2
     assert iv2["calibration_used"]["run_id"] == run_id
     assert noise["applied"] >= noise["ratio"] and noise["applied"] > 0
     assert math.isclose(iv2["sd"], cal.sd * math.sqrt(noise["applied"]), rel_tol=1e-9), (iv2["sd"], cal.sd, noise)

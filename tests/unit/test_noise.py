@@ -14,7 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from ledger.verdict.decide.calibration import Calibration, calibration_step_spread, read_calibration
+from ledger.verdict.decide.calibration import (
+    Calibration,
+    calibration_step_profile,
+    calibration_step_spread,
+    read_calibration,
+)
 from ledger.verdict.decide.decision import (
     NO_DIFFERENCE,
     WindowEffect,
@@ -27,6 +32,7 @@ from ledger.verdict.decide.noise import (
     AB_FACTOR,
     NoiseEvidence,
     NoiseScale,
+    aa_step_profile,
     arm_spread,
     baseline_disagreement,
     baseline_outliers,
@@ -37,17 +43,19 @@ from ledger.verdict.decide.noise import (
     triplet_arm_spread,
     without_window,
 )
-from ledger.verdict.decide.stats import Outlier, Spread, paired_interval, t_critical
+from ledger.verdict.decide.stats import Outlier, Spread, StepProfile, paired_interval, t_critical
 from ledger.verdict.decide.windows import Speedup, speedup
 from ledger.verdict.documents.interval_doc import interval_doc
 
 
 def _times(rng: np.random.Generator, lam: float, sigma: float = 0.05, tau: float = 0.1, n: int = 6,
-           work: np.ndarray | None = None) -> dict[str, list[float]]:
+           work: np.ndarray | None = None, effect: np.ndarray | None = None) -> dict[str, list[float]]:
+    """One triplet's step times; effect: the candidate's log effect at each step (none: identical medians)."""
     mu = np.log(work) if work is not None else np.zeros(n)
     out = {}
     for role, scale in (("A", 1.0), ("C", lam), ("B", 1.0)):
-        out[role] = list(np.exp(mu + scale * (tau * rng.normal() + sigma * rng.normal(size=n))))
+        own = mu + (effect if role == "C" and effect is not None else 0.0)
+        out[role] = list(np.exp(own + scale * (tau * rng.normal() + sigma * rng.normal(size=n))))
     return out
 
 
@@ -302,3 +310,123 @@ def test_interval_words_say_the_ab_check_and_the_variance_it_used() -> None:
     doc = interval_doc(iv, headlines=[1.0], calibration_run="cal", window_spread=None, outlier_triplets=[],
                        outlier_windows=[], triplet_index=[1], calibration=cal, baseline_check=(quiet[0], []))
     assert "a slow candidate launch cannot be told from a slowdown at K = 1" in doc["words"]
+
+
+# the profile fit (issue 50): r3-mini's steps alternate in length (about 0.83 s and 1.80 s on the bound protocol)
+ALTERNATING = np.array([0.83, 1.80] * 3)
+
+
+def _profile(rng: np.random.Generator, work: np.ndarray, launches: int = 3) -> StepProfile:
+    """A calibration's step profile: each measured step's log time averaged over its A/A launches' three arms."""
+    logs = [np.mean([np.log(_times(rng, 1.0, work=work)[r]) for r in "ACB"], axis=0) for _ in range(launches)]
+    return StepProfile(tuple(range(10, 10 + len(work))), tuple(float(x) for x in np.mean(logs, axis=0)))
+
+
+def test_the_line_by_hand_and_when_a_profile_fits() -> None:
+    # y = log C - (log A + log B) / 2 = (0.1, 0.3, 0.5, 0.6) against x = (0, 1, 2, 3): slope 0.17, residuals
+    # (0.01, 0.04, -0.03, -0.02) -> ss 0.003 on 2 df; v is taken about its mean as before
+    ys = [0.1, 0.3, 0.5, 0.6]
+    t = {"A": [1.0] * 4, "C": [math.exp(y) for y in ys], "B": [1.0] * 4}
+    fitted = arm_spread([t], [0.0, 1.0, 2.0, 3.0])
+    plain = arm_spread([t])
+    assert fitted is not None and plain is not None and fitted.fitted and not plain.fitted
+    assert (fitted.candidate.sd**2 * fitted.candidate.df, fitted.candidate.df) == (pytest.approx(0.003, rel=1e-9), 2)
+    assert plain.candidate.df == 3 and fitted.baseline == plain.baseline
+    assert not pool_arms([fitted, plain]).fitted and pool_arms([fitted, fitted]).fitted  # type: ignore[union-attr]
+    prof = StepProfile((10, 11, 12), (0.0, 1.0, 0.0))
+    assert prof.fits([10, 11, 12]) and not prof.fits([10, 11]) and not prof.fits([11, 12, 13])
+    assert not StepProfile((10, 11, 12), (0.5, 0.5, 0.5)).fits([10, 11, 12])  # flat: nothing to fit
+    assert not StepProfile((10, 11), (0.0, 1.0)).fits([10, 11])  # a line through two steps leaves no df
+
+
+def test_an_additive_change_on_alternating_steps_is_not_read_as_noise() -> None:
+    """The GPU run of docs/validation/gpu_bound_h100x1_adf16d8.json in miniature: a steady 65 ms added to every step
+    of a workload whose steps alternate 0.83 s / 1.80 s. About their mean the candidate's contrasts alternate
+    (+7.6% / +3.6% in log) and read as R >> 1, which widened a 5% slowdown's interval past 1; about the line in the
+    calibration's profile they are as quiet as the baseline's, and the interval decides."""
+    rng = np.random.default_rng(50)
+    sigma, tau = 0.002, 0.004
+    effect = np.log(1.0 + 0.065 / ALTERNATING)
+    cal = Spread.of([float(np.mean(np.log(_ratios(_times(rng, 1.0, sigma, tau, work=ALTERNATING)))))
+                     for _ in range(3)])
+    assert cal is not None
+    step = _cal_step_of(rng, sigma, tau, ALTERNATING)
+    prof = _profile(rng, ALTERNATING)
+    t = _times(rng, 1.0, sigma, tau, work=ALTERNATING, effect=effect)
+    sp = _speedup(t)
+    d = [float(np.mean(np.log([w.ratio for w in sp.windows])))]
+    plain = noise_scale(triplet_arm_spread(sp), step, cal)
+    fitted = noise_scale(triplet_arm_spread(sp, prof), step, cal)
+    assert plain is not None and fitted is not None
+    assert plain.ratio > 20 and plain.p_value < 1e-4 and not plain.fitted
+    assert fitted.fitted and fitted.d1 == 4 and fitted.p_value > 0.05
+    wide, narrow = paired_interval(d, cal, noise=plain), paired_interval(d, cal, noise=fitted)
+    assert wide.covers_one and not narrow.covers_one and narrow.high < 1.0
+    assert "about a line in the baseline's step profile" in fitted.words
+    doc = interval_doc(narrow, headlines=[1.0], calibration_run="cal", window_spread=None, outlier_triplets=[],
+                       outlier_windows=[], triplet_index=[1], calibration=cal)
+    assert "its steps taken about a line in the calibration's step profile" in doc["words"]
+    assert doc["noise"]["profile_fitted"] is True and doc["noise"]["df"] == [4, fitted.d2]
+
+
+def _cal_step_of(rng: np.random.Generator, sigma: float, tau: float, work: np.ndarray, launches: int = 3) -> Spread:
+    arms = [arm_spread([_times(rng, 1.0, sigma, tau, work=work)]) for _ in range(launches)]
+    pooled_aa = pool_arms(arms)
+    assert pooled_aa is not None
+    return pooled_aa.aa_step
+
+
+@pytest.mark.parametrize("lam", [1.0, 2.0])
+def test_k1_coverage_with_the_profile_for_a_step_dependent_effect(lam: float) -> None:
+    """A candidate 10% faster on the short steps and 5% slower on the long ones (window times equal: d = 0) and lam
+    times noisier: about the profile's line R / theta ~ F(4, d2) again, so the scaled K = 1 interval errs about 5% at
+    lam = 2 (issue 34's exact pivot) and at most that at lam = 1 (issue 52's floor). About their mean the contrasts
+    carry the effect's alternation as noise: the interval is far wider than its level needs, and errs far less."""
+    rng = np.random.default_rng(500 + int(lam))
+    work = np.array([1.0, 2.0] * 3)
+    effect = np.log(np.array([0.9, 1.05] * 3))
+    n = 1500
+    wrong = wrong_plain = 0
+    for _ in range(n):
+        cal = Spread.of([float(np.mean(np.log(_ratios(_times(rng, 1.0, work=work))))) for _ in range(5)])
+        assert cal is not None
+        step = _cal_step_of(rng, 0.05, 0.1, work, 5)
+        prof = _profile(rng, work, 5)
+        t = _times(rng, lam, work=work, effect=effect)
+        d = [float(np.mean(np.log(_ratios(t))))]
+        fitted = noise_scale(arm_spread([t], list(prof.log_times)), step, cal)
+        plain = noise_scale(arm_spread([t]), step, cal)
+        wrong += not paired_interval(d, cal, noise=fitted).covers_one
+        wrong_plain += not paired_interval(d, cal, noise=plain).covers_one
+    if lam > 1:
+        assert wrong / n == pytest.approx(0.05, abs=0.02)
+    else:
+        assert wrong / n < 0.035
+    assert wrong_plain / n < 0.5 * wrong / n
+
+
+def test_the_calibration_records_its_profile_and_old_ones_have_none() -> None:
+    doc = {"schema": "orch.calibration/2", "run_id": "r", "of_protocol_id": "p", "of_protocol_name": "n",
+           "aa_protocol_id": "q", "host": {}, "repeats": 3, "headlines": [1.0] * 3, "log_speedups": [0.0] * 3,
+           "sd": 0.1, "df": 2, "mean_log_speedup": 0.0, "estimate": 1.0, "low": 0.9, "high": 1.1, "level": 0.95,
+           "triplets_for_5pct": 20, "recorded_at": "2026-12-01T00:00:00Z"}
+    old = read_calibration(json.dumps(doc).encode())
+    assert isinstance(old, Calibration) and old.step_profile is None
+    assert calibration_step_profile({"usable": True, "sd": 0.1, "df": 2}) is None
+    new = read_calibration(json.dumps({**doc, "profile_steps": [10, 11, 12], "step_profile": [0.1, 0.6, 0.1]}).encode())
+    assert isinstance(new, Calibration) and new.step_profile == [0.1, 0.6, 0.1]
+    block = {"usable": True, "profile_steps": [10, 11, 12], "step_profile": [0.1, 0.6, 0.1]}
+    assert calibration_step_profile(block) == StepProfile((10, 11, 12), (0.1, 0.6, 0.1))
+    assert calibration_step_profile({**block, "usable": False}) is None
+    for bad in ({"step_profile": [0.1, 0.6, 0.1]}, {"profile_steps": [10, 11], "step_profile": [0.1, 0.6, 0.1]}):
+        with pytest.raises(ValueError):
+            read_calibration(json.dumps({**doc, **bad}).encode())
+
+
+def test_an_aa_launch_gives_the_mean_log_time_of_each_measured_step() -> None:
+    windows = [{"steps": [10, 11], "step_times": {"A": [1.0, 2.0], "C": [1.0, 2.0], "B": [1.0, 2.0]}},
+               {"steps": [12, 13], "step_times": {"A": [math.e, 1.0], "C": [1.0, 1.0], "B": [1.0, 1.0]}}]
+    steps, logs = aa_step_profile({"windows": windows})  # type: ignore[misc]
+    assert steps == (10, 11, 12, 13)
+    assert logs == pytest.approx([0.0, math.log(2.0), 1.0 / 3.0, 0.0], rel=1e-12, abs=1e-15)
+    assert aa_step_profile({}) is None

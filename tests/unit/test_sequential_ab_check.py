@@ -98,7 +98,8 @@ def test_the_launch_stops_where_the_audit_replays_it(run: tuple[list[float], lis
     ctx = SimpleNamespace(loaded=SimpleNamespace(protocol=SimpleNamespace(measurement=Measurement())),
                           run_dir=Path("unused"), sequential=_state(rule),
                           update_run=lambda **kw: recorded.append(kw["sequential"]))
-    monkeypatch.setattr(sequential_launch, "triplet_d", lambda _dir, _m, t: (d[t.index - 1], None, us[t.index - 1]))
+    monkeypatch.setattr(sequential_launch, "triplet_d",
+                        lambda _dir, _m, t, _profile: (d[t.index - 1], None, us[t.index - 1]))
     while ctx.sequential.stop is None:
         after_triplet(ctx)  # type: ignore[arg-type]
     seq = ctx.sequential.record

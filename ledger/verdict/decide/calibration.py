@@ -18,10 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ledger.cost.record import LedgerRecord
-from ledger.verdict.decide.stats import Position, Spread
+from ledger.verdict.decide.stats import Position, Spread, StepProfile
 
 CALIBRATION_SCHEMA = "orch.calibration/2"
 CALIBRATION_V1 = "orch.calibration/1"
@@ -60,6 +60,10 @@ class Calibration(BaseModel):
     # launch (noise.py); None: recorded before issue 34 (the candidate's noise is then not checked)
     step_sd: float | None = Field(None, ge=0)
     step_df: int = Field(0, ge=0)
+    # the baseline's mean log time of each measured step (profile_steps) over every arm of every A/A launch: what a
+    # candidate's step-to-step effect is fitted against (noise.StepProfile); None: recorded before it
+    profile_steps: list[int] | None = None
+    step_profile: list[float] | None = None
     mean_log_speedup: float  # the A/A mean of d: near 0 unless the position in the triplet matters
     # issue 52: each A/A launch's u = mean over windows of log(A_w / B_w) (order A C B) and its launch-position
     # levels (mean log window time at positions 0, 1, 2, less their mean); None: recorded before
@@ -87,6 +91,13 @@ class Calibration(BaseModel):
     @property
     def covers_one(self) -> bool:
         return (self.low is None or self.low <= 1.0) and (self.high is None or 1.0 <= self.high)
+
+    @model_validator(mode="after")
+    def _profile_matches_its_steps(self) -> Calibration:
+        if (self.profile_steps is None) != (self.step_profile is None) or (
+                self.step_profile is not None and len(self.step_profile) != len(self.profile_steps or ())):
+            raise ValueError("step_profile and profile_steps must be given together, one value per step")
+        return self
 
 
 class CalibrationV1(BaseModel):
@@ -152,6 +163,14 @@ def calibration_step_spread(block: Mapping[str, Any] | None) -> Spread | None:
     if not block or not block.get("usable") or block.get("step_sd") is None or not block.get("step_df"):
         return None
     return Spread(float(block["step_sd"]), int(block["step_df"]))
+
+
+def calibration_step_profile(block: Mapping[str, Any] | None) -> StepProfile | None:
+    """The baseline's step profile of an audit's calibration block; None when not usable or recorded before it (the
+    candidate's steps are then taken about their mean, as before)."""
+    if not block or not block.get("usable") or not block.get("step_profile") or not block.get("profile_steps"):
+        return None
+    return StepProfile(tuple(int(i) for i in block["profile_steps"]), tuple(float(x) for x in block["step_profile"]))
 
 
 def _utc(text: str | None) -> datetime | None:
@@ -251,6 +270,7 @@ def _pooled_block(found: Sequence[tuple[LedgerRecord, Calibration, float | None]
     sd, df = _pooled([(c.sd, c.df) for c in cals])
     window_sd, window_df = _pooled([(c.window_sd, c.window_df) for c in cals])
     step_sd, step_df = _pooled([(c.step_sd, c.step_df) for c in cals])
+    profile = _pooled_profile(cals)
     d = [x for c in cals for x in c.log_speedups]
     us = [x for c in cals for x in (c.ab_log_ratios or [])]
     mean_d = math.fsum(d) / len(d)
@@ -264,6 +284,7 @@ def _pooled_block(found: Sequence[tuple[LedgerRecord, Calibration, float | None]
         "repeats": len(d), "headlines": [h for c in cals for h in c.headlines], "log_speedups": d,
         "sd": sd, "df": df, "window_sd": window_sd, "window_df": window_df, "mean_log_speedup": mean_d,
         **({"step_sd": step_sd, "step_df": step_df} if step_sd is not None else {}),
+        **({"profile_steps": list(profile.steps), "step_profile": list(profile.log_times)} if profile else {}),
     }
     what = (f"{len(cals)} A/A calibrations of this workload on this host pooled ({len(d)} launches; between-launch "
             f"SD {sd:.4f} of the paired log speedup, df {df}); newest: " if len(cals) > 1 else "")
@@ -280,6 +301,18 @@ def _pooled_block(found: Sequence[tuple[LedgerRecord, Calibration, float | None]
             "position": {"mean_log_speedup": mean_d, "mean_ab_log_ratio": mean_u, "launches": len(d),
                          "ab_launches": len(us)},
             "words": what + calibration_words(newest) + shared + age_words + position}
+
+
+def _pooled_profile(cals: Sequence[Calibration]) -> StepProfile | None:
+    """The step profiles of the pooled calibrations that record one for the newest one's steps, averaged with their
+    launches as weights; None when none does."""
+    steps = next((c.profile_steps for c in cals if c.profile_steps is not None), None)
+    got = [c for c in cals if c.profile_steps == steps and c.step_profile is not None]
+    if steps is None or not got:
+        return None
+    n = sum(c.repeats for c in got)
+    return StepProfile(tuple(steps), tuple(math.fsum(c.repeats * (c.step_profile or [])[i] for c in got) / n
+                                           for i in range(len(steps))))
 
 
 def _summary(cal: Calibration) -> dict[str, Any]:
@@ -301,6 +334,7 @@ def _summary(cal: Calibration) -> dict[str, Any]:
         "recorded_at": cal.recorded_at,
         # only when recorded: an audit of a run calibrated before issue 34 recomputes to the same block
         **({"step_sd": cal.step_sd, "step_df": cal.step_df} if cal.step_sd is not None else {}),
+        **({"profile_steps": cal.profile_steps, "step_profile": cal.step_profile} if cal.step_profile else {}),
     }
 
 

@@ -13,6 +13,14 @@ factor by which the variance of a triplet's d exceeds the calibrated one, and R 
   T = mean d / (s_cal sqrt(R)) ~ Z / sqrt(Q * F),  Q = chi2_a / a, F ~ F(d1, d2)
 whatever lambda is: the critical value of that pivot (critical_scaled) gives a K = 1 interval with exact coverage
 for a candidate noisier or quieter than the baseline, with no threshold and nothing tuned.
+
+The candidate's effect may differ from step to step (StepProfile): a change that saves or adds a fixed time per
+step moves the log time of a short step more than that of a long one, so on a workload whose steps alternate in
+length (r3-mini: 0.83 s and 1.80 s) y_s alternates too, and read as noise it scaled a steady 5% slowdown's interval
+by sqrt(10) (docs/validation/gpu_bound_h100x1_adf16d8.json). With the calibration's baseline step profile x_s (the
+mean log time of each measured step over its A/A launches: launches other than the run's, so independent of its
+noise), y_s is taken about a line in x_s instead of about its mean: mean y_s = alpha + beta x_s, one df fewer, and
+R / theta ~ F(d1, d2) still holds exactly (d1 = K (S - 2) for S measured steps), given the profile.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Any
 import numpy as np
 
 import ledger.verdict.decide.dist as dist
-from ledger.verdict.decide.stats import OUTLIER_ALPHA, Outlier, Spread, pooled
+from ledger.verdict.decide.stats import OUTLIER_ALPHA, Outlier, Spread, StepProfile, pooled
 from ledger.verdict.decide.windows import Speedup
 
 Y_FACTOR = 1.5  # E[var y] / sigma^2 for equal arms (1 + 1/2)
@@ -41,6 +49,15 @@ def _ss(xs: Sequence[float]) -> tuple[float, int]:
     return math.fsum((x - m) ** 2 for x in xs), len(xs) - 1
 
 
+def _line_ss(ys: Sequence[float], xs: Sequence[float]) -> tuple[float, int]:
+    """Residual sum of squares and df of ys about their least-squares line in xs."""
+    n = len(ys)
+    mx, my = math.fsum(xs) / n, math.fsum(ys) / n
+    sxx = math.fsum((x - mx) ** 2 for x in xs)
+    slope = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return math.fsum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True)), n - 2
+
+
 @dataclass(frozen=True)
 class ArmSpread:
     """The within-launch step contrasts of one or more triplets (log scale), pooled over triplets: the candidate's
@@ -48,6 +65,7 @@ class ArmSpread:
 
     candidate: Spread
     baseline: Spread
+    fitted: bool = False  # y was taken about a line in the calibration's step profile (StepProfile), every triplet
 
     @property
     def baseline_step(self) -> Spread:
@@ -60,22 +78,25 @@ class ArmSpread:
         return pooled(Spread(self.candidate.sd / math.sqrt(Y_FACTOR), self.candidate.df), self.baseline_step)
 
 
-def arm_spread(times: Sequence[Mapping[str, Sequence[float]]]) -> ArmSpread | None:
+def arm_spread(times: Sequence[Mapping[str, Sequence[float]]],
+               profile: Sequence[float] | None = None) -> ArmSpread | None:
     """times: per triplet, the step times (s) of roles A, C, B at the measured steps (the owner's windows, in step
-    order). None when no triplet has two measured steps."""
+    order). profile: the calibration's log step times at those steps (StepProfile, already checked to fit them):
+    y is then taken about a line in it (one df fewer a triplet). None when no triplet has two measured steps."""
     ss_y = ss_v = 0.0
-    df = 0
+    df_y = df_v = 0
     for t in times:
         a, c, b = t["A"], t["C"], t["B"]
         if not len(a) == len(b) == len(c) or len(a) < 2:
             continue
         la, lc, lb = ([math.log(x) for x in arm] for arm in (a, c, b))
-        sy, n = _ss([z - (x + w) / 2.0 for x, z, w in zip(la, lc, lb, strict=True)])
-        sv, _ = _ss([x - w for x, w in zip(la, lb, strict=True)])
-        ss_y, ss_v, df = ss_y + sy, ss_v + sv, df + n
-    if df == 0:
+        y = [z - (x + w) / 2.0 for x, z, w in zip(la, lc, lb, strict=True)]
+        sy, ny = _ss(y) if profile is None else _line_ss(y, profile)
+        sv, nv = _ss([x - w for x, w in zip(la, lb, strict=True)])
+        ss_y, ss_v, df_y, df_v = ss_y + sy, ss_v + sv, df_y + ny, df_v + nv
+    if df_y <= 0:
         return None
-    return ArmSpread(Spread(math.sqrt(ss_y / df), df), Spread(math.sqrt(ss_v / df), df))
+    return ArmSpread(Spread(math.sqrt(ss_y / df_y), df_y), Spread(math.sqrt(ss_v / df_v), df_v), profile is not None)
 
 
 _NODES = 400  # Gauss-Legendre nodes over the F distribution's probability (c agrees with adaptive quadrature to 1e-5)
@@ -152,6 +173,7 @@ class NoiseScale:
     baseline: Spread  # sigma: the calibration's A/A steps pooled with the run's A/B contrast
     calibration_df: int  # a: the df of the calibration's between-launch SD it scales
     launches: int = 0  # n of the calibration's A/A mean subtracted from d (stats.Position; 0: none)
+    fitted: bool = False  # the candidate's y about a line in the calibration's step profile (StepProfile)
 
     def applied(self, level: float) -> float:
         """max(R, r0), the factor the calibration's variance is scaled by (issue 52; r0 = ratio_floor, about 0.61 for
@@ -187,8 +209,10 @@ class NoiseScale:
     def words(self) -> str:
         cmp = ("noisier than" if self.p_value < 0.05 else "quieter than" if self.ratio < 1.0 else
                "as noisy as (within chance)")
+        fit = (" about a line in the baseline's step profile (an effect that differs between short and long steps "
+               "is not noise)" if self.fitted else "")
         return (f"the candidate's steps are {cmp} the baseline's inside their launches: within-launch variance "
-                f"ratio R = {self.ratio:.3g} (F({self.d1}, {self.d2}), one-sided p = {self.p_value:.3g}); the "
+                f"ratio R = {self.ratio:.3g}{fit} (F({self.d1}, {self.d2}), one-sided p = {self.p_value:.3g}); the "
                 f"calibration's spread, which measured the baseline only, is scaled by sqrt(R) = "
                 f"{math.sqrt(self.ratio):.3g}, never below the calibration's own one-triplet interval (steadier steps "
                 "cannot narrow the spread between launches)")
@@ -203,7 +227,7 @@ def noise_scale(run: ArmSpread | None, calibration_step: Spread | None,
     base = pooled(calibration_step, run.baseline_step)
     ratio = run.candidate.sd**2 / (Y_FACTOR * base.sd**2)
     launches = calibration.position.launches if calibration.position is not None else 0
-    return NoiseScale(ratio, run.candidate, base, int(calibration.df), launches)
+    return NoiseScale(ratio, run.candidate, base, int(calibration.df), launches, run.fitted)
 
 
 def as_noise(scale: object) -> NoiseScale | None:
@@ -240,13 +264,17 @@ def pool_arms(arms: Sequence[ArmSpread | None]) -> ArmSpread | None:
     got = [a for a in arms if a is not None]
     if not got:
         return None
-    return ArmSpread(pooled(*(a.candidate for a in got)), pooled(*(a.baseline for a in got)))
+    return ArmSpread(pooled(*(a.candidate for a in got)), pooled(*(a.baseline for a in got)),
+                     all(a.fitted for a in got))
 
 
-def triplet_arm_spread(sp: Speedup) -> ArmSpread | None:
-    """One triplet's contrasts at the steps of the owner's windows (Speedup: ledger/verdict/decide/windows.py)."""
+def triplet_arm_spread(sp: Speedup, profile: StepProfile | None = None) -> ArmSpread | None:
+    """One triplet's contrasts at the steps of the owner's windows (Speedup: ledger/verdict/decide/windows.py),
+    the candidate's taken about a line in the calibration's step profile when it fits these steps."""
     steps = {role: [s for w in sp.windows for s in getattr(w, f"{role.lower()}_steps")] for role in ("A", "C", "B")}
-    return arm_spread([steps])
+    measured = [i for w in sp.windows for i in w.steps]
+    line = profile.log_times if profile is not None and profile.fits(measured) else None
+    return arm_spread([steps], line)
 
 
 def aa_step_spread(speedup_doc: Mapping[str, Any]) -> Spread | None:
@@ -255,6 +283,17 @@ def aa_step_spread(speedup_doc: Mapping[str, Any]) -> Spread | None:
     steps = {role: [float(s) for w in windows for s in w["step_times"][role]] for role in ("A", "C", "B")}
     arms = arm_spread([steps])
     return None if arms is None else arms.aa_step
+
+
+def aa_step_profile(speedup_doc: Mapping[str, Any]) -> tuple[tuple[int, ...], list[float]] | None:
+    """One A/A launch's measured steps and the mean over its three baseline arms of each one's log time (the
+    calibration averages them over its launches: StepProfile); None without windows."""
+    windows = speedup_doc.get("windows") or []
+    steps = tuple(int(i) for w in windows for i in w.get("steps") or [])
+    logs = [math.fsum(math.log(float(s)) for s in trio) / 3.0
+            for trio in zip(*([float(s) for w in windows for s in w["step_times"][role]] for role in ("A", "C", "B")),
+                            strict=True)] if windows else []
+    return (steps, logs) if steps and len(steps) == len(logs) else None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,21 @@ class Position:
 
 
 @dataclass(frozen=True)
+class StepProfile:
+    """The baseline's mean log step time at each measured step (the owner's windows, in step order), from an A/A
+    calibration: what the candidate's step-to-step effect is fitted against (the docstring of noise.py)."""
+
+    steps: tuple[int, ...]
+    log_times: tuple[float, ...]
+
+    def fits(self, steps: Sequence[int]) -> bool:
+        """Whether it speaks for these measured steps: the same steps, at least 3 (a line leaves a df), and a
+        profile that varies (a flat one has no line to fit)."""
+        return (tuple(steps) == self.steps and len(self.steps) >= 3
+                and max(self.log_times) > min(self.log_times))
+
+
+@dataclass(frozen=True)
 class Spread:
     """An estimate of a standard deviation (log scale) with its degrees of freedom; a calibration's also carries its
     position effect (None: the run's own spread, or no correction)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.probe_cost import probe_cost_doc
-from ledger.verdict.decide.calibration import calibration_spreads, calibration_step_spread
+from ledger.verdict.decide.calibration import calibration_spreads, calibration_step_profile, calibration_step_spread
 from ledger.verdict.decide.decision import (
     baseline_effects,
     decide,
@@ -51,7 +51,10 @@ STATISTICS_KEYS = ("schema", "verdict", "direction", "verdict_words", "reasons",
                    "replication", "calibration", "sequential", "positions", "statistics_rules")
 # the rules the statistics keys were computed by; an audit recorded under others (or before the key) is compared
 # with a recomputation on the rest only. issue-52: steadier steps never narrow, position effect subtracted,
-# calibrations pooled within their maximum age on the same CPU, kernel and GPUs
+# calibrations pooled within their maximum age on the same CPU, kernel and GPUs. Since issue 50 a calibration may
+# record the baseline's step profile, and the candidate's steps are then taken about a line in it (noise.py; the
+# audit's interval.noise says profile_fitted): a calibration recorded before has none, so its audits recompute as
+# recorded and the rules' name stays
 STATISTICS_RULES = "issue-52"
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 # sections an audit.json recorded before them lacks: it stays as recorded
@@ -303,7 +306,8 @@ def compute_audit(
     )
     cal_spread, cal_window = calibration_spreads(calibration)
     d = log_speedups(sps)
-    noise = NoiseEvidence(tuple(triplet_arm_spread(s) for s in sps), calibration_step_spread(calibration))
+    profile = calibration_step_profile(calibration)
+    noise = NoiseEvidence(tuple(triplet_arm_spread(s, profile) for s in sps), calibration_step_spread(calibration))
     iv = verdict_interval(d, cal_spread, rule, noise)
     flagged = outlier_effects(d, outlier_triplets(d, cal_spread), cal_spread, rule)
     ratios = window_ratios(sps)

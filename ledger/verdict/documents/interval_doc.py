@@ -38,7 +38,8 @@ def _check_doc(c: SpreadCheck | None) -> dict[str, Any] | None:
 
 
 def _noise_words(n: NoiseScale) -> str:
-    return (f", scaled by the candidate's within-launch noise (R = {n.ratio:.3g}, F({n.d1}, {n.d2}), one-sided "
+    fit = ", its steps taken about a line in the calibration's step profile" if n.fitted else ""
+    return (f", scaled by the candidate's within-launch noise (R = {n.ratio:.3g}{fit}, F({n.d1}, {n.d2}), one-sided "
             f"p = {n.p_value:.3g}: the calibration measured the baseline only; a candidate noisier inside its "
             f"launches is taken to vary more between launches by the same factor)")
 
@@ -100,7 +101,8 @@ def interval_doc(
     if n is not None:
         extra["noise"] = {"ratio": n.ratio, "applied": n.applied(iv.nominal_level), "candidate": _spread(n.candidate),
                           "baseline_step": _spread(n.baseline),
-                          "df": [n.d1, n.d2], "p_value": n.p_value, "equivalent_df": iv.df, "words": n.words}
+                          "df": [n.d1, n.d2], "p_value": n.p_value, "equivalent_df": iv.df, "words": n.words,
+                          **({"profile_fitted": True} if n.fitted else {})}
     if iv.noise is not None and calibration_window is not None:
         extra["window_check"] = _window_check(window_effects, calibration_window, iv.triplets)
         words += f"; window check: {extra['window_check']['words']}"
