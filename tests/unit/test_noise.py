@@ -18,6 +18,7 @@ from ledger.verdict.decide.calibration import (
     Calibration,
     calibration_step_profile,
     calibration_step_spread,
+    calibration_words,
     read_calibration,
 )
 from ledger.verdict.decide.decision import (
@@ -415,6 +416,7 @@ def test_the_calibration_records_its_profile_and_old_ones_have_none() -> None:
     assert calibration_step_profile({"usable": True, "sd": 0.1, "df": 2}) is None
     new = read_calibration(json.dumps({**doc, "profile_steps": [10, 11, 12], "step_profile": [0.1, 0.6, 0.1]}).encode())
     assert isinstance(new, Calibration) and new.step_profile == [0.1, 0.6, 0.1]
+    assert "step profile over steps 10-12" in calibration_words(new) and "profile" not in calibration_words(old)
     block = {"usable": True, "profile_steps": [10, 11, 12], "step_profile": [0.1, 0.6, 0.1]}
     assert calibration_step_profile(block) == StepProfile((10, 11, 12), (0.1, 0.6, 0.1))
     assert calibration_step_profile({**block, "usable": False}) is None

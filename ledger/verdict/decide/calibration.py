@@ -349,6 +349,9 @@ def calibration_words(cal: Calibration) -> str:
     window = "" if cal.window_sd is None else f", within-triplet window SD {cal.window_sd:.4f} (df {cal.window_df})"
     if cal.step_sd is not None:
         window += f", the baseline's within-launch step SD {cal.step_sd:.4f} (df {cal.step_df})"
+    if cal.profile_steps:
+        window += (f" and step profile over steps {cal.profile_steps[0]}-{cal.profile_steps[-1]} (the candidate's "
+                   "steps are taken about a line in it)")
     if cal.run_ids:
         what = (f"A/A calibration {cal.run_id} on this host ({cal.repeats} launches of one triplet): null headlines "
                 f"{heads}; between-launch SD")
