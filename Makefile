@@ -10,7 +10,7 @@ TORCH_PIN := $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 STAMP := $(VENV)/.installed
 export PYTHONHASHSEED := 0
 
-.PHONY: all install pyc lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-tuned bench-proof bench-startup bench-watch bench-null bench-floor bench-checkpoint bench-verdict bench-trl attack mutation clean
+.PHONY: all install pyc lint test slurm-packages test-fast test-e2e test-trl test-slurm demo bench bench-freeze bench-ledger bench-digest bench-r3mini bench-probe bench-tuned bench-proof bench-startup bench-watch bench-null bench-floor bench-checkpoint bench-init-seal bench-verdict bench-trl attack mutation clean
 
 all: test
 
@@ -115,6 +115,12 @@ bench-null: $(STAMP)
 # $$OUT (~6 min on one H100/H200). BENCH_FLOOR_ARGS="--device cpu --small --plain-triplets 1 --orch-triplets 2" on CPU
 bench-floor: $(STAMP)
 	$(BIN)/python bench/bench_floor.py $(BENCH_FLOOR_ARGS)
+
+# issue 51: the shared initial state's checks over a K = 1 plan and an A/A launch, hashed after every package (as
+# before) and after the last package that reads it (now), alternated; BENCH_INIT_SEAL_ARGS: --gib 3.24 (r3-mini's
+# GPU-bound 3.48 GB), --repeats 3, --out FILE (~3 min on 2 cores)
+bench-init-seal: $(STAMP)
+	$(BIN)/python bench/bench_init_seal.py $(BENCH_INIT_SEAL_ARGS)
 
 # the probe's end-of-launch checkpoint saved with and without the zip records' CRC32, alternated, medians; the loaded
 # tensors checked equal (BENCH_CHECKPOINT_ARGS: --gib 2, --repeats 3, --device cuda, --out FILE; ~1 min on 2 cores)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +111,7 @@ class RunContext:
     # before and after every later package (orchestrator/isolation/safe_paths.stat_fingerprint)
     checkpoints: dict[str, dict[str, tuple[str, int, int, int, int]]] = field(default_factory=dict)
     # the shared initial state's (mode, inode, size, mtime, ctime) once the checks made it: compared before and
-    # after every package, and its SHA256 after every package too (_check_sealed)
+    # after every package, and its SHA256 after the last package that reads it (_check_sealed)
     init_stat: tuple[int, int, int, int, int] | None = None
 
     @property
@@ -355,7 +355,8 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
         _handle_outputs(ctx, pkg, pkg_dir, outcome, said)
         if outcome.status == "ok":
             try:
-                _check_sealed(ctx, f"during {pkg.name}", init_digest if pkg.kind != "score" else None)
+                _check_sealed(ctx, f"during {pkg.name}", init_digest if pkg.kind != "score" else None,
+                              content=index == last_init_reader(ctx.plan))
                 if ctx.loaded.protocol.measurement.compile == "none":  # checked after every package, never trusted
                     ctx.caches.check_compiled_nothing(pkg.name)
                 if ctx.slurm is not None:  # after this package, so before the next: nothing runs in between
@@ -500,11 +501,20 @@ def _handle_outputs(ctx: RunContext, pkg: PlannedPackage, pkg_dir: Path, outcome
                               "may leave only files there")
 
 
-def _check_sealed(ctx: RunContext, when: str, init_digest: str | None, content: bool = True) -> None:
+def last_init_reader(plan: Sequence[PlannedPackage]) -> int:
+    """The index of the last package that reads the shared initial state (every one but the scorer): after it the
+    initial state's content is hashed as well. A sequential plan grows only before its watched replay, so the index
+    found at any package is where the plan ends."""
+    return max(i for i, p in enumerate(plan) if p.kind != "score")
+
+
+def _check_sealed(ctx: RunContext, when: str, init_digest: str | None, content: bool = False) -> None:
     """Every arm's sealed copy, the sealed baseline compile cache, every kept checkpoint and the shared initial
-    state are as sealed: FailedError naming what changed. The initial state by its fingerprint, and with `content`
-    by its SHA256 too (after a package; between packages the fingerprint, as for checkpoints: rehashing a model's
-    weights before every package cost seconds each)."""
+    state are as sealed: FailedError naming what changed. The initial state by its fingerprint before and after every
+    package, as checkpoints are (a write, even of the same bytes, a chmod or a replacement changes it: ctime cannot
+    be set back), and with `content` by its SHA256 too: after the last package that reads it (last_init_reader), so
+    bytes changed under an unchanged fingerprint still fail the run. Hashing it after every package cost about 2 s a
+    package for r3-mini's 3.5 GB at the GPU-bound size, and a 7B model's weights take 10-20 s each time."""
     for arm in ctx.sealed:  # every arm: a candidate's package could edit the baseline's copy
         check_seal(ctx.sealed[arm])
     assert ctx.caches is not None
@@ -518,8 +528,12 @@ def _check_sealed(ctx: RunContext, when: str, init_digest: str | None, content: 
     if init_digest is None:
         return
     init = ctx.scratch / "init.safetensors"
-    if file_fingerprint(init) != ctx.init_stat or (content and sha256_file(init) != init_digest):
+    if file_fingerprint(init) != ctx.init_stat:
         raise FailedError(f"the shared initial state changed {when}")
+    if content and sha256_file(init) != init_digest:
+        raise FailedError(f"the shared initial state changed during the run: its SHA256, hashed {when} (the last "
+                          "package that reads it), is not the one recorded after the checks (its file fingerprint did "
+                          "not change)")
 
 
 def _sealed_unchanged(ctx: RunContext, cache: Path, init_digest: str | None) -> str | None:
