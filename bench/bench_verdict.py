@@ -70,7 +70,7 @@ def sim_table(scenarios: list[dict[str, Any]]) -> str:
 
 
 def run_sim(opts: argparse.Namespace) -> None:
-    from verdict_sim import BEFORE, CAL_TRIPLETS, HOST, MAX_TRIPLETS, RULES, SCENARIOS, SOURCES, simulate
+    from verdict_sim import BEFORE, CAL_TRIPLETS, HOST, MAX_TRIPLETS, MEAN_RULE, RULES, SCENARIOS, SOURCES, simulate
 
     t0 = time.monotonic()
     results = []
@@ -79,7 +79,8 @@ def run_sim(opts: argparse.Namespace) -> None:
         print(f"{sc.name}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
     table = sim_table(results)
     print(table)
-    power = {sc["scenario"]: {"before": sc["rules"][BEFORE]["power"], "after": sc["rules"]["K=1 + cal"]["power"]}
+    power = {sc["scenario"]: {"before": sc["rules"][BEFORE]["power"], "about_the_mean": sc["rules"][MEAN_RULE]["power"],
+                              "after": sc["rules"]["K=1 + cal"]["power"]}
              for sc in results if "power" in sc["rules"]["K=1 + cal"]}
     worst = max((r["false_accept_ci95"][1], sc["scenario"], name) for sc in results for name, r in sc["rules"].items()
                 if "false_accept_ci95" in r and name != BEFORE)

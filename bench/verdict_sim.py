@@ -5,6 +5,12 @@ Step times -> the owner's windows and ratios -> per-triplet d -> intervals. The 
 sequences at once with numpy; the critical values and nominal levels come from ledger/verdict (t_critical,
 SequentialRule.nominal_level) and a subsample of sequences is judged again by the module's own functions
 (windows.speedup, triplet_log_speedup, paired_interval, SequentialRule), which must agree to 1e-9.
+
+The candidate's noise check takes its step contrasts about a line in the calibration's step profile (issue 50: each
+measured step's mean log time over the A/A launches, as `orch calibrate` records it); the rule `K=1 + cal, about
+the mean` is the same K = 1 rule with the contrasts about their mean (before issue 50), on the same sequences. The
+`alternating` scenarios have r3-mini's GPU-bound steps (0.83 s and 1.80 s in turn) and a candidate that adds a fixed
+time to every step (`candidate_add_s`), the shape of the 5% slowdown that the rule about the mean left undecided.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from ledger.verdict.decide.noise import (
     critical_scaled,
     equivalent_df,
     ratio_floor,
+    triplet_arm_spread,
 )
 from ledger.verdict.decide.sequential import SequentialRule
 from ledger.verdict.decide.sequential_doc import replay
@@ -44,6 +51,7 @@ from ledger.verdict.decide.stats import (
     TARGET_HALF_WIDTH,
     Position,
     Spread,
+    StepProfile,
     outlier_triplets,
     outlier_windows,
     pooled,
@@ -77,6 +85,8 @@ class HostModel:
     # 52: a candidate steadier inside its launches (CUDA graphs) with the baseline's launch spread
     positions: tuple[float, float, float] = (0.0, 0.0, 0.0)  # log level of the launch at position 0, 1, 2 of every
     # triplet, A/A calibration included (issue 52: A fast with C = B slow, B slow, the middle launch slow)
+    candidate_add_s: float = 0.0  # issue 50: seconds of work added to every step of the candidate (scaled by its
+    # launch's and step's noise like the rest of the step)
 
 
 SOURCES = {
@@ -99,7 +109,10 @@ SOURCES = {
                 "= 1/3 or 1/2 (a candidate that captures CUDA graphs)",
     "positions": "issue 52: real GPU runs had B 8-52 % slower than A; levels 5-30 % per launch position, the same "
                  "in the A/A calibration (A C B) and the run (A C B, then B C A)",
+    "alternating": "issue 50: r3-mini's GPU-bound steps alternate 0.83 s / 1.80 s (gpu_bound_h100x1_adf16d8.json); "
+                   "the 5% slowdown added 63-66 ms to each (0.065 s here: true speedup 0.9529x)",
 }
+ALTERNATING = np.array([0.83, 1.80] * (16 // 2))  # r3-mini GPU-bound step times (s), steps 0-15
 HOST = HostModel(drift_mean=0.02, drift_sd=0.04, launch_outlier_p=0.02, window_outlier_p=0.02)
 QUIET = replace(HOST, launch_sd=0.015, step_sd=0.02)
 
@@ -107,8 +120,18 @@ QUIET = replace(HOST, launch_sd=0.015, step_sd=0.02)
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    ratio: float  # the true speedup: baseline median step time / candidate's
+    ratio: float  # the candidate's speedup factor on every step (baseline median step time / candidate's)
     host: HostModel
+    base: str = "uniform"  # each step's own work: "uniform" in [0.3, 0.9] s per sequence, or "alternating"
+
+    def truth(self) -> float:
+        """The true speedup in the owner's terms: ratio, times the window ratio of the added work (alternating
+        steps: every window holds one short and one long step, so it is the same in every window)."""
+        if self.host.candidate_add_s == 0.0:
+            return self.ratio
+        assert self.base == "alternating"
+        pair = float(ALTERNATING[:2].sum())
+        return self.ratio * pair / (pair + 2.0 * self.host.candidate_add_s)
 
 
 SCENARIOS = (
@@ -142,8 +165,18 @@ SCENARIOS = (
     Scenario("25% slowdown, host model", 0.8, HOST),
     Scenario("10% slowdown, quiet host", 1 / 1.10, QUIET),
     Scenario("25% slowdown, quiet host", 0.8, QUIET),
+    # issue 50: r3-mini's alternating steps, and a slowdown that adds a fixed time to every step
+    Scenario("null, host, alternating steps", 1.0, HOST, "alternating"),
+    Scenario("null, quiet host, alternating steps", 1.0, QUIET, "alternating"),
+    Scenario("5% slowdown as 65 ms a step, quiet host, alternating steps", 1.0, replace(QUIET, candidate_add_s=0.065),
+             "alternating"),
+    Scenario("5% slowdown as 65 ms a step, GPU host (launch 0.4%, step 0.6%), alternating steps", 1.0,
+             replace(QUIET, launch_sd=0.004, step_sd=0.006, drift_mean=0.0, drift_sd=0.0, launch_outlier_p=0.0,
+                     window_outlier_p=0.0, candidate_add_s=0.065), "alternating"),
 )
-RULES = ("K=1 + cal", "K=2", "K=2 + cal", "K=3", "K=3 + cal", "seq<=6 + cal", "seq<=6", "K=1 + cal, issue 34")
+MEAN_RULE = "K=1 + cal, about the mean"  # issue 52's K = 1 rule with the step contrasts about their mean (no profile)
+RULES = ("K=1 + cal", "K=2", "K=2 + cal", "K=3", "K=3 + cal", "seq<=6 + cal", "seq<=6", MEAN_RULE,
+         "K=1 + cal, issue 34")
 # the rule as issue 34 left it (the calibration scaled by sqrt(R) with no floor, the newest calibration's SD, no
 # position correction, u against 0): K = 1 only, for before/after on the same sequences
 BEFORE = "K=1 + cal, issue 34"
@@ -171,7 +204,10 @@ def step_times(rng: np.random.Generator, n: int, k: int, ratio: float, host: Hos
     drift = rng.normal(host.drift_mean, host.drift_sd, size=(n, k, 1)) * orders[None, :, :]
     launch = launch + np.asarray(host.positions)[orders.astype(int)][None, :, :]
     log_t = (launch + drift)[..., None] + rng.normal(0.0, host.step_sd, size=(n, k, 3, STEPS)) * step_noise
-    times = base[:, None, None, :] * np.exp(log_t)
+    work = np.broadcast_to(base[:, None, None, :], log_t.shape).copy()
+    if host.candidate_add_s and not aa:
+        work[:, :, 1, :] += host.candidate_add_s
+    times = work * np.exp(log_t)
     times[:, :, 1, :] /= ratio
     if host.launch_outlier_p > 0:
         times *= np.where(rng.random((n, k, 3)) < host.launch_outlier_p, host.launch_outlier, 1.0)[..., None]
@@ -191,13 +227,25 @@ MEASURED = [s for w in window_steps(STEPS, WARMUP, WINDOW) for s in w]
 CAL_STEP_DF = CAL_TRIPLETS * 2 * (len(MEASURED) - 1)  # two contrasts of the measured steps per A/A launch
 
 
-def contrasts(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sums of squares of the arm contrasts y and v about their means over the measured steps: [sequence, triplet]
-    each (ledger/verdict/decide/noise.py arm_spread; df len(MEASURED) - 1 per triplet)."""
+def contrasts(times: np.ndarray, profile: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Sums of squares of the arm contrasts y and v over the measured steps: [sequence, triplet] each
+    (ledger/verdict/decide/noise.py arm_spread). v about its mean; y about its mean (df len(MEASURED) - 1 per
+    triplet) or, with the calibration's step profile [sequence, step], about its least-squares line in it (df
+    len(MEASURED) - 2)."""
     lg = np.log(times[..., MEASURED])
     y = lg[:, :, 1] - (lg[:, :, 0] + lg[:, :, 2]) / 2.0
     v = lg[:, :, 0] - lg[:, :, 2]
-    return (((y - y.mean(-1, keepdims=True)) ** 2).sum(-1), ((v - v.mean(-1, keepdims=True)) ** 2).sum(-1))
+    yc = y - y.mean(-1, keepdims=True)
+    if profile is not None:
+        x = (profile - profile.mean(-1, keepdims=True))[:, None, :]
+        yc = yc - (x * yc).sum(-1, keepdims=True) / (x * x).sum(-1, keepdims=True) * x
+    return (yc**2).sum(-1), ((v - v.mean(-1, keepdims=True)) ** 2).sum(-1)
+
+
+def step_profile(aa: np.ndarray) -> np.ndarray:
+    """The calibration's step profile [sequence, measured step]: the mean log time over its A/A launches and their
+    three arms (orchestrator/run/calibrate.mean_profile of noise.aa_step_profile)."""
+    return np.log(aa[..., MEASURED]).mean(axis=(1, 2))
 
 
 @dataclass
@@ -207,13 +255,14 @@ class Noise:
     ss_y: np.ndarray  # [n, k]
     ss_v: np.ndarray
     cal_var: np.ndarray  # [n] sigma^2 of the A/A steps (df CAL_STEP_DF)
+    fitted: bool = True  # ss_y about the line in the calibration's step profile (one df fewer a triplet)
 
     def scale(self, k: int) -> tuple[np.ndarray, int, int]:
         """(R, d1, d2) after the first k triplets."""
         m = len(MEASURED) - 1
-        d1 = m * k
-        base = (self.ss_v[:, :k].sum(1) / 2.0 + CAL_STEP_DF * self.cal_var) / (d1 + CAL_STEP_DF)
-        return self.ss_y[:, :k].sum(1) / d1 / (1.5 * base), d1, d1 + CAL_STEP_DF
+        d1 = (m - 1 if self.fitted else m) * k
+        base = (self.ss_v[:, :k].sum(1) / 2.0 + CAL_STEP_DF * self.cal_var) / (m * k + CAL_STEP_DF)
+        return self.ss_y[:, :k].sum(1) / d1 / (1.5 * base), d1, m * k + CAL_STEP_DF
 
 
 def _windows(times: np.ndarray) -> np.ndarray:
@@ -360,7 +409,7 @@ def baseline_check(lk: Looks, d: np.ndarray, u: np.ndarray, cal: Cal, noise: Noi
                 veto |= hit
                 continue
             keep = [j for j in range(d.shape[1]) if j != i]
-            rest = Noise(noise.ss_y[:, keep], noise.ss_v[:, keep], noise.cal_var)
+            rest = Noise(noise.ss_y[:, keep], noise.ss_v[:, keep], noise.cal_var, noise.fitted)
             w = intervals(d[:, keep][:, :k - 1], cal, nominal[k - 1], rest)
             holds = np.where(faster, w.mean - w.half > 0.0, w.mean + w.half < 0.0)
             veto |= hit & ~holds
@@ -435,10 +484,11 @@ def _arms(times: np.ndarray) -> ArmSpread | None:
 
 
 def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndarray, cal_d: np.ndarray,
-               calib: Cal, looks: dict[str, tuple[Looks, np.ndarray]], m: int) -> dict[str, Any]:
+               calib: Cal, looks: dict[str, tuple[Looks, np.ndarray]], m: int, profile: np.ndarray) -> dict[str, Any]:
     """Judge the first m sequences again with the module's own functions (windows.speedup, triplet_log_speedup,
-    noise.arm_spread, paired_interval, sequential_doc.replay with the A/B launch check, decision.window_effects and
-    decide); the largest disagreement (log scale), and every decision and every stop must be the same."""
+    noise.triplet_arm_spread with the calibration's step profile, paired_interval, sequential_doc.replay with the
+    A/B launch check, decision.window_effects and decide); the largest disagreement (log scale), and every decision
+    and every stop must be the same."""
     worst = 0.0
     flags = {"outlier_triplet_k3": 0, "outlier_window_k3": 0, "window_check_k1": 0, "ab_check_k1": 0,
              "ab_held_look_seq": 0, "outlier_held_look_seq": 0}
@@ -457,12 +507,14 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
         aa_arms = [_arms(aa[i, t]) for t in range(CAL_TRIPLETS)]
         cal_step = pooled(*(a.aa_step for a in aa_arms if a is not None))
         cal_w = window_spread([list(np.exp(np.log(window_ratios(aa[i:i + 1]))[0, t])) for t in range(CAL_TRIPLETS)])
-        noise = NoiseEvidence(tuple(_arms(times[i, t]) for t in range(MAX_TRIPLETS)), cal_step)
+        prof = StepProfile(tuple(MEASURED), tuple(float(x) for x in profile[i]))
+        noise = NoiseEvidence(tuple(triplet_arm_spread(sp, prof) for sp in sps), cal_step)
+        about_mean = NoiseEvidence(tuple(_arms(times[i, t]) for t in range(MAX_TRIPLETS)), cal_step)
         for name, (lk, taken) in looks.items():
             if name == BEFORE:  # the rule before issue 52 is no longer ledger/verdict's
                 continue
             c = cal if "cal" in name else None
-            ns = noise if "cal" in name else None
+            ns = None if "cal" not in name else about_mean if name == MEAN_RULE else noise
             k = int(taken[i])
             if name.startswith("seq"):  # the audit's own replay of the looks, with the A/B launch check
                 rule = SequentialRule(MAX_TRIPLETS)
@@ -505,11 +557,13 @@ def crosscheck(times: np.ndarray, aa: np.ndarray, ratios: np.ndarray, d: np.ndar
 
 def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    base = rng.uniform(0.3, 0.9, size=(n, STEPS))
+    base = (np.broadcast_to(ALTERNATING, (n, STEPS)) if scenario.base == "alternating"
+            else rng.uniform(0.3, 0.9, size=(n, STEPS)))
     times = step_times(rng, n, MAX_TRIPLETS, scenario.ratio, scenario.host, base)
     ratios = window_ratios(times)
     d = np.log(ratios).mean(axis=-1)
-    aa_host = replace(scenario.host, candidate_noise=1.0, candidate_burst=1.0)  # A/A: the candidate arm is the baseline
+    aa_host = replace(scenario.host, candidate_noise=1.0, candidate_burst=1.0,  # A/A: the candidate arm is the
+                      candidate_add_s=0.0)  # baseline
     aa = step_times(rng, n, CAL_TRIPLETS, 1.0, aa_host, base, aa=True)
     aa_logr = np.log(window_ratios(aa))
     cal_d = aa_logr.mean(axis=-1)
@@ -519,14 +573,17 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
     cal_w = np.sqrt(((aa_logr - cal_d[..., None]) ** 2).sum((1, 2)) / (CAL_TRIPLETS * (aa_logr.shape[-1] - 1)))
     aa_y, aa_v = contrasts(aa)
     m = len(MEASURED) - 1
-    run_y, run_v = contrasts(times)
-    noise = Noise(run_y, run_v, (aa_y.sum(1) / 1.5 + aa_v.sum(1) / 2.0) / (CAL_TRIPLETS * 2 * m))
+    profile = step_profile(aa)
+    run_y, run_v = contrasts(times, profile)
+    cal_var = (aa_y.sum(1) / 1.5 + aa_v.sum(1) / 2.0) / (CAL_TRIPLETS * 2 * m)
+    noise = Noise(run_y, run_v, cal_var)
+    about_mean = Noise(contrasts(times)[0], run_v, cal_var, fitted=False)  # before issue 50
     u = ab_disagreement(times)
     looks: dict[str, tuple[Looks, np.ndarray]] = {}
     stops: dict[str, dict[str, int]] = {}
     for name in RULES:
         c = None if "cal" not in name else before if name == BEFORE else calib
-        ns = noise if c is not None else None
+        ns = None if c is None else about_mean if name in (BEFORE, MEAN_RULE) else noise
         if name.startswith("seq"):
             lk, taken, why = sequential(d, c, ns, u)  # the A/B launch check inside each look (sequential_doc.look)
             if ns is not None and c is not None:  # a stop at look 1 is a one-triplet run: the window check applies
@@ -544,9 +601,10 @@ def simulate(scenario: Scenario, n: int, seed: int, check: int) -> dict[str, Any
             if c is not None and ns is not None:
                 lk = baseline_check(lk, d, u, c, ns, taken, dict.fromkeys(range(1, k + 1), LEVEL))
         looks[name] = (lk, taken)
-    rules = {name: rule_figures(lk, taken, scenario.ratio, CAL_TRIPLETS if "cal" in name else 0)
+    rules = {name: rule_figures(lk, taken, scenario.truth(), CAL_TRIPLETS if "cal" in name else 0)
              for name, (lk, taken) in looks.items()}
     for name, st in stops.items():
         rules[name]["stops"] = st
-    return {"scenario": scenario.name, "ratio": scenario.ratio, "host": asdict(scenario.host), "seed": seed,
-            "rules": rules, "crosscheck": crosscheck(times, aa, ratios, d, cal_d, calib, looks, check)}
+    return {"scenario": scenario.name, "ratio": scenario.truth(), "base": scenario.base, "host": asdict(scenario.host),
+            "seed": seed, "rules": rules,
+            "crosscheck": crosscheck(times, aa, ratios, d, cal_d, calib, looks, check, profile)}
