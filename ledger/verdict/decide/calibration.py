@@ -304,8 +304,8 @@ def _pooled_block(found: Sequence[tuple[LedgerRecord, Calibration, float | None]
 
 
 def _pooled_profile(cals: Sequence[Calibration]) -> StepProfile | None:
-    """The step profiles of the pooled calibrations that record one for the newest one's steps, averaged with their
-    launches as weights; None when none does."""
+    """The step profiles of the pooled calibrations (newest first) that record one for the same steps as the newest
+    that records one, averaged with their launches as weights; None when none records one."""
     steps = next((c.profile_steps for c in cals if c.profile_steps is not None), None)
     got = [c for c in cals if c.profile_steps == steps and c.step_profile is not None]
     if steps is None or not got:
