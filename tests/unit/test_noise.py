@@ -16,6 +16,7 @@ from scipy import stats as sps
 
 from ledger.verdict.decide.calibration import (
     Calibration,
+    _pooled_profile,
     calibration_step_profile,
     calibration_step_spread,
     calibration_words,
@@ -432,3 +433,22 @@ def test_an_aa_launch_gives_the_mean_log_time_of_each_measured_step() -> None:
     assert steps == (10, 11, 12, 13)
     assert logs == pytest.approx([0.0, math.log(2.0), 1.0 / 3.0, 0.0], rel=1e-12, abs=1e-15)
     assert aa_step_profile({}) is None
+
+
+def test_pooled_calibrations_average_their_profiles_by_launches() -> None:
+    base = {"run_id": "r", "of_protocol_id": "p", "of_protocol_name": "n", "aa_protocol_id": "q", "host": {},
+            "headlines": [1.0] * 3, "log_speedups": [0.0] * 3, "sd": 0.1, "df": 2, "mean_log_speedup": 0.0,
+            "estimate": 1.0, "low": 0.9, "high": 1.1, "level": 0.95, "triplets_for_5pct": 20,
+            "recorded_at": "2026-12-01T00:00:00Z"}
+    newest = Calibration.model_validate({**base, "repeats": 3, "profile_steps": [10, 11, 12],
+                                         "step_profile": [0.0, 0.6, 0.0]})
+    older = Calibration.model_validate({**base, "repeats": 2, "profile_steps": [10, 11, 12],
+                                        "step_profile": [0.4, 1.0, 0.4]})
+    other = Calibration.model_validate({**base, "repeats": 5, "profile_steps": [11, 12, 13],
+                                        "step_profile": [9.0, 9.0, 9.0]})
+    none = Calibration.model_validate({**base, "repeats": 5})
+    got = _pooled_profile([none, newest, other, older])
+    assert got is not None and got.steps == (10, 11, 12)
+    # (3 x newest + 2 x older) / 5; the other steps' profile is left out
+    assert got.log_times == pytest.approx((0.16, 0.76, 0.16), rel=1e-12)
+    assert _pooled_profile([none]) is None
