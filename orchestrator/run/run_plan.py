@@ -540,7 +540,7 @@ def _sealed_unchanged(ctx: RunContext, cache: Path, init_digest: str | None) -> 
     """Before a package starts: None, or why it must not (what changed since the last package ended, and its own
     fresh compile-cache copy against the seal)."""
     try:
-        _check_sealed(ctx, "between packages", init_digest, content=False)
+        _check_sealed(ctx, "between packages", init_digest)
         assert ctx.caches is not None
         ctx.caches.check_copy(cache)
     except FailedError as err:

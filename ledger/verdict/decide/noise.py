@@ -277,22 +277,24 @@ def triplet_arm_spread(sp: Speedup, profile: StepProfile | None = None) -> ArmSp
     return arm_spread([steps], line)
 
 
+def _aa_step_times(speedup_doc: Mapping[str, Any]) -> dict[str, list[float]]:
+    """Each role's step times at the measured steps, in step order, from an audit's "speedup" block."""
+    windows = speedup_doc.get("windows") or []
+    return {role: [float(s) for w in windows for s in w["step_times"][role]] for role in ("A", "C", "B")}
+
+
 def aa_step_spread(speedup_doc: Mapping[str, Any]) -> Spread | None:
     """The baseline's step SD sigma of one A/A launch, from its audit's "speedup" block (both contrasts)."""
-    windows = speedup_doc.get("windows") or []
-    steps = {role: [float(s) for w in windows for s in w["step_times"][role]] for role in ("A", "C", "B")}
-    arms = arm_spread([steps])
+    arms = arm_spread([_aa_step_times(speedup_doc)])
     return None if arms is None else arms.aa_step
 
 
 def aa_step_profile(speedup_doc: Mapping[str, Any]) -> tuple[tuple[int, ...], list[float]] | None:
     """One A/A launch's measured steps and the mean over its three baseline arms of each one's log time (the
     calibration averages them over its launches: StepProfile); None without windows."""
-    windows = speedup_doc.get("windows") or []
-    steps = tuple(int(i) for w in windows for i in w.get("steps") or [])
-    logs = [math.fsum(math.log(float(s)) for s in trio) / 3.0
-            for trio in zip(*([float(s) for w in windows for s in w["step_times"][role]] for role in ("A", "C", "B")),
-                            strict=True)] if windows else []
+    steps = tuple(int(i) for w in speedup_doc.get("windows") or [] for i in w.get("steps") or [])
+    times = _aa_step_times(speedup_doc)
+    logs = [math.fsum(math.log(s) for s in trio) / 3.0 for trio in zip(*times.values(), strict=True)]
     return (steps, logs) if steps and len(steps) == len(logs) else None
 
 
