@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from ledger.cost.store import Ledger
 from ledger.verdict.decide.calibration import CALIBRATION_FILE, Calibration, fingerprint
 from ledger.verdict.decide.noise import aa_step_profile, aa_step_spread
-from ledger.verdict.decide.stats import Spread, paired_interval, pooled, triplets_needed
+from ledger.verdict.decide.stats import Spread, paired_interval, pooled, triplets_needed, width_floor
 from orchestrator.run.launch import LaunchResult, launch
 from protocol.errors import FailedError, UsageError
 from protocol.fileio import write_atomic
@@ -130,7 +130,8 @@ def calibrate(
         mean_log_speedup=math.fsum(d) / len(d), ab_log_ratios=us, position_levels=levels,
         estimate=own.estimate, low=own.low if own.bounded else None,
         high=None if math.isinf(own.high) else own.high, level=own.level,
-        triplets_for_5pct=triplets_needed(spread.sd, spread.df),
+        # a later run subtracts this calibration's A/A mean over its launches, whose error no K removes
+        triplets_for_5pct=triplets_needed(spread.sd, spread.df, carried=spread.sd**2 / len(d)),
         recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
     data = (cal.model_dump_json(by_alias=True, indent=1) + "\n").encode()
@@ -145,7 +146,9 @@ def calibrate(
         note=f"A/A calibration: {cal.repeats} launches of one triplet ({', '.join(cal.run_ids or [])}), SD "
              f"{cal.sd:.4f} (df {cal.df}), null speedup {cal.estimate:.4f}x in [{low}, {high}]",
     )
-    need = ("out of reach" if cal.triplets_for_5pct is None else
+    need = ("out of reach at any K: the A/A mean a later run subtracts is itself known only to +-"
+            f"{width_floor(cal.sd**2 / cal.repeats, cal.level):.1%}, and more A/A launches narrow it"
+            if cal.triplets_for_5pct is None else
             f"about {cal.triplets_for_5pct} triplet(s) of a later run")
     say(f"calibration recorded for protocol {loaded.id[:12]} on this host: {cal.repeats} A/A launches, SD "
         f"{cal.sd:.4f} of the paired log speedup between launches (df {cal.df}); null speedup {cal.estimate:.4f}x "

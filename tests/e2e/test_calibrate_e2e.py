@@ -14,6 +14,7 @@ from pathlib import Path
 from launchutil import MINIMAL_PROTOCOL, edit_protocol, env, launch_cmd, make_minimal_project, one_rank, orch, records
 
 from ledger.verdict.decide.calibration import CALIBRATION_FILE, Calibration
+from ledger.verdict.decide.stats import triplets_needed
 from protocol.schema import load_protocol
 
 
@@ -52,6 +53,8 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
     assert cal.log_speedups == d and cal.headlines == heads
     assert math.isclose(cal.sd, statistics.stdev(cal.log_speedups), rel_tol=1e-12)
     assert math.isclose(cal.mean_log_speedup, statistics.fmean(cal.log_speedups), rel_tol=1e-9, abs_tol=1e-15)
+    # the K it names for +-5% counts the error of the A/A mean that a later run subtracts (issue 50)
+    assert cal.triplets_for_5pct == triplets_needed(cal.sd, cal.df, carried=cal.sd**2 / cal.repeats)
     recs = [r for r in records(home) if r["run_id"] in cal.run_ids]
     cal_recs = [r for r in recs if r["kind"] == "calibration"]
     assert len(cal_recs) == 1 and cal_recs[0]["protocol_id"] == cal.of_protocol_id and cal_recs[0]["run_id"] == run_id

@@ -404,6 +404,12 @@ def test_an_audit_recorded_under_earlier_statistics_rules_is_named_so_not_as_a_v
     again = audit_run(tmp_path, "run1")
     assert not again.written and again.document == earlier
     assert again.notes == [
-        "audit.json was recorded under statistics rules before issue-52: a recomputation equals it on every part but "
+        "audit.json was recorded under statistics rules before issue-50: a recomputation equals it on every part but "
         "the statistics (verdict, interval, per-triplet figures, calibration, reasons, diagnostics), which are "
         "shown as recorded"]
+    # issue 50: gpu_busy's expected width is a statistic too; recorded under issue-52 it is shown as recorded
+    busy = {**earlier, "statistics_rules": "issue-52", "gpu_busy": {"expected": {"triplets_for_target": 5}}}
+    (run_dir / "audit.json").write_bytes(canonical_bytes(busy))
+    again = audit_run(tmp_path, "run1")
+    assert not again.written and again.document == busy
+    assert "diagnostics, GPU-busy and its expected width), which are shown as recorded" in again.notes[0]

@@ -16,16 +16,19 @@ from scipy import stats as sps
 from ledger.verdict.decide.stats import (
     LEVEL,
     METHOD,
+    Position,
     Spread,
     outlier_triplets,
     outlier_windows,
     paired_interval,
     pooled,
+    position_variance,
     spread_check,
     t_critical,
     triplet_log_speedup,
     triplets_needed,
     variance_for,
+    width_floor,
     window_spread,
 )
 from ledger.verdict.decide.windows import speedup
@@ -592,3 +595,48 @@ def test_outlier_windows_is_bonferroni_over_all_windows_and_strict_at_alpha() ->
     # a window SD of 0 (given, or the run's own when every triplet's windows agree) judges nothing
     assert outlier_windows([[1.0, 1.2]], Spread(0.0, 4)) == []
     assert outlier_windows([[1.1, 1.1], [1.2, 1.2]]) == []
+
+
+def _d_with_sd(k: int, sd: float) -> list[float]:
+    """K values of mean 0 whose sample SD is exactly `sd` (up to rounding): a run as spread as its calibration."""
+    if k == 1:
+        return [0.0]
+    z = np.arange(k, dtype=float) - (k - 1) / 2.0
+    return list(z / z.std(ddof=1) * sd)
+
+
+@pytest.mark.parametrize("sd", [0.004, 0.008, 0.015, 0.02, 0.025])
+def test_triplets_needed_counts_the_subtracted_aa_means_error_as_the_interval_does(sd: float) -> None:
+    """Issue 50 (seen on an H100 whose calibration read SD 0.041 over 3 A/A launches): the interval subtracts the
+    A/A mean and carries its variance s^2 / n, which no K lowers. The K named for +-5% is the first whose interval,
+    for a run as spread as its calibration, is that narrow."""
+    cal = Spread(sd, 2, Position(0.0, 0.0, 3))
+    need = triplets_needed(sd, 2, carried=position_variance(cal))
+    assert need is not None
+    assert paired_interval(_d_with_sd(need, sd), cal).half_width <= 0.05
+    if need > 1:
+        assert paired_interval(_d_with_sd(need - 1, sd), cal).half_width > 0.05
+    assert need >= triplets_needed(sd, 2)  # the A/A mean's error never needs fewer triplets
+
+
+def test_the_aa_mean_error_can_dominate_and_then_no_k_reaches_the_target() -> None:
+    sd = 0.041  # an H100's calibration (3 A/A launches): triplets_needed used to name K = 5 for +-5%
+    three = Spread(sd, 2, Position(0.0, 0.0, 3))
+    assert triplets_needed(sd, 2) == 5 and paired_interval(_d_with_sd(5, sd), three).half_width > 0.07
+    assert width_floor(position_variance(three)) == pytest.approx(math.expm1(1.959964 * sd / math.sqrt(3)), rel=1e-6)
+    assert triplets_needed(sd, 2, carried=position_variance(three)) == 53  # the A/A mean's error, +-4.7%, nearly all
+    five = Spread(sd, 4, Position(0.0, 0.0, 5))  # two more A/A launches pooled
+    assert triplets_needed(sd, 4, carried=position_variance(five)) == 10
+    wider = Spread(0.045, 2, Position(0.0, 0.0, 3))  # the A/A mean alone +-5.2%: out of reach at any K
+    assert width_floor(position_variance(wider)) > 0.05
+    assert triplets_needed(0.045, 2, carried=position_variance(wider)) is None
+    assert paired_interval(_d_with_sd(500, 0.045), wider).half_width > 0.05  # even 500 triplets
+
+
+def test_nothing_carried_without_a_position_effect() -> None:
+    assert position_variance(None) == 0.0 and position_variance(Spread(0.05, 4)) == 0.0
+    assert position_variance(Spread(0.05, 0, Position(0.0, 0.0, 5))) == 0.0  # no df: not used
+    assert position_variance(Spread(0.05, 4, Position(0.0, 0.0, 5))) == pytest.approx(0.05**2 / 5, rel=1e-15)
+    assert paired_interval([0.0], Spread(0.05, 4)).carried_sd == 0.0
+    assert paired_interval([0.0], Spread(0.05, 4, Position(0.0, 0.0, 5))).carried_sd == pytest.approx(
+        0.05 / math.sqrt(5), rel=1e-15)

@@ -114,7 +114,23 @@ def test_every_valid_calibration_is_pooled_not_the_newest(tmp_path: Path) -> Non
     assert block["age_days"] == 0.0 and "2 A/A calibrations of this workload on this host pooled" in block["words"]
     assert (iv["sd"], iv["df"]) == (pytest.approx(block["sd"]), 8)
     assert doc["positions"]["calibration"] == {"mean_log_speedup": 0.0, "mean_ab_log_ratio": 0.0, "launches": 10}
-    assert doc["statistics_rules"] == "issue-52"
+    assert doc["statistics_rules"] == "issue-50"
+
+
+def test_the_audit_says_when_the_aa_means_own_error_puts_5pct_out_of_reach(tmp_path: Path) -> None:
+    """Issue 50: a calibration of 5 launches at SD 0.2 knows its A/A mean to +-19%, which every triplet carries: no
+    number of triplets gives +-5%, and the audit says what would (more A/A launches), not a K."""
+    pid = _synthetic_protocol_id(tmp_path)
+    record_calibration(tmp_path, "cal", pid, RECORDED_HOST, sd=0.2, df=4)
+    make_run(tmp_path, "run1")
+    iv = audit_run(tmp_path, "run1").document["interval"]
+    assert iv["triplets_for_5pct"] is None
+    assert ("a +-5% interval is out of reach at any number of triplets: the calibration's A/A mean, subtracted from "
+            "every triplet, is itself known only to +-19.2%") in iv["words"]
+    record_calibration(tmp_path, "cal-2", pid, RECORDED_HOST, sd=0.02, df=4)  # pooled: SD 0.142 over 10 launches
+    make_run(tmp_path, "run2")
+    iv = audit_run(tmp_path, "run2").document["interval"]
+    assert iv["triplets_for_5pct"] is None and "known only to +-9.2%" in iv["words"]
 
 
 def test_an_expired_calibration_is_not_used_and_the_verdict_says_why(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ledger.verdict.decide.evidence import RunEvidence
 from ledger.verdict.decide.host_watch import load_logs
-from ledger.verdict.decide.stats import Spread, paired_interval, triplets_needed
+from ledger.verdict.decide.stats import Spread, paired_interval, position_variance, triplets_needed
 from protocol.host.quiet_host import HostWatchLog, WatchSample
 
 LAUNCH_BOUND_BELOW = 0.80  # the timed windows' GPU-busy share under which a protocol is named launch-bound
@@ -78,7 +78,8 @@ def expected_width(calibration: Spread | None) -> dict[str, Any]:
     iv = paired_interval([0.0], calibration)
     return {"k1_half_width": round(iv.half_width, 6), "calibration_sd": round(calibration.sd, 6),
             "calibration_df": calibration.df,
-            "triplets_for_target": triplets_needed(calibration.sd, calibration.df, target=TARGET)}  # fmt: skip
+            "triplets_for_target": triplets_needed(calibration.sd, calibration.df, target=TARGET,
+                                                   carried=position_variance(calibration))}  # fmt: skip
 
 
 def gpu_busy_block(logs: Mapping[str, HostWatchLog | None], labels: Sequence[str], steps: int, warmup: int,
@@ -114,7 +115,8 @@ def busy_words(block: Mapping[str, Any]) -> str:
     width = ("" if exp["k1_half_width"] is None else
              f"; this host's calibration (SD {exp['calibration_sd']:.4f}, df {exp['calibration_df']:g}) gives a K = 1 "
              f"interval of +-{exp['k1_half_width']:.1%} for a candidate whose steps are as steady as the baseline's"
-             + ("" if exp["triplets_for_target"] is None else
+             + (f" (+-{TARGET:.0%} is out of reach at any K: more A/A launches narrow it)"
+                if exp["triplets_for_target"] is None else
                 f" (+-{TARGET:.0%} needs K = {exp['triplets_for_target']})"))  # fmt: skip
     if not block["launch_bound"]:
         short = block["timed_busy"] < block["goal"]

@@ -162,6 +162,7 @@ class Interval:
     check: SpreadCheck | None
     triplets_for_target: int | None  # triplets for a +-5 % interval at this SD (None: beyond reach or unknown)
     noise: NoiseScale | None = None  # the calibration was scaled by the candidate's within-launch noise
+    carried_sd: float = 0.0  # SD of the subtracted A/A mean (log scale): a floor on the width that K cannot lower
 
     @property
     def bounded(self) -> bool:
@@ -181,23 +182,50 @@ class Interval:
         return tuple(math.exp(d) for d in self.log_speedups)
 
 
+def position_variance(calibration: Spread | None) -> float:
+    """The variance of the A/A mean a calibration's position effect subtracts from every triplet's d (issue 52):
+    s_cal^2 / n over its n launches; 0 where nothing is subtracted. It does not shrink with the run's triplets."""
+    if calibration is None or calibration.df <= 0 or calibration.position is None:
+        return 0.0
+    launches = calibration.position.launches
+    return calibration.sd**2 / launches if launches > 0 else 0.0
+
+
+def width_floor(carried: float, level: float = LEVEL) -> float:
+    """The relative half-width no number of triplets goes below: the A/A mean's own error, z * sqrt(carried)."""
+    return math.expm1(float(dist.norm_ppf(0.5 + level / 2.0)) * math.sqrt(carried))
+
+
 def triplets_needed(sd: float, calibration_df: float = 0, level: float = LEVEL,
-                    target: float = TARGET_HALF_WIDTH) -> int | None:
-    """Smallest K whose fixed-design interval (df = calibration_df + K - 1) has relative half-width <= target."""
+                    target: float = TARGET_HALF_WIDTH, carried: float = 0.0) -> int | None:
+    """Smallest K whose fixed-design interval (df = calibration_df + K - 1) has relative half-width <= target: the
+    half-width paired_interval gives, t * sqrt(sd^2 / K + carried), where `carried` is the variance of the A/A mean
+    subtracted from every triplet (position_variance). None when no K reaches it: beyond MAX_TRIPLETS, or, with a
+    carried variance, when the A/A mean's own error alone is as wide as the target (more A/A launches are needed,
+    not more triplets)."""
     goal = math.log1p(target)
-    # sd 0: the first K with df >= 1 (a calibration's df may be fractional: a noise-scaled one's is)
-    if sd <= 0.0:
+
+    def reached(k: int) -> bool:
+        df = calibration_df + k - 1
+        if df < 1:
+            return False
+        t = t_critical(level, df)  # nothing carried: the former expression, bit for bit
+        return (t * sd / math.sqrt(k) if carried == 0.0 else t * math.sqrt(sd**2 / k + carried)) <= goal
+
+    z = float(dist.norm_ppf(0.5 + level / 2.0))
+    if carried > 0.0 and z * math.sqrt(carried) >= goal:
+        return None  # t > z at every df: even infinitely many triplets leave the A/A mean's error
+    # no spread at all: the first K with df >= 1 (a calibration's df may be fractional: a noise-scaled one's is)
+    if sd <= 0.0 and carried == 0.0:
         return 1 if calibration_df >= 1 else 2
     for k in range(1, 201):
-        df = calibration_df + k - 1
-        if df >= 1 and t_critical(level, df) * sd / math.sqrt(k) <= goal:
+        if reached(k):
             return k
     # beyond: the normal quantile's K is a lower bound (t > z at every df); step up from it to the t-based K (a few
     # triplets: about (1 + z^2) / 2)
-    z = float(dist.norm_ppf(0.5 + level / 2.0))
-    k = max(201, math.ceil((z * sd / goal) ** 2))
+    k = max(201, math.ceil(z**2 * sd**2 / (goal**2 - z**2 * carried)))
     while k <= MAX_TRIPLETS:
-        if t_critical(level, calibration_df + k - 1) * sd / math.sqrt(k) <= goal:
+        if reached(k):
             return k
         k += 1
     return None
@@ -231,10 +259,9 @@ def paired_interval(d: Sequence[float], calibration: Spread | None = None, level
     mean = math.fsum(d) / k
     # the calibration's A/A mean is the launch positions' effect on d: subtracted, its variance carried (issue 52)
     position = calibration.position if calibration is not None and calibration.df > 0 else None
-    carried = 0.0
+    carried = position_variance(calibration)
     if position is not None and calibration is not None and position.launches > 0:
         mean -= position.d
-        carried = calibration.sd**2 / position.launches
     if calibration is not None and calibration.df > 0 and noise is not None:
         calibration = noise.scaled(calibration, nominal)
     else:
@@ -250,8 +277,8 @@ def paired_interval(d: Sequence[float], calibration: Spread | None = None, level
         estimate=math.exp(mean), low=math.exp(mean - half), high=math.exp(mean + half), level=level,
         nominal_level=nominal, method=METHOD, triplets=k, log_speedups=tuple(d), sd=spread.sd, df=spread.df,
         variance_source=source, critical=crit, check=check,
-        triplets_for_target=triplets_needed(spread.sd, cal_df, level),
-        noise=noise if source in ("pooled", "calibration") else None,
+        triplets_for_target=triplets_needed(spread.sd, cal_df, level, carried=carried),
+        noise=noise if source in ("pooled", "calibration") else None, carried_sd=math.sqrt(carried),
     )
 
 

@@ -162,9 +162,10 @@ def audit_run(home: Path | None, run_id: str) -> AuditResult:
         if skip:
             when = (f"as {AUDIT_V1}, before paired statistics" if existing.get("schema") == AUDIT_V1 else
                     f"under statistics rules before {STATISTICS_RULES}")
+            busy = ", GPU-busy and its expected width" if "gpu_busy" in existing else ""
             notes.append(f"audit.json was recorded {when}: a recomputation equals it on every part but the "
-                         "statistics (verdict, interval, per-triplet figures, calibration, reasons, diagnostics), "
-                         "which are shown as recorded")
+                         "statistics (verdict, interval, per-triplet figures, calibration, reasons, "
+                         f"diagnostics{busy}), which are shown as recorded")
         else:
             notes.append("audit.json was already recorded; the recomputation equals it, shown unchanged")
     data = canonical_bytes(doc) if written else audit_path.read_bytes()

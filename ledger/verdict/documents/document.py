@@ -48,14 +48,16 @@ AUDIT_SCHEMA = "orch.audit/2"  # /2: the paired per-triplet interval (decide/sta
 AUDIT_V1 = "orch.audit/1"
 # what /2 computes anew from the same evidence: a recorded /1 audit is compared with a recomputation on the rest
 STATISTICS_KEYS = ("schema", "verdict", "direction", "verdict_words", "reasons", "diagnostics", "interval",
-                   "replication", "calibration", "sequential", "positions", "statistics_rules")
+                   "replication", "calibration", "sequential", "positions", "statistics_rules", "gpu_busy")
 # the rules the statistics keys were computed by; an audit recorded under others (or before the key) is compared
 # with a recomputation on the rest only. issue-52: steadier steps never narrow, position effect subtracted,
 # calibrations pooled within their maximum age on the same CPU, kernel and GPUs. Since issue 50 a calibration may
 # record the baseline's step profile, and the candidate's steps are then taken about a line in it (noise.py; the
 # audit's interval.noise says profile_fitted): a calibration recorded before has none, so its audits recompute as
-# recorded and the rules' name stays
-STATISTICS_RULES = "issue-52"
+# recorded. issue-50: the triplets a +-5% interval needs (interval, gpu_busy.expected, calibration.json) count the
+# error of the A/A mean subtracted from every triplet, which no K lowers: an audit recorded under issue-52 whose
+# calibration carried a position effect named too few (gpu_busy's busy shares are then shown as recorded too)
+STATISTICS_RULES = "issue-50"
 VOLATILE_KEYS = ("audited_at", "ledger_head")  # may differ between two audits of the same evidence
 # sections an audit.json recorded before them lacks: it stays as recorded
 ADDED_LATER = ("probe_cost", "host_watch", "recipe", "compile_cache", "commands", "positions", "statistics_rules",

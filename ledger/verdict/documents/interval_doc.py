@@ -13,7 +13,7 @@ from typing import Any
 from ledger.verdict.decide.decision import HOW_TO_BOUND, BaselineEffect, OutlierEffect, WindowEffect
 from ledger.verdict.decide.noise import NoiseScale, as_noise
 from ledger.verdict.decide.sequential import SequentialRule
-from ledger.verdict.decide.stats import Interval, Outlier, Spread, SpreadCheck
+from ledger.verdict.decide.stats import TARGET_HALF_WIDTH, Interval, Outlier, Spread, SpreadCheck, width_floor
 
 
 def _fmt(x: float) -> str:
@@ -87,8 +87,15 @@ def interval_doc(
         words = (f"speedup {_fmt(iv.estimate)}x, {iv.level:.0%} interval [{_fmt(iv.low)}, {_fmt(iv.high)}] (paired "
                  f"over {iv.triplets} triplet(s); SD {iv.sd:.4f} of the per-triplet log speedup, df {df}, from "
                  f"{_source_words(iv, calibration_run)}); half-width {iv.half_width:.1%}")
-        need = ("a +-5% interval is out of reach at this spread" if iv.triplets_for_target is None else
-                f"about {iv.triplets_for_target} triplet(s) would give a +-5% interval at this spread")
+        floor = width_floor(iv.carried_sd**2, iv.level)
+        if iv.triplets_for_target is not None:
+            need = f"about {iv.triplets_for_target} triplet(s) would give a +-5% interval at this spread"
+        elif floor >= TARGET_HALF_WIDTH:
+            need = (f"a +-5% interval is out of reach at any number of triplets: the calibration's A/A mean, "
+                    f"subtracted from every triplet, is itself known only to +-{floor:.1%} (more A/A launches, "
+                    "pooled by `orch calibrate`, narrow it)")
+        else:
+            need = "a +-5% interval is out of reach at this spread"
         words += f"; {need}"
     else:
         words = (f"speedup {_fmt(iv.estimate)}x, not bounded: {iv.triplets} triplet and no usable A/A calibration "
