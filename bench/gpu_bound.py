@@ -11,6 +11,9 @@ Order: the first plain triplet(s) size what follows; after the null and the 5% d
 triplets join the floor (so a short device budget decides first), then the 2% and the candidate. --deadline-file: a
 file holding a Unix time; when present it replaces the deadline, so a later device call can move it.
 
+A slowdown that the calibration cannot decide (the K = 1 interval, or the sequential one at its maximum, of a candidate
+as steady as the baseline at least as wide as the slowdown) is skipped and named, leaving its time to the rest.
+
 --plain-triplets 0 runs no plain launch first (--aa-launch-s then sizes the calibration); --decisions picks which K = 1
 decisions run (a later device call on another card needs its own calibration first).
 
@@ -34,6 +37,8 @@ from typing import Any
 import yaml
 from bench_floor import BOUND_NULL, floor_doc, orch_aa, plain_floor, protocol_copy, table
 from bench_null import GIT, baseline_step_s, env, orch, project
+
+from ledger.verdict.decide.stats import Position, Spread, expected_half_width
 
 REPO = Path(__file__).resolve().parents[1]
 BOUND = "r3_mini_cuda1_bound.yaml"
@@ -152,6 +157,20 @@ def checks_commands(home: Path) -> dict[str, list[float]]:
             if d.get("wall_s") is not None:
                 out.setdefault(d["name"], []).append(d["wall_s"])
     return out
+
+
+def out_of_reach(calibration: dict[str, Any] | None, frac: float | None, triplets: int) -> str | None:
+    """Why a known slowdown of `frac` cannot be decided with `triplets` on this host's calibration (the interval a
+    candidate as steady as the baseline gets is at least as wide as the effect: under an even chance), or None."""
+    if frac is None or not calibration or not calibration.get("df"):
+        return None
+    cal = Spread(float(calibration["sd"]), int(calibration["df"]),
+                 Position(float(calibration["mean_log_speedup"]), 0.0, int(calibration["repeats"])))
+    width = math.log1p(expected_half_width(cal, triplets))
+    if width < math.log1p(frac):  # the slowdown's |log speedup|: C takes 1 + frac of the step
+        return None
+    return (f"this host's calibration (SD {cal.sd:.4f}, df {cal.df}) gives +-{math.expm1(width):.1%} at K = "
+            f"{triplets} for a steady candidate, as wide as the {frac:.0%} slowdown: a launch would not decide it")
 
 
 def launch_need(per_aa: float, walls: dict[str, float], triplets: int) -> float:
@@ -292,6 +311,14 @@ def main() -> int:
                 figures["plain"] = plain = merge_floor(plain, more)
                 save()
                 print(table(plain, aa), flush=True)
+            # a slowdown this host's calibration cannot tell from nothing spends a launch for no decision: skipped
+            # (the null and the candidate always run: the null checks that nothing is accepted)
+            undecidable = out_of_reach(aa.get("calibration"), frac, opts.max_repeats if kind.endswith("sequential")
+                                       else triplets)
+            if undecidable is not None:
+                figures["skipped"].append(f"{kind}: {undecidable}")
+                print(f"skipped {kind}: {undecidable}", flush=True)
+                continue
             # a launch runs its triplet, then the watched replay of C and the scorer, which an A/A launch leaves out
             need = launch_need(per_aa, walls, 1 if kind.endswith("sequential") else triplets)
             if need > left():

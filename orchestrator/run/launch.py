@@ -28,6 +28,7 @@ from orchestrator.isolation.package_isolation import private_tmp_problem
 from orchestrator.isolation.sealing import orch_packages, seal_arm, shadowing, unseal_for_removal
 from orchestrator.lock import gpu_lock
 from orchestrator.run.fingerprint import fingerprint_changes, host_fingerprint, last_run_fingerprint
+from orchestrator.run.forecast import forecast
 from orchestrator.run.housekeeping import STAGING_PREFIX, remove_stale_scratch, report_orphans
 from orchestrator.run.preflight import require_worker_packages
 from orchestrator.run.progress import Progress
@@ -391,6 +392,7 @@ def launch(
         host = fingerprint(prep.home, say)
         ctx = open_run(prep, arms, host, owner, calibration_of, say)
         begin_sequential(ctx, until_decided, say)
+        forecast(ctx, ctx.sequential.rule.max_triplets if ctx.sequential is not None else None, say)
         end = run_under_lock(ctx, lock_timeout, lock_dir, live, say)
         close_run(ctx, end)
     return audit(ctx, outcome(ctx, end), say)

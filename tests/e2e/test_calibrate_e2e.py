@@ -77,6 +77,9 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
                          timeout=900)
     assert one.returncode == 0, one.stderr[-3000:]
     run2 = json.loads(one.stdout.strip().splitlines()[-1])["run_id"]
+    # before the lock, the launch said what this calibration lets it decide (issue 50); the A/A launches did not
+    assert "forecast: this host's calibration (SD " in one.stderr + one.stdout
+    assert "forecast:" not in proc.stderr + proc.stdout
     doc = json.loads((home / "runs" / run2 / "audit.json").read_text())
     assert doc["calibration"]["found"] and doc["calibration"]["usable"] and doc["calibration"]["run_id"] == run_id
     iv2 = doc["interval"]

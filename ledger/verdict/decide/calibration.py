@@ -191,7 +191,7 @@ def age_days(recorded_at: str, reference: str | None) -> float | None:
 
 def find_calibration(
     runs_dir: Path, records: Sequence[LedgerRecord], protocol_id: str, host: Mapping[str, Any], before_seq: int | None,
-    workload_id: str | None = None, max_age_days: float = DEFAULT_MAX_AGE_DAYS,
+    workload_id: str | None = None, max_age_days: float = DEFAULT_MAX_AGE_DAYS, reference: str | None = None,
 ) -> dict[str, Any]:
     """Every calibration of this protocol id, or of this baseline workload, on this host recorded before
     `before_seq` and at most `max_age_days` before it, pooled, as an audit block.
@@ -200,10 +200,12 @@ def find_calibration(
     `workload_id`); the file must hash to the record's digest and its fingerprint must equal this run's. A
     calibration of another host or baseline, or an older one, is never used; the block says why none is shown.
     `usable`: orch.calibration/2 records whose spreads the audit pools (issue 52: all of them, never the newest
-    alone, so that calibrating again cannot choose a smaller spread).
+    alone, so that calibrating again cannot choose a smaller spread). `reference`: the time ages are counted to
+    (default: the start of the record `before_seq`, the run's first).
     """
     wanted = fingerprint(host)
-    reference = next((r.started for r in records if before_seq is not None and r.seq == before_seq), None)
+    if reference is None:
+        reference = next((r.started for r in records if before_seq is not None and r.seq == before_seq), None)
     stale: list[str] = []
     found: list[tuple[LedgerRecord, Calibration, float | None]] = []
     v1: dict[str, Any] | None = None

@@ -196,6 +196,15 @@ def width_floor(carried: float, level: float = LEVEL) -> float:
     return math.expm1(float(dist.norm_ppf(0.5 + level / 2.0)) * math.sqrt(carried))
 
 
+def expected_half_width(calibration: Spread, k: int, level: float = LEVEL) -> float:
+    """The relative half-width of a K-triplet interval whose own spread is the calibration's (a candidate as steady
+    as the baseline): exp(t(df_cal + K - 1) * sqrt(s^2 / K + carried)) - 1, as paired_interval computes it."""
+    if calibration.df <= 0 or k < 1:
+        raise ValueError("the expected width needs a calibration with a df and at least one triplet")
+    crit = t_critical(level, calibration.df + k - 1)
+    return math.expm1(crit * math.sqrt(calibration.sd**2 / k + position_variance(calibration)))
+
+
 def triplets_needed(sd: float, calibration_df: float = 0, level: float = LEVEL,
                     target: float = TARGET_HALF_WIDTH, carried: float = 0.0) -> int | None:
     """Smallest K whose fixed-design interval (df = calibration_df + K - 1) has relative half-width <= target: the
