@@ -18,6 +18,7 @@ from ledger.verdict.decide.stats import (
     METHOD,
     Position,
     Spread,
+    expected_half_width,
     outlier_triplets,
     outlier_windows,
     paired_interval,
@@ -640,3 +641,48 @@ def test_nothing_carried_without_a_position_effect() -> None:
     assert paired_interval([0.0], Spread(0.05, 4)).carried_sd == 0.0
     assert paired_interval([0.0], Spread(0.05, 4, Position(0.0, 0.0, 5))).carried_sd == pytest.approx(
         0.05 / math.sqrt(5), rel=1e-15)
+
+
+def _needed_with_carried(sd: float, cal_df: float, carried: float, level: float = LEVEL) -> int:
+    """The smallest K with t(cal_df + K - 1) * sqrt(sd^2 / K + carried) within +-5 %: every K up to 10,000 at once
+    (scipy's t), no shortcut."""
+    k = np.arange(1, 10_001)
+    df = cal_df + k - 1
+    half = sps.t.ppf(0.5 + level / 2.0, np.maximum(df, 1)) * np.sqrt(sd**2 / k + carried)
+    ok = (df >= 1) & (half <= GOAL)
+    assert ok.any()
+    return int(k[np.argmax(ok)])
+
+
+@pytest.mark.parametrize(("sd", "cal_df", "carried"), [
+    (0.1, 2, 0.0006),  # the A/A mean's error close to the goal: K ~ 600, far past the z bound's start
+    (0.4, 2, 0.0002),  # K ~ 380: the stepping loop's start stays under the answer
+    (0.05, 4, 0.0002),  # under 200: the first loop
+    (0.0, 1, 0.0004),  # no spread of its own, only the carried error: K = 7, the first with t(K) * 0.02 <= log 1.05
+    (0.0, 0.5, 0.0),  # nothing at all: the first K with df >= 1
+    (1.5, 2, 0.0),  # an SD over 1 (log scale): K ~ 3,600, the stepping loop's start z^2 sd^2 / room just under it
+])
+def test_triplets_needed_with_a_carried_variance_against_a_search(sd: float, cal_df: float, carried: float) -> None:
+    assert triplets_needed(sd, cal_df, carried=carried) == _needed_with_carried(sd, cal_df, carried)
+
+
+def test_no_k_where_the_carried_error_alone_reaches_the_goal_exactly() -> None:
+    z = float(sps.norm.ppf(0.975))
+    carried = GOAL**2 / z**2
+    while GOAL**2 - z**2 * carried != 0.0:  # the float whose room is exactly 0 (a few ulps away)
+        carried = math.nextafter(carried, 1.0 if GOAL**2 - z**2 * carried > 0.0 else 0.0)
+    assert triplets_needed(0.01, 2, carried=carried) is None
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 40])
+def test_expected_half_width_is_the_interval_of_a_run_as_spread_as_its_calibration(k: int) -> None:
+    cal = Spread(0.03, 2, Position(0.01, 0.0, 3))
+    assert expected_half_width(cal, k) == pytest.approx(paired_interval(_d_with_sd(k, 0.03), cal).half_width,
+                                                        rel=1e-9)
+    plain = Spread(0.03, 2)  # no position effect: nothing carried
+    assert expected_half_width(plain, k) == pytest.approx(math.expm1(_t(LEVEL, 2 + k - 1) * 0.03 / math.sqrt(k)),
+                                                          rel=1e-9)
+    with pytest.raises(ValueError, match="needs a calibration with a df and at least one triplet"):
+        expected_half_width(Spread(0.03, 0), k)
+    with pytest.raises(ValueError, match="needs a calibration with a df and at least one triplet"):
+        expected_half_width(cal, 0)

@@ -213,26 +213,24 @@ def triplets_needed(sd: float, calibration_df: float = 0, level: float = LEVEL,
     carried variance, when the A/A mean's own error alone is as wide as the target (more A/A launches are needed,
     not more triplets)."""
     goal = math.log1p(target)
+    z = float(dist.norm_ppf(0.5 + level / 2.0))
+    room = goal**2 - z**2 * carried  # what the triplets' own variance may take as K grows without bound
+    if room <= 0.0:
+        return None  # t > z at every df: even infinitely many triplets leave the A/A mean's error
 
-    def reached(k: int) -> bool:
+    def reached(k: int) -> bool:  # monotone in k: t falls with its df, and sd^2 / k with k
         df = calibration_df + k - 1
         if df < 1:
-            return False
+            return False  # no spread yet (sd 0 included: the first K with df >= 1 is the answer)
         t = t_critical(level, df)  # nothing carried: the former expression, bit for bit
         return (t * sd / math.sqrt(k) if carried == 0.0 else t * math.sqrt(sd**2 / k + carried)) <= goal
 
-    z = float(dist.norm_ppf(0.5 + level / 2.0))
-    if carried > 0.0 and z * math.sqrt(carried) >= goal:
-        return None  # t > z at every df: even infinitely many triplets leave the A/A mean's error
-    # no spread at all: the first K with df >= 1 (a calibration's df may be fractional: a noise-scaled one's is)
-    if sd <= 0.0 and carried == 0.0:
-        return 1 if calibration_df >= 1 else 2
     for k in range(1, 201):
         if reached(k):
             return k
     # beyond: the normal quantile's K is a lower bound (t > z at every df); step up from it to the t-based K (a few
-    # triplets: about (1 + z^2) / 2)
-    k = max(201, math.ceil(z**2 * sd**2 / (goal**2 - z**2 * carried)))
+    # triplets without a carried variance: about (1 + z^2) / 2)
+    k = max(201, math.ceil(z**2 * sd**2 / room))
     while k <= MAX_TRIPLETS:
         if reached(k):
             return k
