@@ -67,22 +67,26 @@ MODULES: dict[str, Target] = {
     # unpaired interval (_betacf, _betainc, t_cdf, speedup_interval, the old triplets_needed) are gone with it
     "ledger/verdict/decide/stats.py": Target(("tests/unit/test_stats.py", "tests/unit/test_noise.py",
                                               "tests/unit/test_verdict_positions.py"), equivalent={
-        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_4":
-            "sd < 0 instead of <= 0: at sd = 0 the loop returns the first K with df >= 1 (half-width 0 <= goal): 1 "
-            "with a calibration_df >= 1 and 2 below it, as the early return",
-        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_17":
-            "the first loop up to K = 201 instead of 200: the stepping loop starts at K >= 201 and applies the same t "
+        # triplets_needed as rewritten for the carried A/A mean (issue 50, 2026-12-07): the loop's start is a lower
+        # bound of the answer and reached(k) is monotone, so any start between 201 and the answer gives the same K
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_8":
+            "the normal quantile at 0.5 - level / 2: -z (to rounding), and only its square is read: the same room and "
+            "the same start (an ulp of room at its exact 0 leaves no K either: t > z)",
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_11":
+            "the normal quantile at 0.5 + level / 3: a smaller z, so a larger room (no early None where the t-based "
+            "loop finds no K either, up to MAX_TRIPLETS) and a smaller start, still a lower bound",
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_13":
+            "room = goal^2 + z^2 c: never the early None, but then no K passes t * sqrt(c) > goal either; a smaller "
+            "start, still a lower bound",
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_14":
+            "room = 2 goal - z^2 c (larger: goal < 2): the early None only later, where no K passes either; a smaller "
+            "start, still a lower bound",
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_52":
+            "the first loop up to K = 201 instead of 200: the stepping loop starts at K >= 201 and applies the same "
             "condition, so K = 201 is answered alike",
-        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_39":
-            "the normal quantile at 0.5 + level / 3: a smaller z, still a lower bound of the t-based K, from which the "
-            "loop steps up to the same answer (more steps)",
-        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_36":
-            "the normal quantile at 0.5 - level / 2: -z (to rounding), and only its square is read: the same lower "
-            "bound, 2 or more triplets below the t-based K",
-        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_47":
-            "(z * sd / goal) * 2 instead of ** 2: for x = z * sd / goal >= 2 a smaller start, still a lower bound, "
-            "from which the loop steps up to the same K; for x < 2 the start is max(201, ceil(2x) <= 4) = 201 alike",
-        "ledger.verdict.decide.stats.x_paired_interval__mutmut_94":
+        "ledger.verdict.decide.stats.x_triplets_needed__mutmut_61":
+            "the start z^2 sd^2 * room (tiny): max(201, ...) = 201, from which the loop steps up to the same K",
+        "ledger.verdict.decide.stats.x_paired_interval__mutmut_90":
             "cal_df for every source (`or True`): the other source, the run's own SD, has df = K - 1, so spread.df - "
             "(K - 1) is 0 there as well",
     }),

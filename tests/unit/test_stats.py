@@ -682,7 +682,10 @@ def test_expected_half_width_is_the_interval_of_a_run_as_spread_as_its_calibrati
     plain = Spread(0.03, 2)  # no position effect: nothing carried
     assert expected_half_width(plain, k) == pytest.approx(math.expm1(_t(LEVEL, 2 + k - 1) * 0.03 / math.sqrt(k)),
                                                           rel=1e-9)
-    with pytest.raises(ValueError, match="needs a calibration with a df and at least one triplet"):
+    one_df = Spread(0.03, 1)  # the least calibration there is: two A/A launches
+    assert expected_half_width(one_df, k) == pytest.approx(math.expm1(_t(LEVEL, k) * 0.03 / math.sqrt(k)), rel=1e-9)
+    refused = r"^the expected width needs a calibration with a df and at least one triplet$"
+    with pytest.raises(ValueError, match=refused):
         expected_half_width(Spread(0.03, 0), k)
-    with pytest.raises(ValueError, match="needs a calibration with a df and at least one triplet"):
+    with pytest.raises(ValueError, match=refused):
         expected_half_width(cal, 0)
