@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ledger.cost.store import Ledger
-from ledger.verdict.decide.calibration import find_calibration
 from ledger.verdict.decide.sequential_doc import calibration_spread
 from ledger.verdict.decide.stats import (
     TARGET_HALF_WIDTH,
@@ -22,18 +20,11 @@ from ledger.verdict.decide.stats import (
     triplets_needed,
     width_floor,
 )
-from protocol.home import Home
-from protocol.run_record import HostFingerprint
-from protocol.schema import LoadedProtocol, baseline_workload_id
+from orchestrator.run.sequential_launch import Lookup, calibration_block
 
 
-class Planned(Protocol):
+class Planned(Lookup, Protocol):
     """What the forecast reads of orchestrator.run.run_plan.RunContext."""
-
-    loaded: LoadedProtocol
-    home: Home
-    ledger: Ledger
-    host: HostFingerprint
 
     @property
     def calibrates(self) -> bool: ...
@@ -47,11 +38,8 @@ def forecast_line(ctx: Planned, most_triplets: int | None) -> str | None:
     `most_triplets`: a sequential run's maximum; None: the protocol's fixed repeats."""
     if ctx.calibrates:
         return None
-    m = ctx.loaded.protocol.measurement
     k = most_triplets if most_triplets is not None else ctx.shape[0]
-    block = find_calibration(ctx.home.runs, ctx.ledger.records(), ctx.loaded.id, ctx.host.model_dump(), None,
-                             baseline_workload_id(ctx.loaded.protocol), m.calibration_max_age_days,
-                             reference=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    block = calibration_block(ctx, None, reference=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     cal = calibration_spread(block)
     runs = "at most " if most_triplets is not None else ""
     if cal is None:

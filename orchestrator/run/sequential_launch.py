@@ -32,16 +32,21 @@ from protocol.schema import LoadedProtocol, Measurement, baseline_workload_id
 from protocol.sequential_run import SequentialRecord
 
 
-class RunContext(Protocol):
-    """What a sequential look reads and writes of orchestrator.run.run_plan.RunContext (typed here structurally, so
-    that this module does not import run_plan, which imports it)."""
+class Lookup(Protocol):
+    """What a calibration lookup reads of a run's context."""
 
     loaded: LoadedProtocol
     home: Home
-    run_id: str
-    run_dir: Path
     ledger: Ledger
     host: HostFingerprint
+
+
+class RunContext(Lookup, Protocol):
+    """What a sequential look reads and writes of orchestrator.run.run_plan.RunContext (typed here structurally, so
+    that this module does not import run_plan, which imports it)."""
+
+    run_id: str
+    run_dir: Path
     sequential: SequentialState | None
 
     def update_run(self, **fields: Any) -> None: ...
@@ -103,14 +108,19 @@ def triplet_d(run_dir: Path, m: Measurement, t: Triplet,
             baseline_disagreement(sp))
 
 
+def calibration_block(ctx: Lookup, before_seq: int | None, reference: str | None = None) -> dict[str, Any]:
+    """This host's A/A calibrations of the run's protocol id or baseline workload as the audit finds them
+    (find_calibration): recorded before the ledger record `before_seq`, their age counted to `reference` (default:
+    that record's start), within the protocol's maximum age."""
+    return find_calibration(ctx.home.runs, ctx.ledger.records(), ctx.loaded.id, ctx.host.model_dump(), before_seq,
+                            baseline_workload_id(ctx.loaded.protocol),
+                            ctx.loaded.protocol.measurement.calibration_max_age_days, reference)
+
+
 def _find_calibration(ctx: RunContext, state: SequentialState) -> None:
     """As the audit finds it: this protocol id or baseline workload on this host, recorded before the run's first
     ledger record."""
-    first_seq = min((r.seq for r in ctx.ledger.records(ctx.run_id)), default=None)
-    block: dict[str, Any] = find_calibration(ctx.home.runs, ctx.ledger.records(), ctx.loaded.id,
-                                             ctx.host.model_dump(), first_seq,
-                                             baseline_workload_id(ctx.loaded.protocol),
-                                             ctx.loaded.protocol.measurement.calibration_max_age_days)
+    block = calibration_block(ctx, min((r.seq for r in ctx.ledger.records(ctx.run_id)), default=None))
     state.calibration = calibration_spread(block)
     state.calibration_step = calibration_step_spread(block)
     state.profile = calibration_step_profile(block)

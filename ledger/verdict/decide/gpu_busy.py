@@ -14,7 +14,7 @@ from typing import Any
 
 from ledger.verdict.decide.evidence import RunEvidence
 from ledger.verdict.decide.host_watch import load_logs
-from ledger.verdict.decide.stats import Spread, paired_interval, position_variance, triplets_needed
+from ledger.verdict.decide.stats import Spread, expected_half_width, position_variance, triplets_needed
 from protocol.host.quiet_host import HostWatchLog, WatchSample
 
 LAUNCH_BOUND_BELOW = 0.80  # the timed windows' GPU-busy share under which a protocol is named launch-bound
@@ -75,8 +75,7 @@ def expected_width(calibration: Spread | None) -> dict[str, Any]:
     """The K = 1 half-width a calibration gives (relative, 95%), and the triplets for +-TARGET."""
     if calibration is None or calibration.df <= 0:
         return {"k1_half_width": None, "triplets_for_target": None, "calibration_sd": None}
-    iv = paired_interval([0.0], calibration)
-    return {"k1_half_width": round(iv.half_width, 6), "calibration_sd": round(calibration.sd, 6),
+    return {"k1_half_width": round(expected_half_width(calibration, 1), 6), "calibration_sd": round(calibration.sd, 6),
             "calibration_df": calibration.df,
             "triplets_for_target": triplets_needed(calibration.sd, calibration.df, target=TARGET,
                                                    carried=position_variance(calibration))}  # fmt: skip
