@@ -72,11 +72,21 @@ class _SpecBase(_Strict):
         return Path(str(getattr(self, field)))
 
 
+class Diagnosed(_Strict):
+    """An earlier launch of the same calibration whose checks ran every diagnostic and passed, and its versions."""
+
+    run_id: str
+    versions: dict[str, str]
+
+
 class ChecksSpec(_SpecBase):
     kind: Literal["checks"] = "checks"
     prepare: list[CommandSpec] = []  # commands that make the shared inputs (e.g. the initial state)
     diagnostics: list[CommandSpec] = []  # the protocol's diagnostic commands
     static_graph: CommandSpec | None = None
+    # an A/A launch after the calibration's first: the diagnostics and the static graph are not run again when this
+    # host's versions equal those they passed under (any difference: they run)
+    diagnosed: Diagnosed | None = None
 
 
 class TrainSpec(_SpecBase):

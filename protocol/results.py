@@ -189,6 +189,8 @@ class ChecksResult(_Strict):
     diagnostics: list[Diagnostic]
     precision_ok: bool
     precision_detail: str = ""
+    # set when the diagnostics were not run again: the run whose checks ran them under these same versions
+    diagnosed_by: str | None = None
 
 
 class ScoreResult(_Strict):

@@ -189,6 +189,9 @@ class CalibrationOf(_Strict):
 
     protocol_id: str
     protocol_name: str
+    # the calibration's first A/A launch, whose checks ran the GPU diagnostics: a later launch of it runs them again
+    # only if the versions changed (the owner's rule: rerun the diagnostics after upgrades)
+    diagnosed_by: str | None = None
 
 
 class RunRecord(_Strict):

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from protocol.package import CommandSpec, PackageSpec
+from protocol.package import ChecksSpec, CommandSpec, PackageSpec
 from protocol.results import ChecksResult, Diagnostic
 from workers.common import fail, run_entry_point
 from workers.trainer_path import trainer_env
@@ -102,12 +102,20 @@ def precision_policy(spec: PackageSpec) -> tuple[bool, str]:
 
 def run(spec: PackageSpec) -> ChecksResult:
     prepare = [run_command(spec, c) for c in spec.prepare]
-    diagnostics = [] if not all(d.ok for d in prepare) else [run_command(spec, c) for c in spec.diagnostics]
-    if spec.static_graph is not None and all(d.ok for d in prepare):
-        diagnostics.append(run_command(spec, spec.static_graph))
+    found = versions()
+    # the owner's rule: rerun the GPU diagnostics after upgrades. A later A/A launch of one calibration skips them
+    # only under exactly the versions its first launch passed them under; any difference runs them again
+    earlier = spec.diagnosed if isinstance(spec, ChecksSpec) else None
+    again = earlier is None or earlier.versions != found
+    diagnostics = []
+    if again and all(d.ok for d in prepare):
+        diagnostics = [run_command(spec, c) for c in spec.diagnostics]
+        if spec.static_graph is not None:
+            diagnostics.append(run_command(spec, spec.static_graph))
     ok, detail = precision_policy(spec)
     return ChecksResult(
-        versions=versions(), prepare=prepare, diagnostics=diagnostics, precision_ok=ok, precision_detail=detail
+        versions=found, prepare=prepare, diagnostics=diagnostics, precision_ok=ok, precision_detail=detail,
+        diagnosed_by=None if again or earlier is None else earlier.run_id,
     )
 
 
@@ -119,8 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"checks: failed: {why}; see {spec.result_path}")
     ran = [*result.prepare, *result.diagnostics]
     took = ", ".join(f"{d.name} {d.wall_s:.1f} s" for d in ran if d.wall_s is not None)
+    by = "" if result.diagnosed_by is None else (
+        f"; the diagnostics not run again: run {result.diagnosed_by} passed them under the same versions")
     print(f"checks: {len(result.prepare)} prepare, {len(result.diagnostics)} diagnostics ok, {result.precision_detail}"
-          + (f" ({took})" if took else ""))
+          + (f" ({took})" if took else "") + by)
     return 0
 
 

@@ -79,8 +79,11 @@ def calibrate(
     profiles: list[tuple[tuple[int, ...], list[float]]] = []  # each launch's baseline step profile
     for i in range(1, k + 1):
         say(f"A/A launch {i} of {k}")
+        # the first launch runs the GPU diagnostics; a later one again only if this host's versions changed
+        of = CalibrationOf(protocol_id=loaded.id, protocol_name=loaded.protocol.name,
+                           diagnosed_by=results[0].run_id if results else None)
         result = launch(protocol_path, home_dir, say=say, lock_timeout=lock_timeout, lock_dir=lock_dir, loaded=aa,
-                        calibration_of=CalibrationOf(protocol_id=loaded.id, protocol_name=loaded.protocol.name))
+                        calibration_of=of)
         audit: dict[str, Any] = result.audit or {}
         if audit.get("verdict") == "not exact":
             reason = (audit.get("reasons") or ["not exact"])[0]

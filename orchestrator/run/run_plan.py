@@ -45,7 +45,16 @@ from protocol.errors import FailedError
 from protocol.fileio import write_atomic
 from protocol.hashing import sha256_file
 from protocol.home import Home
-from protocol.package import ChecksSpec, CommandSpec, PackageSpec, ReloadSpec, ScoreSpec, ScoreTarget, TrainSpec
+from protocol.package import (
+    ChecksSpec,
+    CommandSpec,
+    Diagnosed,
+    PackageSpec,
+    ReloadSpec,
+    ScoreSpec,
+    ScoreTarget,
+    TrainSpec,
+)
 from protocol.plan import PlannedPackage, kept_checkpoints, plan, score_labels
 from protocol.results import ChecksResult, TrainResult
 from protocol.run_record import CacheUse, EarlierRun, HostFingerprint, PackageEntry, RunRecord, VersionsChanged
@@ -194,6 +203,7 @@ def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) 
             **common, sealed_dir=str(ctx.sealed["baseline"].path),
             prepare=[cmd(d) for d in p.checks.prepare], diagnostics=[cmd(d) for d in p.checks.diagnostics],
             static_graph=None if p.checks.static_graph is None else cmd(p.checks.static_graph),
+            diagnosed=diagnosed_in(ctx),
         )
     if pkg.kind == "score":
         targets = []
@@ -247,6 +257,30 @@ def package_spec(ctx: RunContext, pkg: PlannedPackage, init_digest: str | None) 
 def _arm_args_config(loaded: LoadedProtocol, arm: str) -> list[str]:
     spec: Arm = getattr(loaded.protocol.arms, arm)
     return [x for key, value in sorted(spec.config.items()) for x in (f"--{key}", value)]
+
+
+def diagnosed_in(ctx: RunContext) -> Diagnosed | None:
+    """The calibration's first A/A launch, as the checks worker compares it (its versions): only where that run is
+    of the same calibration, its checks package passed and ran every diagnostic of this protocol itself."""
+    of = ctx.run_record.calibration_of if ctx.run_record is not None else None
+    if of is None or of.diagnosed_by is None:
+        return None
+    run_json = ctx.home.runs / of.diagnosed_by / "run.json"
+    run = EarlierRun.read(run_json)
+    if run is None or run.protocol_id != ctx.loaded.id:
+        return None
+    if not any(p.name == "checks" and p.status == "ok" for p in run.packages):
+        return None
+    try:
+        done = ChecksResult.model_validate_json((run_json.parent / "packages" / "checks" / "result.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    checks = ctx.loaded.protocol.checks
+    asked = [d.name for d in checks.diagnostics] + ([] if checks.static_graph is None else [checks.static_graph.name])
+    if not asked or done.diagnosed_by is not None or [d.name for d in done.diagnostics] != asked or not all(
+            d.ok for d in done.diagnostics):
+        return None
+    return Diagnosed(run_id=of.diagnosed_by, versions=dict(done.versions))
 
 
 def last_passing_checks(runs_dir: Path, protocol_id: str, exclude: str) -> tuple[str, dict[str, str]] | None:
@@ -400,6 +434,9 @@ def run_plan(ctx: RunContext, progress: Progress) -> tuple[str, dict[str, str]]:
             init_digest = sha256_file(init) if init.is_file() else None
             ctx.init_stat = file_fingerprint(init)
             _announce_version_changes(ctx, outcome.result, progress.say)
+            if isinstance(outcome.result, ChecksResult) and outcome.result.diagnosed_by is not None:
+                outcome.note = (f"the diagnostics not run again: run {outcome.result.diagnosed_by} (this "
+                                "calibration's first A/A launch) passed them under the same versions")
         result_digest = outcome.result_sha256
         if pkg.kind == "score" and outcome.status == "ok":
             result_digest = sha256_file(ctx.run_dir / "score.sealed.json")  # the ledger holds the sealed digest only

@@ -10,11 +10,13 @@ import math
 import statistics
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from launchutil import MINIMAL_PROTOCOL, edit_protocol, env, launch_cmd, make_minimal_project, one_rank, orch, records
 
 from ledger.verdict.decide.calibration import CALIBRATION_FILE, Calibration
 from ledger.verdict.decide.stats import triplets_needed
+from protocol.results import ChecksResult
 from protocol.schema import load_protocol
 
 
@@ -22,7 +24,13 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
     """Two real A/A launches of one triplet each: their paired log speedups, SD between launches (df 1), a ledger
     record; then a launch of the protocol's one triplet, whose interval is bounded by that calibration alone."""
     proj = make_minimal_project(tmp_path)
-    protocol = edit_protocol(proj, one_rank, name="one.yaml", source=MINIMAL_PROTOCOL)
+
+    def one_rank_diagnosed(data: dict[str, Any]) -> None:  # one rank, and a GPU diagnostic of the protocol's own
+        one_rank(data)
+        data.setdefault("checks", {})["diagnostics"] = [
+            {"name": "diag", "command": ["python", "-c", "print('diagnosed')"]}]
+
+    protocol = edit_protocol(proj, one_rank_diagnosed, name="one.yaml", source=MINIMAL_PROTOCOL)
     home = tmp_path / "home"
     proc = subprocess.run(
         orch("calibrate", str(protocol), "--repeats", "2", "--home", str(home), "--json", "--lock-dir",
@@ -49,6 +57,19 @@ def test_calibrate_on_cpu_records_two_aa_launches_that_bound_one_triplet(tmp_pat
         assert cal.host["host_hash"] == audit["host_hash"]
         d.extend(audit["interval"]["log_speedups"])
         heads.extend(audit["replication"]["headlines"])
+    # the first A/A launch ran the diagnostic; the second left it to the first under the same versions (the owner's
+    # rule: rerun the GPU diagnostics after upgrades), named in its run record and its checks result
+    first, second = (ChecksResult.model_validate_json((home / "runs" / i / "packages" / "checks" / "result.json")
+                                                      .read_bytes()) for i in cal.run_ids)
+    assert [d.name for d in first.diagnostics] == ["diag"] and first.diagnosed_by is None
+    assert second.diagnostics == [] and second.diagnosed_by == cal.run_ids[0] and second.versions == first.versions
+    of = [json.loads((home / "runs" / i / "run.json").read_text())["calibration_of"] for i in cal.run_ids]
+    assert of[0].get("diagnosed_by") is None and of[1]["diagnosed_by"] == cal.run_ids[0]
+    said = ("checks: ok in", f"(the diagnostics not run again: run {cal.run_ids[0]} (this calibration's first A/A "
+            "launch) passed them under the same versions)")
+    assert any(all(x in line for x in said) for line in proc.stderr.splitlines()), proc.stderr[-3000:]
+    assert [r["note"] for r in records(home) if r["run_id"] == cal.run_ids[1] and r["package"] == "checks"
+            and r["status"] == "ok"] == [said[1][1:-1]]
     assert cal.of_protocol_id == load_protocol(protocol).id and (cal.df, cal.repeats) == (1, 2)
     assert cal.log_speedups == d and cal.headlines == heads
     assert math.isclose(cal.sd, statistics.stdev(cal.log_speedups), rel_tol=1e-12)

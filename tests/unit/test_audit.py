@@ -101,6 +101,8 @@ class RunSpec:
     watch_arm: str | None = None  # the arm watch-C's result names (default: the launch it replays)
     recipe_file: bytes | None = None  # an orch.protocol/2 run whose frozen recipe file (its run copy) is these bytes
     lock_held_s: float | None = None  # run.json's lock record: how long the lock was held (None: before it was)
+    diagnosed_by: str | None = None  # the checks result leaves its diagnostics to this run (a later A/A launch)
+    names_diagnosed_by: str | None = None  # with calibration_of: the run its record names for the diagnostics
 
     def times(self, label: str) -> list[float]:
         """Step durations of a launch: its own entry, else its arm letter's (A1 -> A)."""
@@ -345,7 +347,8 @@ def make_run(home: Path, run_id: str = "run1", spec: RunSpec | None = None) -> P
             **({"sequential": {"asked": spec.sequential, "max_triplets": max(spec.repeats, 2),
                                "target_half_width": 0.05 if auto else None, "level": 0.95,
                                "triplets": spec.repeats, "stop": "maximum"}} if spec.sequential else {}),
-            **({"calibration_of": {"protocol_id": _sha(proto_bytes), "protocol_name": protocol.name}}
+            **({"calibration_of": {"protocol_id": _sha(proto_bytes), "protocol_name": protocol.name,
+                                   **({"diagnosed_by": spec.names_diagnosed_by} if spec.names_diagnosed_by else {})}}
                if spec.calibration_of else {}),
         },
     )
@@ -364,7 +367,8 @@ def _write_package(run_dir: Path, pkg_dir: Path, name: str, spec: RunSpec) -> st
     ranks = range(spec.ranks)
     if name == "checks":
         versions = {"python": "3.11", "torch": "2.13.0", "triton": "n/a", "gpu_count": "0", **spec.versions}
-        return _result(pkg_dir / "result.json", ChecksResult(versions=versions, diagnostics=[], precision_ok=True))
+        return _result(pkg_dir / "result.json", ChecksResult(versions=versions, diagnostics=[], precision_ok=True,
+                                                             diagnosed_by=spec.diagnosed_by))
     if name == "prime":
         return _result(pkg_dir / "result.json", ChecksResult(versions={}, diagnostics=[], precision_ok=True))
     if name == "score":
@@ -555,6 +559,23 @@ def test_only_an_aa_launch_may_end_after_its_triplet(tmp_path: Path) -> None:
         audit_run(tmp_path, "run1")
     assert err.value.problems == ["package reload-B: no ledger record", "package watch-C: no ledger record",
                                   "package score: no ledger record"]
+
+
+def test_diagnostics_are_left_to_an_earlier_run_only_by_the_a_a_launch_that_names_it(tmp_path: Path) -> None:
+    """A later A/A launch of a calibration may leave the GPU diagnostics to the first launch its record names (same
+    versions); the owner's run, or an A/A launch naming another run, is not complete without its own."""
+    aa = {"calibration_of": True, "ends_after_triplets": True, "candidate_switches": {}}
+    make_run(tmp_path, "run1", RunSpec(**aa, diagnosed_by="first", names_diagnosed_by="first"))
+    assert audit_run(tmp_path, "run1").document["exact"] is True
+    why = ("packages/checks/result.json: the diagnostics were left to run first, which this run's record does not "
+           "name (only a later A/A launch of a calibration may)")
+    for run_id, spec in (("run2", RunSpec(diagnosed_by="first")),
+                         ("run3", RunSpec(**aa, diagnosed_by="first", names_diagnosed_by="other")),
+                         ("run4", RunSpec(**aa, diagnosed_by="first"))):
+        make_run(tmp_path, run_id, spec)
+        with pytest.raises(IncompleteRunError) as err:
+            audit_run(tmp_path, run_id)
+        assert err.value.problems == [why], run_id
 
 
 def test_crash_leaves_an_open_record_that_blocks_the_audit(tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ def test_every_v1_spec_of_the_recorded_run_reads_into_its_kinds_model() -> None:
         # every field the kind has keeps its recorded value (slurm came later: its default); other kinds' are gone
         shared = [k for k in kept if k != "schema" and k in old]
         assert {k: kept[k] for k in shared} == {k: old[k] for k in shared}
-        assert set(kept) - set(old) <= {"slurm", "watch_from", "until_compiled"} and kept.get("slurm") is None
+        assert set(kept) - set(old) <= {"slurm", "watch_from", "until_compiled", "diagnosed"}
+        assert kept.get("slurm") is None and kept.get("diagnosed") is None  # /1 ran every diagnostic
         assert (kept.get("watch_from", 0), kept.get("until_compiled", False)) == (0, False)  # as /1 ran
         assert len(shared) < len(old) - 1
 

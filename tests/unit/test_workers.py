@@ -14,13 +14,14 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from workerutil import run_worker, train_and_reload, write_spec
 
 from orchestrator.isolation.packages import PackageOutcome, run_package
-from protocol.package import parse_spec
+from protocol.package import ChecksSpec, parse_spec
 from protocol.results import ChecksResult, ScoreResult, StepRecord
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,6 +135,35 @@ def test_checks(tmp_path: Path) -> None:
     assert proc.returncode == 1 and f"checks: failed: graph; see {tmp_path / 'checks' / 'result.json'}\n" in proc.stderr
     res = ChecksResult.model_validate_json((tmp_path / "checks" / "result.json").read_text())
     assert not res.precision_ok and not res.diagnostics[0].ok
+
+
+def test_checks_leave_the_diagnostics_to_an_earlier_launch_only_under_the_same_versions(tmp_path: Path) -> None:
+    """The owner's rule: rerun the GPU diagnostics after upgrades. Under the versions the named launch passed them
+    under they are not run again (the prepare commands always run); any difference runs them."""
+    py = sys.executable
+    common = {"prepare": [{"name": "init", "argv": [py, "-c", "print(0)"]}],
+              "diagnostics": [{"name": "diag", "argv": [py, "-c", "print(1)"]}],
+              "static_graph": {"name": "graph", "argv": [py, "-c", "print(2)"]}, "sealed_dir": str(tmp_path)}
+
+    def checks(diagnosed: dict[str, Any] | None) -> tuple[ChecksResult, str]:
+        spec = ChecksSpec.model_validate({
+            "run_id": "test", "name": "checks", "package_dir": str(tmp_path / "checks"),
+            "scratch_dir": str(tmp_path / "scratch"), "result_path": str(tmp_path / "checks" / "result.json"),
+            "device": "cpu", "precision": "fp32", **common, "diagnosed": diagnosed})  # orch.package/2, as orch writes
+        path = tmp_path / "checks.json"
+        path.write_text(spec.model_dump_json(by_alias=True))
+        proc = run_worker("checks", path, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return ChecksResult.model_validate_json((tmp_path / "checks" / "result.json").read_text()), proc.stdout
+
+    first, _ = checks(None)
+    assert [d.name for d in first.diagnostics] == ["diag", "graph"] and first.diagnosed_by is None
+    same, said = checks({"run_id": "run-1", "versions": first.versions})
+    assert [d.name for d in same.prepare] == ["init"] and same.diagnostics == [] and same.diagnosed_by == "run-1"
+    assert "; the diagnostics not run again: run run-1 passed them under the same versions" in said
+    for key in ("torch", "driver"):
+        upgraded, _ = checks({"run_id": "run-1", "versions": {**first.versions, key: "0.0"}})
+        assert [d.name for d in upgraded.diagnostics] == ["diag", "graph"] and upgraded.diagnosed_by is None
 
 
 def test_checks_versions_without_a_gpu_grant_are_torchs_own_and_import_no_torch() -> None:

@@ -301,6 +301,11 @@ def collect_evidence(home: Home, run_id: str) -> RunEvidence:
     checks = _load_model(
         ChecksResult, pkg_dir / "checks" / "result.json", where("checks"), "packages/checks/result.json"
     )
+    # only a later A/A launch of a calibration may leave its diagnostics to the launch its run record names
+    named = run.calibration_of.diagnosed_by if run is not None and run.calibration_of is not None else None
+    if checks is not None and checks.diagnosed_by is not None and checks.diagnosed_by != named:
+        problems.append(f"packages/checks/result.json: the diagnostics were left to run {checks.diagnosed_by}, which "
+                        "this run's record does not name (only a later A/A launch of a calibration may)")
     score = None if calibration else _load_model(
         ScoreResult, pkg_dir / "score" / "result.json", where("score"), "packages/score/result.json")
     trains: dict[str, TrainResult] = {}
