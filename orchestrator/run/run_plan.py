@@ -259,22 +259,28 @@ def _arm_args_config(loaded: LoadedProtocol, arm: str) -> list[str]:
     return [x for key, value in sorted(spec.config.items()) for x in (f"--{key}", value)]
 
 
+def _passing_checks(run_json: Path) -> tuple[EarlierRun, ChecksResult] | None:
+    """An earlier run's record and its checks result, where its checks package passed."""
+    run = EarlierRun.read(run_json)
+    if run is None or not any(p.name == "checks" and p.status == "ok" for p in run.packages):
+        return None
+    try:
+        return run, ChecksResult.model_validate_json((run_json.parent / "packages" / "checks" / "result.json")
+                                                     .read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
 def diagnosed_in(ctx: RunContext) -> Diagnosed | None:
     """The calibration's first A/A launch, as the checks worker compares it (its versions): only where that run is
     of the same calibration, its checks package passed and ran every diagnostic of this protocol itself."""
     of = ctx.run_record.calibration_of if ctx.run_record is not None else None
     if of is None or of.diagnosed_by is None:
         return None
-    run_json = ctx.home.runs / of.diagnosed_by / "run.json"
-    run = EarlierRun.read(run_json)
-    if run is None or run.protocol_id != ctx.loaded.id:
+    found = _passing_checks(ctx.home.runs / of.diagnosed_by / "run.json")
+    if found is None or found[0].protocol_id != ctx.loaded.id:
         return None
-    if not any(p.name == "checks" and p.status == "ok" for p in run.packages):
-        return None
-    try:
-        done = ChecksResult.model_validate_json((run_json.parent / "packages" / "checks" / "result.json").read_bytes())
-    except (OSError, ValueError):
-        return None
+    done = found[1]
     checks = ctx.loaded.protocol.checks
     asked = [d.name for d in checks.diagnostics] + ([] if checks.static_graph is None else [checks.static_graph.name])
     if not asked or done.diagnosed_by is not None or [d.name for d in done.diagnostics] != asked or not all(
@@ -287,19 +293,14 @@ def last_passing_checks(runs_dir: Path, protocol_id: str, exclude: str) -> tuple
     """(run id, versions) of the latest earlier run of this protocol whose checks package passed."""
     best: tuple[str, str, dict[str, str]] | None = None
     for run_json in runs_dir.glob("*/run.json"):
-        run = EarlierRun.read(run_json)
-        if run is None or run.run_id is None or run.protocol_id != protocol_id or run.run_id == exclude:
+        found = _passing_checks(run_json)
+        if found is None:
             continue
-        if not any(p.name == "checks" and p.status == "ok" for p in run.packages):
-            continue
-        try:
-            versions = ChecksResult.model_validate_json(
-                (run_json.parent / "packages" / "checks" / "result.json").read_bytes()
-            ).versions
-        except (OSError, ValueError):
+        run, result = found
+        if run.run_id is None or run.protocol_id != protocol_id or run.run_id == exclude:
             continue
         if best is None or run.started > best[0]:
-            best = (run.started, run.run_id, dict(versions))
+            best = (run.started, run.run_id, dict(result.versions))
     return None if best is None else (best[1], best[2])
 
 
@@ -313,8 +314,11 @@ def _announce_version_changes(ctx: RunContext, result: Any, say: Callable[[str],
     changed = {k: (previous[1].get(k), v) for k, v in result.versions.items() if previous[1].get(k) != v}
     if changed:
         listed = "; ".join(f"{k}: {old} -> {new}" for k, (old, new) in sorted(changed.items()))
+        # a later A/A launch back on the versions its calibration's first launch passed them under leaves them to it
+        rerun = ("the GPU diagnostics were rerun by this run's checks package" if result.diagnosed_by is None else
+                 f"the GPU diagnostics were not rerun: run {result.diagnosed_by} passed them under these versions")
         say(f"environment changed since the last passing checks of this protocol (run {previous[0]}): {listed}; "
-            "the GPU diagnostics were rerun by this run's checks package")
+            + rerun)
         ctx.update_run(versions_changed=VersionsChanged(since_run=previous[0], changes=changed))
 
 

@@ -5,21 +5,30 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from orchestrator.isolation.sealing import check_seal, seal_arm
-from orchestrator.run.run_plan import last_passing_checks, substitute
+from orchestrator.run.run_plan import _announce_version_changes, diagnosed_in, last_passing_checks, substitute
 from protocol.errors import FailedError
+from protocol.package import Diagnosed
+from protocol.results import ChecksResult
+from protocol.schema import Checks
 
 
-def _run(runs: Path, run_id: str, protocol_id: str, started: str, checks: str, torch: str) -> None:
+def _run(runs: Path, run_id: str, protocol_id: str, started: str, checks: str, torch: str,
+         diagnostics: tuple[tuple[str, bool], ...] = (), diagnosed_by: str | None = None) -> None:
     d = runs / run_id
     (d / "packages" / "checks").mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"run_id": run_id, "protocol_id": protocol_id, "started": started,
                                             "packages": [{"name": "checks", "status": checks}]}))
+    ran = [{"name": n, "command": ["x"], "ok": ok, "exit_code": 0 if ok else 1, "output_sha256": "0" * 64}
+           for n, ok in diagnostics]
     (d / "packages" / "checks" / "result.json").write_text(json.dumps(
-        {"schema": "orch.checks/1", "versions": {"torch": torch}, "diagnostics": [], "precision_ok": True}))
+        {"schema": "orch.checks/1", "versions": {"torch": torch}, "diagnostics": ran, "precision_ok": True,
+         **({"diagnosed_by": diagnosed_by} if diagnosed_by else {})}))
 
 
 def test_last_passing_checks_of_the_same_protocol(tmp_path: Path) -> None:
@@ -30,6 +39,48 @@ def test_last_passing_checks_of_the_same_protocol(tmp_path: Path) -> None:
     assert last_passing_checks(tmp_path, "p", exclude="r9") == ("r2", {"torch": "2.11.0"})
     assert last_passing_checks(tmp_path, "p", exclude="r2") == ("r1", {"torch": "2.9.1"})
     assert last_passing_checks(tmp_path, "z", exclude="r9") is None
+
+
+def test_a_later_aa_launch_leaves_its_diagnostics_only_to_a_first_launch_that_ran_them_all(tmp_path: Path) -> None:
+    """The run a later A/A launch names is used only when it is of the same (A/A) protocol, its checks passed, and
+    it ran every diagnostic and the static graph of this protocol itself, each ok; else the diagnostics run."""
+    both = (("topk", True), ("graph", True))
+    _run(tmp_path, "first", "aa", "2026-01-01T00:00:00Z", "ok", "2.11.0", both)
+    _run(tmp_path, "other", "zz", "2026-01-01T00:00:00Z", "ok", "2.11.0", both)
+    _run(tmp_path, "failed", "aa", "2026-01-01T00:00:00Z", "failed", "2.11.0", both)
+    _run(tmp_path, "partial", "aa", "2026-01-01T00:00:00Z", "ok", "2.11.0", (("topk", True),))
+    _run(tmp_path, "bad", "aa", "2026-01-01T00:00:00Z", "ok", "2.11.0", (("topk", True), ("graph", False)))
+    _run(tmp_path, "left", "aa", "2026-01-01T00:00:00Z", "ok", "2.11.0", (), diagnosed_by="first")
+    checks = Checks.model_validate({"diagnostics": [{"name": "topk", "command": ["x"]}],
+                                    "static_graph": {"name": "graph", "command": ["y"]}})
+
+    def ctx(named: str | None, protocol_checks: Checks = checks, of: bool = True) -> Any:
+        calibration = SimpleNamespace(diagnosed_by=named) if of else None
+        return SimpleNamespace(run_record=SimpleNamespace(calibration_of=calibration), home=SimpleNamespace(
+            runs=tmp_path), loaded=SimpleNamespace(id="aa", protocol=SimpleNamespace(checks=protocol_checks)))
+
+    assert diagnosed_in(ctx("first")) == Diagnosed(run_id="first", versions={"torch": "2.11.0"})
+    for named in (None, "other", "failed", "partial", "bad", "left", "absent"):
+        assert diagnosed_in(ctx(named)) is None, named
+    assert diagnosed_in(ctx("first", of=False)) is None  # the owner's run always runs its own
+    assert diagnosed_in(ctx("first", Checks())) is None  # nothing to leave
+
+
+def test_a_version_change_says_whether_the_diagnostics_were_rerun(tmp_path: Path) -> None:
+    """Changed versions since the last passing checks: rerun, unless this A/A launch is back on the versions its
+    calibration's first launch passed them under (then that run is named)."""
+    _run(tmp_path, "r1", "aa", "2026-01-01T00:00:00Z", "ok", "2.9.1")
+    said: list[str] = []
+    recorded: list[Any] = []
+    ctx = SimpleNamespace(home=SimpleNamespace(runs=tmp_path), loaded=SimpleNamespace(id="aa"), run_id="r2",
+                          update_run=lambda **f: recorded.append(f["versions_changed"]))
+    for by, words in ((None, "the GPU diagnostics were rerun by this run's checks package"),
+                      ("r0", "the GPU diagnostics were not rerun: run r0 passed them under these versions")):
+        result = ChecksResult(versions={"torch": "2.11.0"}, diagnostics=[], precision_ok=True, diagnosed_by=by)
+        _announce_version_changes(ctx, result, said.append)  # type: ignore[arg-type]
+        assert said[-1] == ("environment changed since the last passing checks of this protocol (run r1): torch: "
+                            f"2.9.1 -> 2.11.0; {words}")
+        assert recorded[-1].since_run == "r1" and recorded[-1].changes == {"torch": ("2.9.1", "2.11.0")}
 
 
 def test_placeholders_are_substituted_everywhere_in_an_argument() -> None:
