@@ -214,7 +214,7 @@ MODULES: dict[str, Target] = {
              "ledger.verdict.decide.evidence.x__package_problems__mutmut_28"),
             "opens.get(name, None) / opens.get(name) for a package without an open record: None is false, as 0"),
         **dict.fromkeys(
-            [f"ledger.verdict.decide.evidence.x_collect_evidence__mutmut_{n}" for n in (28, 29, 196)],
+            [f"ledger.verdict.decide.evidence.x_collect_evidence__mutmut_{n}" for n in (28, 29, 211)],
             "the value a missing piece starts with (protocol_sha '' as None or 'XXXX', n_steps 0 as 1 without a "
             "protocol): each is kept only when that piece is there, and without it the run is refused before the "
             "value is used or returned"),
@@ -225,18 +225,14 @@ MODULES: dict[str, Target] = {
         "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_98":
             "the trailing reload's name read without the prime (prime None): it is the plan's last name, which the "
             "prime, the plan's second, never is",
-        "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_235":
+        "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_250":
             "`continue` -> `break` past a launch whose reload is not in the plan: only an A/A launch drops a reload, "
             "and only its trailing one (protocol.plan), the reload of the last label of launch_labels, so the loop "
             "has no iteration left to skip",
-        "ledger.verdict.decide.evidence.x_collect_evidence__mutmut_277":
-            "watch_steps starting as None instead of {}: it is replaced by the replay's steps wherever a watched "
-            "replay exists; without one (an A/A calibration run, not refused) exactness reads it only when `watch is "
-            "not None`, so never",
         **dict.fromkeys(
-            [f"ledger.verdict.decide.evidence.x_collect_evidence__mutmut_{n}" for n in (318, 319, 320, 321, 328)],
+            [f"ledger.verdict.decide.evidence.x_collect_evidence__mutmut_{n}" for n in (333, 334, 335, 336, 343)],
             "`or` -> `and` after `problems` in the refusal's condition: each later term implies a problem line (a "
-            "missing run.json, protocol, result or replay adds one, and every package in `bad` has its line; 328 is "
+            "missing run.json, protocol, result or replay adds one, and every package in `bad` has its line; 343 is "
             "the `or` inside the term of a run that is not a calibration, where a missing score or replay adds its "
             "line too), so the condition is `problems` either way; the terms narrow the types for mypy"),
     }),
