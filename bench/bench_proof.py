@@ -1,6 +1,8 @@
 """Issue 51's figures: what a run spends proving its timed launches (checks, prime, reloads, the watched replay, score)
 beyond the timed A, C, B themselves, per run, from the ledger; with --protocol, N launches of it in a fresh home first
-(the first primes and keeps its compile cache, the later ones load it). Prints one line per run and writes --out.
+(the first primes and keeps its compile cache, the later ones load it). Prints one line per run and writes --out;
+where the home holds A/A launches, also the decision line: the calibration plus one run of the protocol on a kept
+cache, against that run's timed triplet (issue 51's goal: at most 5x for 3 A/A launches and one K = 1 run).
 
 Usage: python bench/bench_proof.py --protocol protocol/r3_mini.yaml --runs 2 [--out FILE]
        python bench/bench_proof.py --home DIR [--out FILE]   (the runs already in a home: a rehearsal's, say)
@@ -58,6 +60,40 @@ def per_run(home: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def decision_cost(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Issue 51's goal on a host with a kept cache: a calibration's A/A launches plus one run of the protocol, as a
+    multiple of that run's timed triplet. An A/A launch counts without its prime: the one that primed a cold host ran
+    the rest of its packages on the cache it had just sealed, as a kept cache serves every later one. The run is the
+    latest one in the home that is not an A/A launch and loaded a kept cache; without one, the A/A launches alone,
+    each against its own timed triplet. None without an A/A launch that held a GPU (a CPU protocol has no GPU-s)."""
+    aa = [r for r in rows if r["calibration"]]
+    if not any(r["timed_gpu_seconds"] for r in aa):
+        return None
+    spent = [r["total_gpu_seconds"] - r["by_kind"].get("prime", 0.0) for r in aa]
+    out: dict[str, Any] = {"aa_runs": [r["run_id"] for r in aa], "aa_gpu_seconds": sum(spent),
+                           "aa_of_timed": [s / r["timed_gpu_seconds"] if r["timed_gpu_seconds"] else None
+                                           for s, r in zip(spent, aa, strict=True)],
+                           "run": None, "total_gpu_seconds": None, "of_timed": None}
+    kept = [r for r in rows if not r["calibration"] and r["compile_cache"].get("reused")]
+    if kept:
+        run = kept[-1]
+        total = out["aa_gpu_seconds"] + run["total_gpu_seconds"]
+        out.update(run=run["run_id"], run_gpu_seconds=run["total_gpu_seconds"], timed_gpu_seconds=run[
+            "timed_gpu_seconds"], total_gpu_seconds=total,
+            of_timed=total / run["timed_gpu_seconds"] if run["timed_gpu_seconds"] else None)
+    return out
+
+
+def decision_line(cost: dict[str, Any]) -> str:
+    each = ", ".join("n/a" if x is None else f"{x:.2f}x" for x in cost["aa_of_timed"])
+    head = (f"decision on a kept cache: {len(cost['aa_runs'])} A/A launch(es) {cost['aa_gpu_seconds']:.1f} GPU-s "
+            f"without their primes ({each} of each one's timed triplet)")
+    if cost["run"] is None or cost["of_timed"] is None:
+        return head + "; no run of the protocol loaded a kept cache in this home"
+    return (head + f" + run {cost['run']} {cost['run_gpu_seconds']:.1f} GPU-s = {cost['total_gpu_seconds']:.1f} "
+            f"GPU-s, {cost['of_timed']:.2f}x that run's timed triplet ({cost['timed_gpu_seconds']:.1f} GPU-s)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--protocol", type=Path, help="launch it --runs times in a fresh home first")
@@ -80,8 +116,11 @@ def main() -> int:
             f"{'loaded from ' + str(row['compile_cache']['sealed_by']) if row['compile_cache']['reused'] else 'primed'}"
             f"{'' if row.get('exact') is None else ', exact' if row['exact'] else ', NOT exact'}{hold}]")
         print(line + extra)
+    decision = decision_cost(rows)
+    if decision is not None:
+        print(decision_line(decision))
     doc = {"schema": "orch.bench-proof/1", "protocol": None if opts.protocol is None else opts.protocol.name,
-           "launches": launched, "runs": rows, "total": overhead_total(rows)}
+           "launches": launched, "runs": rows, "total": overhead_total(rows), "decision": decision}
     if opts.out is not None:
         opts.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return 0 if all(x["exit"] == 0 for x in launched) else 1
