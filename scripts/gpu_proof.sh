@@ -3,7 +3,8 @@
 # /tmp): upstream R3's rehearsal cold (the prime stops when compiling stops and its cache is kept in the home), then a
 # second rehearsal in the same home that loads the kept cache (no prime; REHEARSALS=1 runs the cold one only),
 # then, with CALIBRATE=K, `orch rehearse --calibrate K`: K A/A launches of the rehearsal on the kept cache (no prime,
-# no reload after the last launch; REHEARSALS=0: the first A/A launch primes cold and keeps it); with MINI=P, bench
+# no reload after the last launch; REHEARSALS=0: the first A/A launch primes cold and keeps it); KEPT_AFTER=1 then
+# runs one more rehearsal on the kept cache (the K = 1 run of bench_proof.py's decision line); with MINI=P, bench
 # proof of r3-mini protocol P (two launches: cold, kept). Each run's GPU-seconds per package, its proof overhead
 # beyond the timed A, C, B and its share (`orch ledger overhead`), the exactness lines of each audit, figures in
 # proof.json, all in bundle.tgz under $OUT.
@@ -20,8 +21,9 @@ start)
   cp -a . "$W/orch"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl \
     || exit 1
-  echo "CALIBRATE=${CALIBRATE:-0} MINI=${MINI:-} REHEARSALS=${REHEARSALS:-2}" > "$W/settings"
-  setsid nohup env CALIBRATE="${CALIBRATE:-0}" MINI="${MINI:-}" REHEARSALS="${REHEARSALS:-2}" bash "$W/orch/scripts/gpu_proof.sh" job \
+  echo "CALIBRATE=${CALIBRATE:-0} MINI=${MINI:-} REHEARSALS=${REHEARSALS:-2} KEPT_AFTER=${KEPT_AFTER:-0}" > "$W/settings"
+  setsid nohup env CALIBRATE="${CALIBRATE:-0}" MINI="${MINI:-}" REHEARSALS="${REHEARSALS:-2}" KEPT_AFTER="${KEPT_AFTER:-0}" \
+    bash "$W/orch/scripts/gpu_proof.sh" job \
     > "$W/job.log" 2>&1 < /dev/null &
   echo "job started"
   ;;
@@ -32,8 +34,8 @@ job)
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
   H=$W/home; mkdir -p "$H"
-  for n in $(seq 1 "${REHEARSALS:-2}"); do
-    t0=$(date +%s)
+  rehearse_one() {  # N: one rehearsal in the home (the first of its key primes and keeps the cache, later ones load it)
+    local n=$1 t0; t0=$(date +%s)
     python3 -m orchestrator.cli.orch rehearse protocol/r3_bagel7b_8xh100.yaml --upstream .up --gpus 1 --home "$H" --json \
       > "$W/rehearse$n.json" 2> "$W/rehearse$n.err"
     echo "rehearsal $n exit $? after $(( $(date +%s) - t0 )) s"
@@ -48,7 +50,8 @@ job)
     python3 -m orchestrator.cli.orch publish "$RUN" --to "docs/validation/gpu51_rehearsal$n.json" --home "$H"
     cp "docs/validation/gpu51_rehearsal$n.json" "$W/" 2>/dev/null
     cp "$H/runs/$RUN/run.json" "$W/run$n.json" 2>/dev/null
-  done
+  }
+  for n in $(seq 1 "${REHEARSALS:-2}"); do rehearse_one "$n"; done
   python3 -m orchestrator.cli.orch cache ls --home "$H"
   if [ "${CALIBRATE:-0}" -ge 2 ]; then
     # orch calibrate of the rehearsal's derived protocol, its judge up for every A/A launch; with REHEARSALS=0 the
@@ -62,6 +65,8 @@ job)
       python3 -m orchestrator.cli.orch ledger overhead "$RUN" --home "$H"
     done
   fi
+  # KEPT_AFTER=1: then one rehearsal on the kept cache, the K = 1 run of bench-proof's decision line (issue 51's goal)
+  if [ "${KEPT_AFTER:-0}" = 1 ]; then rehearse_one k; fi
   python3 bench/bench_proof.py --home "$H" --out "$W/proof.json"
   tar -czf "$W/rehearsal_home.tgz" -C "$H" runs ledger 2>/dev/null; ls -l "$W/rehearsal_home.tgz"
   if [ -n "${MINI:-}" ]; then
