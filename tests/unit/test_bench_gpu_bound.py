@@ -4,24 +4,16 @@ a K = 1 launch of the 5% slowdown took 464 s and read [0.68, 1.35]), and still r
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from benchutil import bench_module
 
 
 @pytest.fixture(scope="module")
 def out_of_reach() -> Callable[[dict[str, Any] | None, float | None, int], str | None]:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import gpu_bound
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    return gpu_bound.out_of_reach  # type: ignore[no-any-return]
+    return bench_module("gpu_bound").out_of_reach  # type: ignore[no-any-return]
 
 
 def _cal(sd: float, repeats: int = 3) -> dict[str, Any]:

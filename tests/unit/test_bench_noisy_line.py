@@ -5,22 +5,15 @@ by the longest of independent draws (which made that candidate slower, not only 
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from benchutil import bench_module
 
 
 @pytest.fixture(scope="module")
 def noisy_line() -> str:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import verdict_real
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    return str(verdict_real.NOISY_LINE)
+    return str(bench_module("verdict_real").NOISY_LINE)
 
 
 def _sleeps(line: str, env: dict[str, str], steps: range, log_dir: str = "/h/runs/r/train-C/trainer") -> list[float]:
@@ -71,12 +64,9 @@ def test_a_slowdowns_calibration_has_the_slowdowns_baseline_workload(tmp_path: P
     """The K = 1 slowdown stream calibrates a protocol whose baseline is the slowdown's (git HEAD under the published
     commitment): the slowdown's audit finds that calibration by its baseline workload; the plain null's (a baseline
     from the working tree) is another workload and is never used for it."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from bench_null import null_protocol, project, slowdown_protocol
-        from verdict_real import git_baseline
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    null = bench_module("bench_null")
+    null_protocol, project, slowdown_protocol = null.null_protocol, null.project, null.slowdown_protocol
+    git_baseline = bench_module("verdict_real").git_baseline
     from protocol.schema import baseline_workload_id, load_protocol
 
     proj = project(tmp_path / "slow")
@@ -93,12 +83,7 @@ def test_a_slowdowns_calibration_has_the_slowdowns_baseline_workload(tmp_path: P
 def test_the_order_line_slows_the_baseline_second_launch_only() -> None:
     """Issue 52's order effect: the inserted line sleeps only in the package whose folder is train-B, and only when
     the switch is set (the baseline arm's switches name it; the candidate's do not)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import verdict_real
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    line = str(verdict_real.ORDER_LINE)
+    line = str(bench_module("verdict_real").ORDER_LINE)
 
     def slept(log_dir: str, env: dict[str, str]) -> list[float]:
         seen: list[float] = []

@@ -5,23 +5,15 @@ without its prime."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from benchutil import bench_module
 
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import bench_proof
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    return bench_proof
+    return bench_module("bench_proof")
 
 
 def _row(run_id: str, timed: float, proof: dict[str, float], aa: bool, reused: bool) -> dict[str, Any]:

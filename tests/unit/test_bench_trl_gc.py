@@ -4,23 +4,16 @@ table's numbers (the spread between fresh runs, the generation share, the ratio 
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from benchutil import bench_module
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        return importlib.import_module("bench_trl_gc")
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    return bench_module("bench_trl_gc")
 
 
 def _opts(device: str) -> argparse.Namespace:

@@ -6,13 +6,13 @@ simulation's vectorized rule stops where the audit's replay stops.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from benchutil import bench_module
 
 from ledger.verdict.decide.decision import NO_DIFFERENCE, baseline_effects, decide
 from ledger.verdict.decide.noise import NoiseEvidence, baseline_outliers
@@ -24,7 +24,6 @@ from orchestrator.run.sequential_launch import SequentialState, after_triplet
 from protocol.schema import Measurement
 from protocol.sequential_run import SequentialRecord
 
-REPO = Path(__file__).resolve().parents[2]
 CAL = Spread(0.02, 4)  # the calibration's between-launch SD of d
 STEP = Spread(0.01, 50)  # its baseline step spread: the checks of issue 34 apply
 # triplet 1's baseline launches disagree by exp(0.3) (z about 13 against 0.02 sqrt(4/3)); the others agree
@@ -119,11 +118,7 @@ def test_the_simulations_rule_stops_where_the_audits_replay_does() -> None:
     """bench/verdict_sim.py's vectorized rule with the A/B launch check at each look against sequential_doc.replay
     (its cross-check raises SystemExit on any difference in the stop or the decision); a quiet host with a 25 %
     slowdown has A/B-held looks in about a fifth of its sequences."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import verdict_sim as sim
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    sim = bench_module("verdict_sim")
     scenario = next(s for s in sim.SCENARIOS if s.name == "25% slowdown, quiet host")
     out = sim.simulate(scenario, 400, 34, 40)
     assert out["crosscheck"]["outlier_named_rate"]["ab_held_look_seq"] > 0
