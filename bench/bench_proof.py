@@ -77,10 +77,9 @@ def decision_cost(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     kept = [r for r in rows if not r["calibration"] and r["compile_cache"].get("reused")]
     if kept:
         run = kept[-1]
-        total = out["aa_gpu_seconds"] + run["total_gpu_seconds"]
-        out.update(run=run["run_id"], run_gpu_seconds=run["total_gpu_seconds"], timed_gpu_seconds=run[
-            "timed_gpu_seconds"], total_gpu_seconds=total,
-            of_timed=total / run["timed_gpu_seconds"] if run["timed_gpu_seconds"] else None)
+        total, timed = out["aa_gpu_seconds"] + run["total_gpu_seconds"], run["timed_gpu_seconds"]
+        out.update(run=run["run_id"], run_gpu_seconds=run["total_gpu_seconds"], timed_gpu_seconds=timed,
+                   total_gpu_seconds=total, of_timed=total / timed if timed else None)
     return out
 
 

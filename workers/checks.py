@@ -106,16 +106,16 @@ def run(spec: PackageSpec) -> ChecksResult:
     # the owner's rule: rerun the GPU diagnostics after upgrades. A later A/A launch of one calibration skips them
     # only under exactly the versions its first launch passed them under; any difference runs them again
     earlier = spec.diagnosed if isinstance(spec, ChecksSpec) else None
-    again = earlier is None or earlier.versions != found
+    left_to = earlier.run_id if earlier is not None and earlier.versions == found else None
     diagnostics = []
-    if again and all(d.ok for d in prepare):
+    if left_to is None and all(d.ok for d in prepare):
         diagnostics = [run_command(spec, c) for c in spec.diagnostics]
         if spec.static_graph is not None:
             diagnostics.append(run_command(spec, spec.static_graph))
     ok, detail = precision_policy(spec)
     return ChecksResult(
         versions=found, prepare=prepare, diagnostics=diagnostics, precision_ok=ok, precision_detail=detail,
-        diagnosed_by=None if again or earlier is None else earlier.run_id,
+        diagnosed_by=left_to,
     )
 
 
