@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import socket
@@ -299,25 +300,36 @@ def test_file_size_limit_fails_cleanly_in_a_real_process(ledger: Ledger) -> None
     assert ledger.path.read_bytes() == before and ledger.verify().ok
 
 
-def test_two_processes_append_concurrently(ledger: Ledger) -> None:
+def test_two_processes_append_concurrently(ledger: Ledger, tmp_path: Path) -> None:
+    """Two writer processes that start appending at the same moment (each waits for a go file after saying it is
+    ready): every record lands once, the chain verifies, and the two writers' records interleave in the file."""
     fill(ledger, 1)
-    # fsync is skipped in this test only (fsync=False): 10,000 fsyncs would dominate the suite's time budget
+    n = 500
+    # fsync is skipped in this test only (fsync=False): thousands of fsyncs would dominate the suite's time budget
     script = textwrap.dedent(f"""
-        import sys
+        import sys, time
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
         from ledger.cost.store import Ledger
         led = Ledger(Path({str(ledger.path)!r}), fsync=False)
-        for i in range(5000):
+        Path({str(tmp_path)!r}, "ready" + sys.argv[1]).touch()
+        while not Path({str(tmp_path)!r}, "go").exists():
+            time.sleep(0.001)
+        for i in range({n}):
             led.append(run_id="w" + sys.argv[1], package="train-A", kind="train", status="ok", protocol_id="p",
                        gpu_seconds=float(i))
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(k)]) for k in (1, 2)]
+    while not all((tmp_path / f"ready{k}").exists() for k in (1, 2)):
+        assert all(p.poll() is None for p in procs), "a writer ended before it was ready"
+    (tmp_path / "go").touch()
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     report = ledger.verify()
-    assert report.ok and report.size == 10_001
+    assert report.ok and report.size == 2 * n + 1
     ids = ledger.table(["run_id"])["run_id"].to_pylist()
-    assert ids.count("w1") == ids.count("w2") == 5000
+    assert ids.count("w1") == ids.count("w2") == n
+    switches = sum(a != b for a, b in itertools.pairwise(ids[1:]))  # after the one record of fill()
+    assert switches >= 2, "the two writers never interleaved: the test did not exercise concurrent appends"
 
 
 def test_a_record_whose_time_a_flip_put_out_of_range_is_unparseable_not_a_crash(tmp_path: Path) -> None:
