@@ -243,8 +243,8 @@ MODULES: dict[str, Target] = {
     "ledger/cost/record.py": Target(("tests/unit/test_ledger_record.py", "tests/unit/test_ledger_store.py",
                                      "tests/unit/test_ledger_chain.py"), deselect={
         "tests/unit/test_ledger_store.py::test_two_processes_append_concurrently":
-            "two processes append 5000 records each under the ledger's flock (about 20 s of the 25 s): a rule of the "
-            "store's lock, not of the record model, whose every function the other tests reach",
+            "two processes append 500 records each under the ledger's flock (5,000 and about 20 s before 9748a0d): a "
+            "rule of the store's lock, not of the record model, whose every function the other tests reach",
     }, equivalent={
         **dict.fromkeys(
             ("ledger.cost.record.x_record_message__mutmut_16", "ledger.cost.record.x_record_message__mutmut_17"),
@@ -258,8 +258,9 @@ MODULES: dict[str, Target] = {
                                     "tests/unit/test_ledger_chain.py", "tests/unit/test_ledger_accounting.py"),
                                    deselect={
         "tests/unit/test_ledger_store.py::test_two_processes_append_concurrently":
-            "two processes append 5000 records each (27 of the 37 s of this selection, per surviving mutant); the "
-            "lock's exclusivity is pinned in half a second by test_ledger_store_paths.py's reader-lock test",
+            "two processes append 500 records each (about 4 s, paid again per surviving mutant; 5,000 and 27 s before "
+            "9748a0d); the lock's exclusivity is pinned in half a second by test_ledger_store_paths.py's reader-lock "
+            "test",
     }, equivalent={
         **dict.fromkeys(
             ("ledger.cost.store.xǁLedgerǁtable__mutmut_12", "ledger.cost.store.xǁLedgerǁrecords__mutmut_8",
@@ -284,10 +285,10 @@ MODULES: dict[str, Target] = {
     "ledger/cost/verify.py": Target(("tests/unit/test_ledger_verify_rules.py", "tests/unit/test_ledger_store.py",
                                      "tests/unit/test_ledger_chain.py"), deselect={
         "tests/unit/test_ledger_store.py::test_two_processes_append_concurrently":
-            "two processes append 5000 records each (about 20-30 s of this selection, paid again per surviving "
-            "mutant): a rule of the store's lock; of the verifier it asserts only that a good ledger verifies, which "
-            "test_ledger_verify_rules.py asserts of the vectorised pass itself (checked by hand: it lets "
-            "_chain_chunk 1 and verify_slow 64 through)",
+            "two processes append 500 records each (about 4 s, paid again per surviving mutant; 5,000 and 20-30 s "
+            "before 9748a0d): a rule of the store's lock; of the verifier it asserts only that a good ledger "
+            "verifies, which test_ledger_verify_rules.py asserts of the vectorised pass itself (checked by hand: it "
+            "lets _chain_chunk 1 and verify_slow 64 through)",
         "tests/unit/test_ledger_store.py::test_two_process_verify_names_the_first_bad_seq":
             "its forked verifier children are not guarded: a mutant that sends the child back into the caller's code "
             "(_shared_chunks 46, 55) makes every child run the rest of the pytest session and fork again (about 200 "
