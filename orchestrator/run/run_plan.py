@@ -278,9 +278,11 @@ def diagnosed_in(ctx: RunContext) -> Diagnosed | None:
     if of is None or of.diagnosed_by is None:
         return None
     found = _passing_checks(ctx.home.runs / of.diagnosed_by / "run.json")
-    if found is None or found[0].protocol_id != ctx.loaded.id:
+    if found is None:
         return None
-    done = found[1]
+    run, done = found
+    if run.protocol_id != ctx.loaded.id:
+        return None
     checks = ctx.loaded.protocol.checks
     asked = [d.name for d in checks.diagnostics] + ([] if checks.static_graph is None else [checks.static_graph.name])
     if not asked or done.diagnosed_by is not None or [d.name for d in done.diagnostics] != asked or not all(

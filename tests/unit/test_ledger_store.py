@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -313,7 +314,10 @@ def test_two_processes_append_concurrently(ledger: Ledger, tmp_path: Path) -> No
         from ledger.cost.store import Ledger
         led = Ledger(Path({str(ledger.path)!r}), fsync=False)
         Path({str(tmp_path)!r}, "ready" + sys.argv[1]).touch()
+        deadline = time.monotonic() + 120  # a writer left waiting by a failed test ends on its own
         while not Path({str(tmp_path)!r}, "go").exists():
+            if time.monotonic() > deadline:
+                sys.exit("no go file")
             time.sleep(0.001)
         for i in range({n}):
             led.append(run_id="w" + sys.argv[1], package="train-A", kind="train", status="ok", protocol_id="p",
@@ -322,6 +326,7 @@ def test_two_processes_append_concurrently(ledger: Ledger, tmp_path: Path) -> No
     procs = [subprocess.Popen([sys.executable, "-c", script, str(k)]) for k in (1, 2)]
     while not all((tmp_path / f"ready{k}").exists() for k in (1, 2)):
         assert all(p.poll() is None for p in procs), "a writer ended before it was ready"
+        time.sleep(0.005)  # not a busy loop: the writers' interpreters need the cores
     (tmp_path / "go").touch()
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     report = ledger.verify()
