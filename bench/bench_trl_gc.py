@@ -51,6 +51,9 @@ from transformers import TrainerCallback
 
 CUDA = os.environ.get("BENCH_DEVICE") == "cuda"
 steps, gens = [], []
+if os.environ.get("BENCH_DETERMINISM") == "algorithms":  # deterministic kernels, launches left asynchronous
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
 
 def now():
     if CUDA:
@@ -122,7 +125,8 @@ def command(wrapper: Path, out: Path, gc: bool, size: Size, opts: argparse.Names
     """torchrun of the user's script with the recipe's flags (recipes/trl_grpo_tiny.yaml on CPU,
     recipes/trl_grpo_cuda.yaml on CUDA), at `size`."""
     cuda = opts.device == "cuda"
-    device = (["--bf16", "True", "--full_determinism", "True"] if cuda
+    full = "True" if opts.determinism == "full" else "False"
+    device = (["--bf16", "True", "--full_determinism", full] if cuda
               else ["--bf16", "False", "--use_cpu", "True"])
     return [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(opts.nproc), str(wrapper),
@@ -146,6 +150,7 @@ def one_run(work: Path, gc: bool, size: Size, opts: argparse.Namespace, n: int) 
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     progress = work / f"progress{n}.txt"
     env["BENCH_PROGRESS"] = str(progress)
+    env["BENCH_DETERMINISM"] = opts.determinism
     cmd = command(wrapper, work / f"out{n}", gc, size, opts)
     code, stderr, busy = _sampled(cmd, env, progress, opts.device)
     if not times.is_file():
@@ -216,6 +221,10 @@ def main() -> int:
     ap.add_argument("--nproc", type=int, default=None, help="ranks (default 2 on CPU, 1 on CUDA)")
     ap.add_argument("--num-generations", type=int, default=None, help="default 4 on CPU, 8 on CUDA (the recipes')")
     ap.add_argument("--completion-length", type=int, default=16, help="max_completion_length")
+    ap.add_argument("--determinism", choices=("full", "algorithms"), default="full",
+                    help="full: the recipe's --full_determinism True (transformers then sets CUDA_LAUNCH_BLOCKING=1: "
+                         "every kernel launch waits for the kernel); algorithms: --full_determinism False and the "
+                         "timing wrapper sets torch's deterministic algorithms itself, launches asynchronous")
     ap.add_argument("--out", type=Path, default=None, help="write the figures (JSON) here")
     opts = ap.parse_args()
     cuda = opts.device == "cuda"
@@ -237,7 +246,7 @@ def main() -> int:
             rows.append(summary(size, runs))
     where = f"{opts.nproc} {'GPU' if cuda else 'CPU'} rank(s)"
     print(f"\nTRL GRPO on {where}, {opts.num_generations} generations of at most {opts.completion_length} tokens; "
-          f"median s/step of steps 10-15, {opts.runs} fresh runs per arm")
+          f"median s/step of steps 10-15, {opts.runs} fresh runs per arm, determinism {opts.determinism}")
     print("size (layers x hidden x completions) | arm | run medians s/step | median | CV between runs | generation "
           "| GPU-busy (steps 10-15)")
     for row in rows:
@@ -251,7 +260,8 @@ def main() -> int:
     if opts.out is not None:
         opts.out.write_text(json.dumps({"device": opts.device, "nproc": opts.nproc, "runs": opts.runs,
                                         "num_generations": opts.num_generations,
-                                        "completion_length": opts.completion_length, "sizes": rows},
+                                        "completion_length": opts.completion_length,
+                                        "determinism": opts.determinism, "sizes": rows},
                                        indent=1) + "\n")
     return 0
 

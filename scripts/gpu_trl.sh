@@ -71,7 +71,8 @@ sizejob)
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
   sizes=(); for s in ${SIZES:-16x1536x256}; do sizes+=(--size "$s"); done
   nvidia-smi --query-gpu=name --format=csv,noheader
-  python3 bench/bench_trl_gc.py --device cuda --runs "${RUNS:-2}" "${sizes[@]}" --out "$W/bench_trl_size.json"
+  python3 bench/bench_trl_gc.py --device cuda --runs "${RUNS:-2}" "${sizes[@]}" --determinism "${DETERMINISM:-full}" \
+    --out "$W/bench_trl_size.json"
   echo "bench exit $?"; echo "all done"
   ;;
 wait)

@@ -16,9 +16,9 @@ def bench() -> ModuleType:
     return bench_module("bench_trl_gc")
 
 
-def _opts(device: str) -> argparse.Namespace:
+def _opts(device: str, determinism: str = "full") -> argparse.Namespace:
     return argparse.Namespace(device=device, nproc=1 if device == "cuda" else 2, num_generations=8,
-                              completion_length=16)
+                              completion_length=16, determinism=determinism)
 
 
 def test_a_size_is_layers_hidden_and_completions(bench: ModuleType) -> None:
@@ -37,6 +37,12 @@ def test_the_cuda_command_freezes_what_the_gpu_protocol_does_and_never_fp16(benc
     assert "--fp16" not in cuda
     assert (flags["--layers"], flags["--hidden_size"], flags["--per_device_train_batch_size"]) == ("24", "2048", "512")
     assert flags["--gradient_checkpointing"] == "False"
+    # deterministic kernels without transformers' full determinism (which sets CUDA_LAUNCH_BLOCKING=1): the flag off,
+    # the timing wrapper sets torch's deterministic algorithms when BENCH_DETERMINISM says so
+    algorithms = bench.command(Path("w.py"), Path("out"), False, size, _opts("cuda", "algorithms"))
+    assert dict(zip(algorithms[6::2], algorithms[7::2], strict=False))["--full_determinism"] == "False"
+    assert 'os.environ.get("BENCH_DETERMINISM") == "algorithms"' in bench.TIMED
+    assert "torch.use_deterministic_algorithms(True)" in bench.TIMED
     cpu = bench.command(Path("w.py"), Path("out"), True, size, _opts("cpu"))
     cpu_flags = dict(zip(cpu[6::2], cpu[7::2], strict=False))
     assert cpu[4] == "2" and cpu_flags["--use_cpu"] == "True" and cpu_flags["--bf16"] == "False"
