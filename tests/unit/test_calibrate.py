@@ -1,6 +1,6 @@
 """`orch calibrate`: the A/A protocol, the calibration record, and which audits may show it (same host, same id).
 
-The matching and pooling rules on fabricated runs and ledgers (the real A/A run: tests/e2e/test_calibrate_e2e.py).
+The matching and pooling rules on fabricated runs and ledgers (the real A/A runs: tests/e2e/test_hf_trainer_user.py).
 """
 
 from __future__ import annotations
