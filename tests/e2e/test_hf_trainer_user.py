@@ -55,7 +55,7 @@ class UserPath:
     audit: dict[str, Any]  # `orch audit --json`'s audit
 
 
-def _orch(tool: Path, proj: Path, env: dict[str, str], *args: str) -> tuple[dict, str]:  # type: ignore[type-arg]
+def _orch(tool: Path, proj: Path, env: dict[str, str], *args: str) -> tuple[dict[str, Any], str]:
     """One orch command of the installed tool in the project: (its last JSON line, its stderr and stdout)."""
     done = subprocess.run([str(tool / "orch"), *args], cwd=proj, env=env, capture_output=True, text=True, timeout=900,
                           check=False)
