@@ -51,7 +51,7 @@ from transformers import TrainerCallback
 
 CUDA = os.environ.get("BENCH_DEVICE") == "cuda"
 steps, gens = [], []
-if os.environ.get("BENCH_DETERMINISM") == "algorithms":  # deterministic kernels, launches left asynchronous
+if os.environ.get("BENCH_DETERMINISM") == "algorithms":  # the deterministic kernels without enable_full_determinism
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
 
@@ -222,9 +222,9 @@ def main() -> int:
     ap.add_argument("--num-generations", type=int, default=None, help="default 4 on CPU, 8 on CUDA (the recipes')")
     ap.add_argument("--completion-length", type=int, default=16, help="max_completion_length")
     ap.add_argument("--determinism", choices=("full", "algorithms"), default="full",
-                    help="full: the recipe's --full_determinism True (transformers then sets CUDA_LAUNCH_BLOCKING=1: "
-                         "every kernel launch waits for the kernel); algorithms: --full_determinism False and the "
-                         "timing wrapper sets torch's deterministic algorithms itself, launches asynchronous")
+                    help="full: the recipe's --full_determinism True (transformers' enable_full_determinism, which "
+                         "also sets CUDA_LAUNCH_BLOCKING=1); algorithms: --full_determinism False and the timing "
+                         "wrapper sets torch's deterministic algorithms itself: the same kernels, no such variable")
     ap.add_argument("--out", type=Path, default=None, help="write the figures (JSON) here")
     opts = ap.parse_args()
     cuda = opts.device == "cuda"
