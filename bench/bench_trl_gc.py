@@ -18,7 +18,10 @@ whose step times differed by up to 1.8x (docs/validation/trl_grpo_h100x1_calibra
 has a small CV between launches and a candidate saving well beyond it. Needs the `trl` extra (`make bench-trl`
 installs it).
 
-Usage: python bench/bench_trl_gc.py [--runs 3] [--size LAYERSxHIDDENxBATCH ...] [--device cuda] [--out FILE]
+Usage: python bench/bench_trl_gc.py [--runs 3] [--size LAYERSxHIDDENxBATCH ...] [--device cuda]
+       [--determinism full|algorithms] [--profile] [--out FILE]
+--profile: step 8 of each run (before the timed ones) under torch.profiler; its aggregate (top operators by self CPU
+and by self device time, and their totals) is printed and kept in the JSON: a summary, never a trace.
 """
 
 from __future__ import annotations
@@ -60,13 +63,40 @@ def now():
         torch.cuda.synchronize()
     return time.perf_counter()
 
+PROFILE = os.environ.get("BENCH_PROFILE")  # a JSON file: the profiled step's aggregate (rank 0)
+PROFILED = int(os.environ.get("BENCH_PROFILE_STEP", "8"))
+prof = None
+
+def profile_summary(p, top=15):
+    rows = p.key_averages()
+    def device_us(e):
+        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
+    def entry(e):
+        return {"name": e.key, "count": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
+                "self_device_ms": device_us(e) / 1e3}
+    return {"step": PROFILED, "self_cpu_ms_total": sum(e.self_cpu_time_total for e in rows) / 1e3,
+            "self_device_ms_total": sum(device_us(e) for e in rows) / 1e3,
+            "by_cpu": [entry(e) for e in sorted(rows, key=lambda e: -e.self_cpu_time_total)[:top]],
+            "by_device": [entry(e) for e in sorted(rows, key=lambda e: -device_us(e))[:top] if device_us(e) > 0]}
+
 class StepTimer(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
+        global prof
+        if PROFILE and len(steps) == PROFILED and os.environ.get("RANK", "0") == "0":
+            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])
+            prof = torch.profiler.profile(activities=acts)
+            prof.__enter__()
         self.t0 = now()
         gens.append(0.0)
 
     def on_step_end(self, args, state, control, **kwargs):
+        global prof
         steps.append(now() - self.t0)
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            with open(PROFILE, "w") as f:
+                json.dump({**profile_summary(prof), "step_s": steps[-1]}, f)
+            prof = None
         if os.environ.get("RANK", "0") == "0":
             with open(os.environ["BENCH_PROGRESS"], "a") as f:
                 f.write("%d\\n" % len(steps))
@@ -119,6 +149,7 @@ class Run:
     step_s: float  # median of steps 10-15
     generation_s: float  # median over the same steps of the time in generation and scoring
     gpu_busy: float | None = None  # share of steps 10-15 the GPU was busy (NVML, outside the ranks); None on CPU
+    profile: dict[str, Any] | None = None  # --profile: torch.profiler's aggregate of step PROFILED (before 10-15)
 
 
 def command(wrapper: Path, out: Path, gc: bool, size: Size, opts: argparse.Namespace) -> list[str]:
@@ -151,6 +182,9 @@ def one_run(work: Path, gc: bool, size: Size, opts: argparse.Namespace, n: int) 
     progress = work / f"progress{n}.txt"
     env["BENCH_PROGRESS"] = str(progress)
     env["BENCH_DETERMINISM"] = opts.determinism
+    profiled = work / f"profile{n}.json"
+    if opts.profile:
+        env["BENCH_PROFILE"] = str(profiled)
     cmd = command(wrapper, work / f"out{n}", gc, size, opts)
     code, stderr, busy = _sampled(cmd, env, progress, opts.device)
     if not times.is_file():
@@ -158,7 +192,9 @@ def one_run(work: Path, gc: bool, size: Size, opts: argparse.Namespace, n: int) 
     got = json.loads(times.read_text())
     if len(got["steps"]) < MEASURED.stop:
         raise SystemExit(f"run {n} ({size}) recorded {len(got['steps'])} steps, fewer than {MEASURED.stop}")
-    return Run(statistics.median(got["steps"][MEASURED]), statistics.median(got["generation"][MEASURED]), busy)
+    profile = json.loads(profiled.read_text()) if opts.profile and profiled.is_file() else None
+    return Run(statistics.median(got["steps"][MEASURED]), statistics.median(got["generation"][MEASURED]), busy,
+               profile)
 
 
 def _sampled(cmd: list[str], env: dict[str, str], progress: Path, device: str,
@@ -192,6 +228,19 @@ def _sampled(cmd: list[str], env: dict[str, str], progress: Path, device: str,
     return code, stderr, busy
 
 
+def profile_lines(profile: dict[str, Any] | None, top: int = 6) -> list[str]:
+    """The profiled step in a few lines: its time, the operators' self CPU and self device totals, the top of each."""
+    if profile is None:
+        return []
+    lines = [f"profiled step {profile['step']}: {profile['step_s']:.4f} s; self CPU {profile['self_cpu_ms_total']:.1f}"
+             f" ms, self device {profile['self_device_ms_total']:.1f} ms (operators and kernels summed)"]
+    for key, label in (("by_cpu", "self CPU"), ("by_device", "self device")):
+        for e in profile[key][:top]:
+            ms = e["self_cpu_ms"] if key == "by_cpu" else e["self_device_ms"]
+            lines.append(f"{label} {ms:9.2f} ms x{e['count']:<6} {e['name'][:90]}")
+    return lines
+
+
 def cv(values: list[float]) -> float:
     """Spread of fresh launches' medians: sample SD over mean (0 for one run)."""
     return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else 0.0
@@ -207,6 +256,7 @@ def summary(size: Size, runs: dict[str, list[Run]]) -> dict[str, Any]:
         row[arm] = {"s_per_step": steps, "median": statistics.median(steps), "cv": cv(steps),
                     "generation_share": statistics.median(r.generation_s / r.step_s for r in arm_runs),
                     "gpu_busy": busy, "gpu_busy_median": statistics.median(busy) if busy else None}
+        row[arm]["profiles"] = [r.profile for r in arm_runs if r.profile is not None]
     row["ratio_on_off"] = row["on"]["median"] / row["off"]["median"]
     row["every_off_faster"] = max(row["off"]["s_per_step"]) < min(row["on"]["s_per_step"])
     return row
@@ -225,6 +275,9 @@ def main() -> int:
                     help="full: the recipe's --full_determinism True (transformers' enable_full_determinism, which "
                          "also sets CUDA_LAUNCH_BLOCKING=1); algorithms: --full_determinism False and the timing "
                          "wrapper sets torch's deterministic algorithms itself: the same kernels, no such variable")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile step 8 (before the timed 10-15) of each run with torch.profiler (CPU, and CUDA on a "
+                         "GPU): its top operators by self CPU and self device time go to the table and the JSON")
     ap.add_argument("--out", type=Path, default=None, help="write the figures (JSON) here")
     opts = ap.parse_args()
     cuda = opts.device == "cuda"
@@ -243,6 +296,8 @@ def main() -> int:
                     busy = "" if got.gpu_busy is None else f", GPU-busy {got.gpu_busy:.0%}"
                     print(f"{size} run {i + 1} gradient checkpointing {arm}: {got.step_s:.4f} s/step "
                           f"(generation {got.generation_s:.4f} s{busy})", flush=True)
+                    for line in profile_lines(got.profile):
+                        print(f"  {line}", flush=True)
             rows.append(summary(size, runs))
     where = f"{opts.nproc} {'GPU' if cuda else 'CPU'} rank(s)"
     print(f"\nTRL GRPO on {where}, {opts.num_generations} generations of at most {opts.completion_length} tokens; "

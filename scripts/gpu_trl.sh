@@ -6,7 +6,8 @@
 #   one call, if it fits: bash scripts/gpu_trl.sh all
 #   sizing without orch (bench/bench_trl_gc.py --device cuda; SIZES="16x1536x256 16x1536x1024", RUNS per arm,
 #   default 2): bash scripts/gpu_trl.sh size, then wait SECONDS; the table ends job.log (with the GPU-busy share of
-#   steps 10-15: a size for a verdict keeps it at least 80%), figures in bench_trl_size.json
+#   steps 10-15: a size for a verdict keeps it at least 80%), figures in bench_trl_size.json; DETERMINISM=algorithms
+#   and PROFILE=1 pass --determinism algorithms and --profile (one step before the timed ones, torch.profiler)
 # Needs beside the repository .whl/ (carried; or the folder WHEELS names, e.g. WHEELS=.whl-trl when .whl holds
 # upstream R3's): trl 1.16.0, transformers 5.24.0, accelerate 1.16.0, datasets 5.2.0,
 # dill, multiprocess, pydantic (+ core, annotated-types, typing-inspection, typing_extensions); the image has torch.
@@ -72,7 +73,7 @@ sizejob)
   sizes=(); for s in ${SIZES:-16x1536x256}; do sizes+=(--size "$s"); done
   nvidia-smi --query-gpu=name --format=csv,noheader
   python3 bench/bench_trl_gc.py --device cuda --runs "${RUNS:-2}" "${sizes[@]}" --determinism "${DETERMINISM:-full}" \
-    --out "$W/bench_trl_size.json"
+    ${PROFILE:+--profile} --out "$W/bench_trl_size.json"
   echo "bench exit $?"; echo "all done"
   ;;
 wait)

@@ -61,3 +61,29 @@ def test_the_summary_gives_the_spread_between_runs_and_the_ratio(bench: ModuleTy
     row = bench.summary(bench.Size(16, 1536, 256), {"on": on, "off": [*off[:2], run(1.05, 0.5)]})
     assert row["every_off_faster"] is False
     assert bench.cv([2.0]) == 0.0
+
+
+def test_the_profiled_steps_summary_is_an_aggregate_of_real_profiler_events(bench: ModuleType) -> None:
+    """The wrapper's profile_summary (run inside the rank) on a real torch.profiler capture: totals, the top
+    operators by self CPU time, and no device rows on CPU; profile_lines prints it in a few lines."""
+    import torch
+
+    source = bench.TIMED[bench.TIMED.index("def profile_summary"):bench.TIMED.index("class StepTimer")]
+    scope: dict = {"PROFILED": 8}  # type: ignore[type-arg]
+    exec(source, scope)
+    x = torch.ones(64, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            x = torch.mm(x, x) / 64
+    got = scope["profile_summary"](prof, top=3)
+    assert got["step"] == 8 and got["self_cpu_ms_total"] > 0 and got["self_device_ms_total"] == 0
+    assert len(got["by_cpu"]) <= 3 and got["by_device"] == []
+    assert any(e["name"] == "aten::mm" and e["count"] == 3 for e in got["by_cpu"]), got["by_cpu"]
+    cpu = [e["self_cpu_ms"] for e in got["by_cpu"]]
+    assert cpu == sorted(cpu, reverse=True) and sum(cpu) <= got["self_cpu_ms_total"] + 1e-9
+    lines = bench.profile_lines({**got, "step_s": 0.5}, top=2)
+    assert lines[0].startswith("profiled step 8: 0.5000 s; self CPU ") and len(lines) == 1 + 2
+    assert bench.profile_lines(None) == []
+    # a run's profile travels into its arm's row
+    row = bench.summary(bench.Size(2, 64, 8), {"on": [bench.Run(1.0, 0.5, None, got)], "off": [bench.Run(0.9, 0.5)]})
+    assert row["on"]["profiles"] == [got] and row["off"]["profiles"] == []
