@@ -64,7 +64,7 @@ def now():
     return time.perf_counter()
 
 PROFILE = os.environ.get("BENCH_PROFILE")  # a JSON file: the profiled step's aggregate (rank 0)
-PROFILED = int(os.environ.get("BENCH_PROFILE_STEP", "8"))
+PROFILED = 8  # the ninth step: after warm-up compiles, before the timed steps 10-15
 prof = None
 
 def profile_summary(p, top=15):
