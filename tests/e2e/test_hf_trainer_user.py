@@ -135,7 +135,7 @@ def test_calibrate_records_two_aa_launches_that_bound_one_triplet(user: UserPath
     cal = Calibration.model_validate_json((home / "runs" / run_id / CALIBRATION_FILE).read_bytes())
     assert cal.run_ids is not None and len(cal.run_ids) == 2 and cal.run_ids[-1] == run_id
     assert cal.run_ids[0] != run_id and out["calibration"]["run_ids"] == cal.run_ids
-    primed = yaml.safe_load((user.proj / PROTOCOL).read_text())["measurement"].get("compile", "prime") == "prime"
+    primed = load_protocol(user.proj / PROTOCOL).protocol.measurement.compile == "prime"
     d, heads, packages = [], [], 0
     for n, aa_id in enumerate(cal.run_ids):
         run_dir = home / "runs" / aa_id
